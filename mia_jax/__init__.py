@@ -1,0 +1,14 @@
+"""mia_jax: pretraining-data detection (membership inference) for LLMs in JAX.
+
+Public API for use from any JAX code::
+
+    from mia_jax import token_stats, token_stats_from_hidden, TokenBatch, score_batch, evaluate
+"""
+__version__ = "0.1.0"
+
+from mia_jax.stats import TokenStats, token_stats, token_stats_from_hidden  # noqa: E402
+from mia_jax.scorers import TokenBatch, expand_methods, score_batch  # noqa: E402
+from mia_jax.metrics import evaluate  # noqa: E402
+
+__all__ = ["TokenStats", "token_stats", "token_stats_from_hidden", "TokenBatch", "expand_methods", "score_batch",
+           "evaluate", "__version__"]

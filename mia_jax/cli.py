@@ -1,0 +1,138 @@
+"""The ``mia-jax`` command: ``eval`` (labeled data -> scores + metrics) and ``score`` (unlabeled texts)."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from mia_jax.errors import UserError
+from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
+
+
+def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
+    p.add_argument("--model", default="smollm2",
+                   help="a Hugging Face folder, a .gguf file, or an offline name (smollm2). Default: smollm2")
+    p.add_argument("--tokenizer", help="tokenizer.json to use instead of the model's own")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
+    src = p.add_mutually_exclusive_group(required=not labeled)
+    src.add_argument("--data", help="a .jsonl / .csv / .tsv / .parquet file")
+    if labeled:
+        src.add_argument("--benchmark", choices=["wikimia"], help="a bundled benchmark (default: wikimia)")
+        p.add_argument("--length", type=int, default=32, help="WikiMIA text length: 32, 64, 128 or 256")
+    p.add_argument("--text-field", default="input")
+    if labeled:
+        p.add_argument("--label-field", default="label")
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
+                   help="scorers; a bare min_k / max_k / min_k_pp expands to one method per --k "
+                        f"(default: {' '.join(DEFAULT_METHODS)})")
+    p.add_argument("--k", nargs="+", type=float, default=list(DEFAULT_K), help="fractions for Min-K%% methods")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--limit", type=int, help="score only the first N texts")
+    p.add_argument("--out", help="output folder (default: runs/<data>-<model>)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mia-jax", description="Pretraining-data detection for LLMs in JAX.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser("eval", help="score labeled texts and evaluate the detectors (AUROC, TPR@FPR, ROC plot)")
+    _common(ev, labeled=True)
+    ev.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% CIs")
+    ev.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    sc = sub.add_parser("score", help="score unlabeled texts (no metrics)")
+    _common(sc, labeled=False)
+    return parser
+
+
+def _load_data(args, labeled: bool):
+    from mia_jax import data
+
+    if labeled and not args.data:
+        ds = data.wikimia(args.length)
+    else:
+        ds = data.load_records(args.data, args.text_field, args.label_field if labeled else None)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise UserError(f"--limit must be at least 1, got {args.limit}")
+        ds.texts = ds.texts[: args.limit]
+        ds.labels = ds.labels[: args.limit] if ds.labels is not None else None
+    return ds
+
+
+def run(args, labeled: bool) -> Path:
+    import jax
+
+    from mia_jax import __version__, metrics, models, report, runner
+
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    methods = expand_methods(args.methods, args.k)  # validate before loading anything
+    ds = _load_data(args, labeled)
+    loaded = models.load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer)
+    out = Path(args.out or f"runs/{ds.name}-{loaded.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
+          file=sys.stderr)
+    t0 = time.perf_counter()
+    records = runner.score_texts(loaded, ds.texts, methods, labels=ds.labels, batch_size=args.batch_size,
+                                 chunk_size=args.chunk_size, out_path=out / "results.jsonl",
+                                 progress=not args.no_progress)
+    seconds = time.perf_counter() - t0
+    n_tokens = sum(r["n_tokens"] for r in records)
+    skipped = [r for r in records if "skip_reason" in r]
+    meta = {
+        "command": " ".join(sys.argv),
+        "config": {k: v for k, v in vars(args).items()},
+        "methods": methods,
+        "package_version": __version__,
+        "jax_version": jax.__version__,
+        "device": str(jax.devices()[0]),
+        "platform": platform.platform(),
+        "model": {"name": loaded.name, "source": loaded.source, "dtype": loaded.dtype, "files": loaded.files,
+                  "add_bos": loaded.add_bos, "max_length": loaded.max_length,
+                  "first_token_policy": "first token not scored" + (" (BOS is prepended, so every text token is "
+                                                                   "scored)" if loaded.add_bos else "")},
+        "data": {"name": ds.name, "files": ds.files, "n": len(ds)},
+        "n_skipped": len(skipped),
+        "n_truncated": sum(1 for r in records if r.get("truncated")),
+        "seconds": round(seconds, 2),
+        "tokens_per_second": round(n_tokens / seconds, 1) if seconds > 0 else None,
+    }
+    print(f"scored {len(records) - len(skipped)} texts ({n_tokens} tokens) in {seconds:.1f} s; "
+          f"skipped {len(skipped)}", file=sys.stderr)
+    if labeled:
+        scores = runner.scores_by_method(records, methods)
+        labels = [r["label"] for r in records]
+        summary = {m: metrics.evaluate(labels, scores[m], n_bootstrap=args.n_bootstrap, seed=args.seed)
+                   for m in methods}
+        report.write_summary(out, summary, extra=meta)
+        report.plot_roc(out / "roc.png", {m: (labels, scores[m]) for m in methods},
+                        title=f"{ds.name}, {loaded.name}")
+        report.plot_histograms(out / "histograms.png", scores, labels)
+        print(report.markdown_table(summary))
+    else:
+        (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
+    print(f"wrote {out}/", file=sys.stderr)
+    return out
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args, labeled=args.command == "eval")
+    except UserError as e:
+        print(f"mia-jax: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mia-jax: interrupted; records written so far are in the output folder's results.jsonl",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Reports: markdown / CSV / JSON summary tables and ROC / score-histogram plots.
+
+``summary`` arguments are ``{method: metrics.evaluate(...) dict}``; rows keep the dict's order.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from mia_jax import metrics
+
+COLUMNS = ["method", "auroc", "auroc_ci", "tpr_at_5pct_fpr", "tpr_at_5pct_fpr_ci", "tpr_at_1pct_fpr",
+           "fpr_at_95pct_tpr", "best_balanced_accuracy", "n_scored", "n_nan"]
+_HEADER = ["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "TPR@1%FPR", "FPR@95%TPR",
+           "Best bal. acc.", "n (NaN)"]
+
+
+def _num(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def _with_ci(x, ci, bold: bool = False) -> str:
+    s = _num(x)
+    if bold and x is not None:
+        s = f"**{s}**"
+    if x is not None and ci is not None:
+        s += f" [{_num(ci[0])}, {_num(ci[1])}]"
+    return s
+
+
+def markdown_table(summary: dict[str, dict]) -> str:
+    """GitHub markdown table, one row per method; the best AUROC (all ties) in bold, None as n/a."""
+    aucs = [r.get("auroc") for r in summary.values() if r.get("auroc") is not None]
+    best = max(aucs) if aucs else None
+    lines = ["| " + " | ".join(_HEADER) + " |", "|" + "|".join(["---"] + ["---:"] * (len(_HEADER) - 1)) + "|"]
+    for method, r in summary.items():
+        n = r.get("n_scored")
+        cells = [
+            str(method).replace("|", "\\|"),
+            _with_ci(r.get("auroc"), r.get("auroc_ci"), bold=best is not None and r.get("auroc") == best),
+            _with_ci(r.get("tpr_at_5pct_fpr"), r.get("tpr_at_5pct_fpr_ci")),
+            _num(r.get("tpr_at_1pct_fpr")),
+            _num(r.get("fpr_at_95pct_tpr")),
+            _num(r.get("best_balanced_accuracy")),
+            f"{'n/a' if n is None else n} ({r.get('n_nan', 0)})",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None  # strict JSON has no NaN/inf
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def _csv_header() -> list[str]:
+    return [h for c in COLUMNS for h in ((f"{c}_lo", f"{c}_hi") if c.endswith("_ci") else (c,))]
+
+
+def _csv_row(method: str, r: dict) -> list:
+    row = []
+    for c in COLUMNS:
+        if c == "method":
+            row.append(method)
+        elif c.endswith("_ci"):
+            ci = r.get(c) or (None, None)
+            row += ["" if v is None else repr(float(v)) for v in ci]
+        else:
+            v = r.get(c)
+            row.append("" if v is None else (repr(float(v)) if isinstance(v, float) else v))
+    return row
+
+
+def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None) -> None:
+    """Write ``summary.json`` ({method: metrics}), ``summary.csv`` (COLUMNS, CIs split into ``*_lo`` /
+    ``*_hi``, empty cell for None), ``summary.md`` (:func:`markdown_table`) and, if ``extra`` is given,
+    ``run.json`` with it (config, model, data hashes, ...). Creates ``out_dir`` if needed."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n")
+    with open(out / "summary.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(_csv_header())
+        for method, r in summary.items():
+            w.writerow(_csv_row(str(method), r))
+    (out / "summary.md").write_text(markdown_table(summary))
+    if extra is not None:
+        (out / "run.json").write_text(json.dumps(_jsonable(extra), indent=2, allow_nan=False) + "\n")
+
+
+def _finite_rows(labels, scores) -> tuple[np.ndarray, np.ndarray]:
+    lab = metrics._as_labels(labels)
+    sc = metrics._as_scores(scores, lab.shape[0])
+    keep = np.isfinite(sc)
+    return lab[keep], sc[keep]
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_roc(path, curves: dict, title: str = "") -> None:
+    """ROC curves ``{method: (labels, scores)}``: linear axes (left) and log-scale FPR from 1e-3 (right).
+
+    NaN/inf rows are dropped per method; methods left with a single class are skipped and listed in the
+    figure. AUROC is in the legend. Saved as PNG at 120 dpi."""
+    plt = _pyplot()
+    fig, (ax_lin, ax_log) = plt.subplots(1, 2, figsize=(11, 4.8))
+    skipped = []
+    for method, (labels, scores) in curves.items():
+        lab, sc = _finite_rows(labels, scores)
+        if lab.size == 0 or lab.min() == lab.max():
+            skipped.append(str(method))
+            continue
+        fpr, tpr, _ = metrics.roc_curve(lab, sc)
+        label = f"{method} (AUROC {metrics.auroc(lab, sc):.3f})"
+        (line,) = ax_lin.plot(fpr, tpr, lw=1.5, label=label)
+        # FPR = 0 cannot be drawn on a log axis: clip it just left of the visible range.
+        ax_log.step(np.maximum(fpr, 1e-4), tpr, where="post", lw=1.5, color=line.get_color(), label=label)
+    chance = np.logspace(-4, 0, 200)
+    for ax in (ax_lin, ax_log):
+        ax.plot(chance, chance, ls="--", lw=0.8, color="grey")
+        ax.set_xlabel("False positive rate")
+        ax.set_ylabel("True positive rate")
+        ax.set_ylim(0, 1.01)
+        ax.grid(alpha=0.3)
+    ax_lin.set_xlim(0, 1)
+    ax_lin.set_title("ROC")
+    ax_log.set_xscale("log")
+    ax_log.set_xlim(1e-3, 1)
+    ax_log.set_title("ROC, log-scale FPR")
+    if ax_lin.get_legend_handles_labels()[0]:
+        ax_lin.legend(loc="lower right", fontsize=8)
+    if skipped:
+        fig.text(0.01, 0.01, "skipped (single class or no finite scores): " + ", ".join(skipped), fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.04 if skipped else 0, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_histograms(path, scores_by_method: dict, labels) -> None:
+    """Member vs non-member score histograms (densities on shared bins), one panel per method in a grid.
+
+    ``labels`` is shared by all methods; NaN/inf scores are excluded per method (count in the title)."""
+    plt = _pyplot()
+    n = max(1, len(scores_by_method))
+    ncols = min(3, n)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 3 * nrows), squeeze=False)
+    for ax, (method, scores) in zip(axes.flat, scores_by_method.items()):
+        lab, sc = _finite_rows(labels, scores)
+        n_bad = len(np.asarray(scores)) - sc.size
+        ax.set_title(f"{method}" + (f" ({n_bad} NaN/inf excluded)" if n_bad else ""), fontsize=9)
+        if sc.size == 0:
+            ax.text(0.5, 0.5, "no finite scores", ha="center", va="center", transform=ax.transAxes)
+            continue
+        bins = np.histogram_bin_edges(sc, bins=30)
+        for value, name, color in ((0, "non-member", "tab:blue"), (1, "member", "tab:orange")):
+            part = sc[lab == value]
+            if part.size:
+                ax.hist(part, bins=bins, density=True, alpha=0.5, color=color, label=f"{name} ({part.size})")
+        ax.set_xlabel("score (higher = member)", fontsize=8)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(scores_by_method):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

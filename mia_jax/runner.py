@@ -1,0 +1,185 @@
+"""texts -> tokens -> length buckets -> jit forward -> token statistics -> scores -> JSONL records.
+
+Tokenization is the model's own tokenizer with its default special tokens (``tokenizer.encode``),
+so a model whose Hugging Face tokenizer adds BOS gets BOS here too (recorded as ``add_bos``).
+Token i >= 1 is predicted from tokens < i; the first token has no prediction. Texts longer than
+the model's context are *truncated* to it (the record says ``"truncated": true``); no windowing.
+
+Batches are right-padded to a fixed set of bucket lengths (powers of two from 16 up to the
+context length) with a fixed batch size (short batches are filled with dummy rows), so a whole
+dataset compiles one program per bucket. Attention is causal, so right padding never changes the
+real tokens' logits.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from mia_jax.scorers import TokenBatch, parse_method, score_batch
+from mia_jax.stats import DEFAULT_CHUNK, token_stats_from_hidden
+
+MIN_BUCKET = 16
+
+
+def bucket_lengths(max_length: int, smallest: int = MIN_BUCKET) -> list[int]:
+    """Powers of two from ``smallest`` up to (and always including) ``max_length``."""
+    out, t = [], smallest
+    while t < max_length:
+        out.append(t)
+        t *= 2
+    return out + [max_length]
+
+
+def bucket_of(n: int, buckets: Sequence[int]) -> int:
+    return next(b for b in buckets if b >= n)
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    truncated: bool
+
+
+def encode(loaded, texts: Sequence[str]) -> list[Encoded]:
+    """Token ids as the model's tokenizer gives them by default, cut to the context length."""
+    out = []
+    for enc in loaded.tokenizer.encode_batch(list(texts)):
+        ids = enc.ids
+        out.append(Encoded(ids[: loaded.max_length], len(ids) > loaded.max_length))
+    return out
+
+
+def real_vocab_size(loaded) -> int:
+    """Rows of the LM head at or beyond the tokenizer's vocabulary are padding (masked in the stats)."""
+    return min(loaded.config.vocab_size, loaded.tokenizer.get_vocab_size(with_added_tokens=True))
+
+
+def make_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK):
+    """A jitted ``(state, ids [B, T]) -> TokenStats [B, T-1]``: the forward pass fused with the statistics."""
+    graphdef, _ = nnx.split(loaded.model)
+    vocab = real_vocab_size(loaded)
+
+    @jax.jit
+    def fn(state, ids):
+        model = nnx.merge(graphdef, state)
+        hidden = model.hidden_states(ids)
+        return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:],
+                                       vocab_size=vocab, chunk_size=chunk_size)
+
+    return fn
+
+
+def _skip_reason(text: str, n_tokens: int) -> str | None:
+    if not text.strip():
+        return "empty or whitespace-only text"
+    if n_tokens < 2:
+        return f"fewer than 2 tokens ({n_tokens}): nothing to predict"
+    return None
+
+
+def _plan(encoded: Sequence[Encoded], buckets: Sequence[int], batch_size: int) -> list[tuple[int, list[int]]]:
+    """Batches of example indices as (bucket length, indices), sorted by length within a bucket."""
+    by_bucket: dict[int, list[int]] = {}
+    for i in sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids)):
+        by_bucket.setdefault(bucket_of(len(encoded[i].ids), buckets), []).append(i)
+    return [(t, idx[s: s + batch_size]) for t, idx in sorted(by_bucket.items())
+            for s in range(0, len(idx), batch_size)]
+
+
+def _record(index: int, label, enc: Encoded, scores: dict[str, float], skip: str | None) -> dict:
+    rec = {"index": index}
+    if label is not None:
+        rec["label"] = int(label)
+    rec["n_tokens"] = len(enc.ids)
+    # NaN is not JSON: a missing score is null and the record says why
+    rec["scores"] = {m: (None if v is None or not math.isfinite(v) else float(v)) for m, v in scores.items()}
+    if enc.truncated:
+        rec["truncated"] = True
+    if skip:
+        rec["skip_reason"] = skip
+    return rec
+
+
+def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels: Sequence[int] | None = None,
+                batch_size: int = 8, chunk_size: int = DEFAULT_CHUNK, out_path: str | os.PathLike | None = None,
+                progress: bool = True) -> list[dict]:
+    """Score every text with every method; returns records in input order.
+
+    When ``out_path`` is given, records are appended to it as each batch finishes (so a crash
+    loses at most one batch), and the file is rewritten in input order at the end.
+    """
+    for m in methods:
+        parse_method(m)
+    encoded = encode(loaded, texts)
+    buckets = bucket_lengths(loaded.max_length)
+    records: dict[int, dict] = {}
+    skips = {i: _skip_reason(t, len(e.ids)) for i, (t, e) in enumerate(zip(texts, encoded))}
+    todo = [i for i in range(len(texts)) if skips[i] is None]
+    for i in range(len(texts)):
+        if skips[i] is not None:
+            records[i] = _record(i, labels[i] if labels else None, encoded[i], {m: None for m in methods}, skips[i])
+
+    sink = open(out_path, "w", encoding="utf-8") if out_path else None
+    try:
+        if sink:
+            for rec in records.values():
+                sink.write(json.dumps(rec) + "\n")
+        stats_fn = make_stats_fn(loaded, chunk_size)
+        _, state = nnx.split(loaded.model)
+        plan = _plan([encoded[i] for i in todo], buckets, batch_size)
+        bar = tqdm(total=len(todo), desc="scoring", unit="text", disable=not progress)
+        pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
+        for t, local in plan:
+            idx = [todo[j] for j in local]
+            ids = np.full((batch_size, t), pad, np.int32)
+            mask = np.zeros((batch_size, t - 1), bool)
+            for r, i in enumerate(idx):
+                n = len(encoded[i].ids)
+                ids[r, :n] = encoded[i].ids
+                mask[r, : n - 1] = True
+            stats = jax.device_get(stats_fn(state, jnp.asarray(ids)))
+            rows = slice(0, len(idx))
+            batch = TokenBatch(type(stats)(*(x[rows] for x in stats)), mask[rows], [texts[i] for i in idx])
+            scores = score_batch(batch, methods)
+            for r, i in enumerate(idx):
+                records[i] = _record(i, labels[i] if labels else None, encoded[i],
+                                     {m: scores[m][r] for m in methods}, None)
+                if sink:
+                    sink.write(json.dumps(records[i]) + "\n")
+            if sink:
+                sink.flush()
+            bar.update(len(idx))
+        bar.close()
+    finally:
+        if sink:
+            sink.close()
+    ordered = [records[i] for i in range(len(texts))]
+    if out_path:
+        write_jsonl(out_path, ordered)
+    return ordered
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
+    """Write records atomically (temporary file + rename)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    os.replace(tmp, path)
+
+
+def scores_by_method(records: Sequence[dict], methods: Sequence[str]) -> dict[str, np.ndarray]:
+    """{method: float64 [N]} from records, null -> NaN."""
+    return {m: np.array([np.nan if r["scores"][m] is None else r["scores"][m] for r in records], np.float64)
+            for m in methods}

@@ -1,0 +1,122 @@
+"""The scorer registry and the per-batch container scorers read from."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mia_jax.errors import UserError
+from mia_jax.stats import TokenStats
+
+
+@dataclass
+class TokenBatch:
+    """Per-token statistics of a batch on the host, as float64 ``[B, T]`` arrays, and the mask.
+
+    ``mask[b, t]`` is True where position t holds a real predicted token of example b.
+    Sorted views are computed once and shared by every k of a method.
+    """
+
+    stats: TokenStats
+    mask: np.ndarray
+    texts: Sequence[str] | None = None
+
+    def __post_init__(self):
+        self.stats = TokenStats(*(np.asarray(x, np.float64) for x in self.stats))
+        self.mask = np.asarray(self.mask, bool)
+        if self.mask.shape != self.stats.logprob.shape:
+            raise ValueError(f"mask shape {self.mask.shape} != statistics shape {self.stats.logprob.shape}")
+
+    @cached_property
+    def n(self) -> np.ndarray:
+        return self.mask.sum(-1)
+
+    def mean(self, values: np.ndarray) -> np.ndarray:
+        """Mean over the real tokens of each row (NaN for a row without tokens)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.mask, values, 0.0).sum(-1) / self.n
+
+    @cached_property
+    def zscore(self) -> np.ndarray:
+        """Min-K%++ token score (log p - mu) / sigma."""
+        s = self.stats
+        return (s.logprob - s.mu) / np.sqrt(s.var)
+
+    def ascending(self, name: str) -> np.ndarray:
+        """Row-wise ascending sort of a token quantity, padding pushed to the end (+inf)."""
+        key = f"_sorted_{name}"
+        if key not in self.__dict__:
+            values = self.zscore if name == "zscore" else getattr(self.stats, name)
+            self.__dict__[key] = np.sort(np.where(self.mask, values, np.inf), axis=-1)
+        return self.__dict__[key]
+
+
+@dataclass(frozen=True)
+class Scorer:
+    name: str
+    fn: Callable[..., np.ndarray]
+    takes_k: bool = False
+    needs_text: bool = False
+    doc: str = ""
+
+
+REGISTRY: dict[str, Scorer] = {}
+
+
+def register(name: str, *, takes_k: bool = False, needs_text: bool = False):
+    def deco(fn):
+        REGISTRY[name] = Scorer(name, fn, takes_k, needs_text, (fn.__doc__ or "").strip().splitlines()[0])
+        return fn
+
+    return deco
+
+
+def _known() -> str:
+    return ", ".join(f"{n}@K" if s.takes_k else n for n, s in sorted(REGISTRY.items()))
+
+
+def parse_method(method: str) -> tuple[Scorer, float | None]:
+    """``"min_k@0.2"`` -> (the min_k scorer, 0.2); unknown names raise a UserError listing the known ones."""
+    base, _, k_text = method.partition("@")
+    scorer = REGISTRY.get(base)
+    if scorer is None:
+        raise UserError(f"unknown method {method!r}; known methods: {_known()}")
+    if not scorer.takes_k:
+        if k_text:
+            raise UserError(f"method {base!r} takes no fraction, got {method!r}")
+        return scorer, None
+    if not k_text:
+        raise UserError(f"method {base!r} needs a fraction, e.g. {base}@0.2")
+    try:
+        k = float(k_text)
+    except ValueError:
+        raise UserError(f"bad fraction in {method!r}: {k_text!r} is not a number") from None
+    if not 0.0 < k <= 1.0:
+        raise UserError(f"fraction in {method!r} must be in (0, 1], got {k}")
+    return scorer, k
+
+
+def expand_methods(methods: Sequence[str], ks: Sequence[float]) -> list[str]:
+    """Validate method names; a bare name that takes a fraction becomes one method per k."""
+    out: list[str] = []
+    for method in methods:
+        scorer = REGISTRY.get(method)
+        names = [f"{method}@{k:g}" for k in ks] if scorer is not None and scorer.takes_k else [method]
+        for name in names:
+            parse_method(name)
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def score_batch(batch: TokenBatch, methods: Sequence[str]) -> dict[str, np.ndarray]:
+    """All requested methods for one batch: {method: float64 [B]} (NaN for rows without tokens)."""
+    out = {}
+    for method in methods:
+        scorer, k = parse_method(method)
+        if scorer.needs_text and batch.texts is None:
+            raise ValueError(f"method {method!r} needs the texts")
+        out[method] = np.asarray(scorer.fn(batch, k) if scorer.takes_k else scorer.fn(batch), np.float64)
+    return out

@@ -1,0 +1,71 @@
+"""The runner end to end on a tiny random Llama: scores equal per-example float64 NumPy from full logits."""
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mia_jax import models, runner
+from mia_jax.data import wikimia
+from reference import ref_token_arrays, reference_scores
+
+METHODS = ["loss", "ppl", "zlib", "min_k@0.2", "max_k@0.2", "min_k_pp@0.2", "entropy", "rank"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    return models.load(str(tiny_llama_dir))
+
+
+def per_example_reference(loaded, text):
+    """One text, one forward pass, full float64 log-softmax: the published approach."""
+    ids = loaded.tokenizer.encode(text).ids[: loaded.max_length]
+    logits = np.asarray(loaded.model(jnp.asarray([ids], jnp.int32)), np.float64)[0]
+    arrays = ref_token_arrays(logits[:-1], np.asarray(ids[1:]), vocab_size=runner.real_vocab_size(loaded))
+    return reference_scores(*arrays, text, 0.2)
+
+
+@pytest.mark.parametrize("batch_size", [1, 5])
+def test_scores_equal_per_example_numpy(tiny, tmp_path, batch_size):
+    texts = wikimia(32).texts[:12] + ["short"]
+    out = tmp_path / "results.jsonl"
+    records = runner.score_texts(tiny, texts, METHODS, batch_size=batch_size, chunk_size=100, out_path=out,
+                                 progress=False)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == records
+    assert [r["index"] for r in records] == list(range(len(texts)))
+    for text, rec in zip(texts, records):
+        want = per_example_reference(tiny, text)
+        for m in METHODS:
+            np.testing.assert_allclose(rec["scores"][m], want[m], rtol=1e-4, err_msg=m)
+
+
+def test_padding_rows_of_the_head_are_excluded(tiny):
+    assert runner.real_vocab_size(tiny) == tiny.tokenizer.get_vocab_size() < tiny.config.vocab_size
+
+
+def test_skips_and_truncation_are_recorded(tiny):
+    long_text = " ".join(wikimia(256).texts[:3])
+    texts = ["", "   \n", "a", long_text]
+    recs = runner.score_texts(tiny, texts, ["loss", "min_k@0.2"], labels=[1, 0, 1, 0], progress=False)
+    assert "empty" in recs[0]["skip_reason"] and "empty" in recs[1]["skip_reason"]
+    assert "fewer than 2 tokens" in recs[2]["skip_reason"]
+    assert all(r["scores"]["loss"] is None for r in recs[:3])
+    assert recs[3]["truncated"] is True and recs[3]["n_tokens"] == tiny.max_length
+    assert np.isfinite(recs[3]["scores"]["loss"]) and "skip_reason" not in recs[3]
+    assert [r["label"] for r in recs] == [1, 0, 1, 0]
+
+
+def test_bucket_lengths_are_a_fixed_small_set():
+    assert runner.bucket_lengths(2048) == [16, 32, 64, 128, 256, 512, 1024, 2048]
+    assert runner.bucket_lengths(100) == [16, 32, 64, 100]
+    assert runner.bucket_lengths(8) == [8]
+    assert runner.bucket_lengths(16) == [16]
+
+
+def test_one_compilation_per_bucket(tiny):
+    fn = runner.make_stats_fn(tiny)
+    from flax import nnx
+    _, state = nnx.split(tiny.model)
+    for t in (16, 16, 32, 16, 32):
+        fn(state, jnp.zeros((2, t), jnp.int32))
+    assert fn._cache_size() == 2

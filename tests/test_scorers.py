@@ -1,0 +1,97 @@
+"""Scorers against plain NumPy references, batching invariance, orientation (higher = member)."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mia_jax.errors import UserError
+from mia_jax.scorers import REGISTRY, TokenBatch, expand_methods, k_count, parse_method, score_batch
+from mia_jax.stats import token_stats
+from reference import ref_token_arrays, reference_scores
+
+TEXTS = ["alpha beta gamma", "the quick brown fox jumps", "x", "lorem ipsum dolor sit amet, consectetur"]
+
+
+@pytest.fixture(scope="module")
+def case():
+    rng = np.random.default_rng(0)
+    b, t, v = 4, 23, 97
+    logits = rng.standard_normal((b, t, v)) * 2.5
+    targets = rng.integers(0, v, size=(b, t))
+    lengths = np.array([23, 11, 1, 17])
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    return logits, targets, lengths, mask
+
+
+METHODS = ["loss", "ppl", "zlib", "min_k@0.2", "max_k@0.2", "min_k_pp@0.2", "entropy", "rank",
+           "min_k@0.7", "min_k_pp@0.1", "min_k@1"]
+
+
+def test_scores_match_numpy_reference(case):
+    logits, targets, lengths, mask = case
+    stats = token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets), chunk_size=40)
+    got = score_batch(TokenBatch(stats, mask, TEXTS), METHODS)
+    ref_arrays = ref_token_arrays(logits, targets)
+    for i, n in enumerate(lengths):
+        per = [a[i, :n] for a in ref_arrays]
+        want = {}
+        for k in (0.2, 0.7, 0.1, 1.0):
+            want.update(reference_scores(*per, TEXTS[i], k))
+        for m in METHODS:
+            np.testing.assert_allclose(got[m][i], want[m], rtol=1e-5, err_msg=f"{m} row {i}")
+
+
+def test_padding_and_batching_change_nothing(case):
+    logits, targets, lengths, mask = case
+    full = score_batch(TokenBatch(token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets)), mask, TEXTS),
+                       METHODS)
+    for i, n in enumerate(lengths):
+        # the row alone, cut to its length: no padding at all
+        one = token_stats(jnp.asarray(logits[i:i + 1, :n], jnp.float32), jnp.asarray(targets[i:i + 1, :n]))
+        alone = score_batch(TokenBatch(one, np.ones((1, n), bool), TEXTS[i:i + 1]), METHODS)
+        for m in METHODS:
+            np.testing.assert_allclose(alone[m][0], full[m][i], rtol=1e-5, err_msg=m)
+
+
+def test_row_without_tokens_is_nan(case):
+    logits, targets, _, mask = case
+    mask = mask.copy()
+    mask[1] = False
+    got = score_batch(TokenBatch(token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets)), mask, TEXTS),
+                      METHODS)
+    for m in METHODS:
+        assert np.isnan(got[m][1]) and np.all(np.isfinite(np.delete(got[m], 1))), m
+
+
+def test_every_scorer_is_oriented_higher_is_member():
+    """A 'member' whose tokens the model predicts confidently must score above a 'non-member'."""
+    rng = np.random.default_rng(1)
+    t, v = 40, 64
+    targets = rng.integers(0, v, size=(2, t))
+    logits = rng.standard_normal((2, t, v))
+    onehot = np.eye(v)[targets]
+    logits[0] += 6.0 * onehot[0]  # member: targets strongly predicted
+    logits[1] -= 2.0 * onehot[1]  # non-member: targets unlikely
+    stats = token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets))
+    texts = ["same text", "same text"]
+    methods = expand_methods(list(REGISTRY), [0.2, 0.5])
+    got = score_batch(TokenBatch(stats, np.ones((2, t), bool), texts), methods)
+    for m in methods:
+        assert got[m][0] > got[m][1], m
+
+
+def test_k_count_is_exact():
+    assert k_count(0.7, 90) == 63  # int(90 * 0.7) == 62 in the published code
+    assert k_count(0.2, 4) == 1 and k_count(0.2, 3) == 1 and k_count(0.2, 10) == 2
+    assert k_count(0.3, 10) == 3  # 10 * 0.3 = 2.9999999999999996 in floating point
+    np.testing.assert_array_equal(k_count(0.1, np.array([0, 5, 10, 99])), [1, 1, 1, 9])
+
+
+def test_method_parsing():
+    scorer, k = parse_method("min_k_pp@0.25")
+    assert scorer.name == "min_k_pp" and k == 0.25
+    assert expand_methods(["loss", "min_k"], [0.1, 0.2]) == ["loss", "min_k@0.1", "min_k@0.2"]
+    with pytest.raises(UserError, match="known methods: .*min_k@K"):
+        parse_method("mink")
+    for bad in ("min_k@abc", "min_k@0", "min_k@1.5", "loss@0.2"):
+        with pytest.raises(UserError):
+            parse_method(bad)

@@ -1,0 +1,1 @@
+"""Continued pretraining and the controlled contamination experiments (see the issues; not yet built)."""
