@@ -5,7 +5,7 @@ so a model whose Hugging Face tokenizer adds BOS gets BOS here too (recorded as 
 Token i >= 1 is predicted from tokens < i; the first token has no prediction. Texts longer than
 the model's context are *truncated* to it (the record says ``"truncated": true``); no windowing.
 
-Batches are right-padded to a fixed set of bucket lengths (powers of two from 16 up to the
+Batches are right-padded to a fixed set of bucket lengths (16, 24, 32, 48, 64, 96, ... up to the
 context length) with a fixed batch size (short batches are filled with dummy rows), so a whole
 dataset compiles one program per bucket. Attention is causal, so right padding never changes the
 real tokens' logits.
@@ -16,8 +16,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +24,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from mia_jax.files import write_jsonl
 from mia_jax.scorers import TokenBatch, parse_method, score_batch
 from mia_jax.stats import DEFAULT_CHUNK, token_stats_from_hidden
 
@@ -32,10 +32,11 @@ MIN_BUCKET = 16
 
 
 def bucket_lengths(max_length: int, smallest: int = MIN_BUCKET) -> list[int]:
-    """Powers of two from ``smallest`` up to (and always including) ``max_length``."""
+    """``smallest`` * 2^i and 1.5 * ``smallest`` * 2^i (16, 24, 32, 48, 64, 96, ...) below ``max_length``, then
+    ``max_length`` itself: at most a third of a batch is padding, and a context of 8192 needs 18 programs."""
     out, t = [], smallest
     while t < max_length:
-        out.append(t)
+        out += [b for b in (t, t * 3 // 2) if b < max_length]
         t *= 2
     return out + [max_length]
 
@@ -167,16 +168,6 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     if out_path:
         write_jsonl(out_path, ordered)
     return ordered
-
-
-def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
-    """Write records atomically (temporary file + rename)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
-    os.replace(tmp, path)
 
 
 def scores_by_method(records: Sequence[dict], methods: Sequence[str]) -> dict[str, np.ndarray]:

@@ -1,6 +1,5 @@
 """mia_jax.models: logit parity with transformers (HF folders and GGUF), loading policy, errors, SmolLM2."""
 import dataclasses
-import importlib.metadata
 import json
 import random
 
@@ -28,13 +27,13 @@ TEXTS = ["Hello world", "In 2023, 1234567 people paid $19.99 each.", "  spaces  
          "naïve café — 日本語 🙂", "def f(x):\n    return x**2  # note\n", "<|endoftext|>a<|endoftext|>"]
 
 PARAGRAPH = (
-    "The Amazon River in South America is the largest river by discharge volume of water in the world, and "
-    "the disputed longest river system in the world in comparison to the Nile. The headwaters of the Apurímac "
-    "River on Nevado Mismi had been considered for nearly a century as the Amazon basin's most distant source, "
-    "until a 2014 study found it to be the headwaters of the Mantaro River on the Cordillera Rumi Cruz in Peru. "
-    "The Mantaro and Apurímac rivers join, and with other tributaries form the Ucayali River, which in turn "
-    "meets the Marañón River upstream of Iquitos, Peru, forming what countries other than Brazil consider to "
-    "be the main stem of the Amazon."
+    "Bread is a staple food prepared from a dough of flour and water, usually by baking. Throughout recorded "
+    "history and around the world, it has been an important part of many cultures' diet. It is one of the oldest "
+    "human-made foods, having been of significant importance since the dawn of agriculture, and plays an essential "
+    "role in both religious rituals and secular culture. Bread may be leavened by naturally occurring microbes, "
+    "chemicals, industrially produced yeast, or high-pressure aeration, which creates the gas bubbles that fluff up "
+    "bread. In many countries, commercial bread often contains additives to improve flavor, texture, color, shelf "
+    "life, nutrition, and ease of production."
 )
 
 
@@ -131,18 +130,18 @@ def permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, model, tokenizer, arch="llama"):
+def write_gguf(path, model, tokenizer, add_bos=False):
     """A float32 GGUF of a transformers Llama, converted the way llama.cpp does it."""
     cfg = model.config
     hf_to_gguf = {hf.format(i=i): g.format(i=i) for g, hf in GGUF_TO_HF.items() for i in range(cfg.num_hidden_layers)}
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), "llama")
     for add, value in [("block_count", cfg.num_hidden_layers), ("context_length", cfg.max_position_embeddings),
                        ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
                        ("head_count", cfg.num_attention_heads), ("head_count_kv", cfg.num_key_value_heads),
                        ("rope_freq_base", cfg.rope_parameters["rope_theta"]),
                        ("layer_norm_rms_eps", cfg.rms_norm_eps), ("vocab_size", cfg.vocab_size),
                        ("rope_dimension_count", cfg.head_dim), ("tokenizer_model", "gpt2"),
-                       ("tokenizer_pre", "gpt-2"), ("bos_token_id", 0), ("eos_token_id", 0), ("add_bos_token", False)]:
+                       ("tokenizer_pre", "gpt-2"), ("bos_token_id", 0), ("eos_token_id", 0), ("add_bos_token", add_bos)]:
         getattr(w, f"add_{add}")(value)
     vocab = tokenizer.get_vocab()
     tokens = sorted(vocab, key=vocab.get) + [f"<pad{i}>" for i in range(cfg.vocab_size - len(vocab))]
@@ -177,6 +176,9 @@ def test_gguf_round_trip(tmp_path, tie):
         assert loaded.tokenizer.encode(text).ids == tok.encode(text).ids, text
     other = load(str(tmp_path / "tiny.gguf"), tokenizer_path=str(folder / "tokenizer.json"))
     assert str(folder / "tokenizer.json") in other.files
+    write_gguf(tmp_path / "bos.gguf", model, tok, add_bos=True)
+    with_bos = load(str(tmp_path / "bos.gguf"))
+    assert with_bos.add_bos and with_bos.tokenizer.encode(TEXTS[0]).ids == [0] + tok.encode(TEXTS[0]).ids
 
 
 def test_random_init_forward_shapes():
@@ -235,7 +237,7 @@ def test_smollm2_perplexity_matches_transformers():
     ppl = lambda ids: float(np.exp(nll(np.asarray(jax.nn.log_softmax(loaded.model(jnp.asarray([ids]))[0])), ids)))  # noqa
     ours = ppl(ids)
     shuffled = ids[:1] + random.Random(0).sample(ids[1:], len(ids) - 1)
-    assert 5 < ours < 30 and ppl(shuffled) > 200
+    assert 8 < ours < 30 and ppl(shuffled) > 200  # measured: 16.4 and ~2100
 
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -56,8 +56,8 @@ def test_skips_and_truncation_are_recorded(tiny):
 
 
 def test_bucket_lengths_are_a_fixed_small_set():
-    assert runner.bucket_lengths(2048) == [16, 32, 64, 128, 256, 512, 1024, 2048]
-    assert runner.bucket_lengths(100) == [16, 32, 64, 100]
+    assert runner.bucket_lengths(2048) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+    assert runner.bucket_lengths(100) == [16, 24, 32, 48, 64, 96, 100]
     assert runner.bucket_lengths(8) == [8]
     assert runner.bucket_lengths(16) == [16]
 

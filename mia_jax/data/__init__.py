@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mia_jax.errors import UserError
+from mia_jax.files import sha256
 
 FILES = Path(__file__).parent / "files"
 WIKIMIA_LENGTHS = (32, 64, 128, 256)
@@ -22,14 +22,6 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.texts)
-
-
-def sha256(path: str | Path, block: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _rows(path: Path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.metadata
 import re
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import tokenizers
 
 from mia_jax.errors import UserError
+from mia_jax.files import sha256
 from mia_jax.models import gguf_io, hf
 from mia_jax.models.llama import DTYPES, Llama, LlamaConfig, from_params, params_from_hf
 
@@ -61,14 +61,6 @@ def resolve_model(name_or_path: str) -> str:
         f"model path not found: {name_or_path!r}; pass a local model folder, a .gguf file, "
         f"or one of the packaged names {sorted(PACKAGED_MODELS)}"
     )
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _tokenizer_file(path: Path) -> Path:

@@ -80,8 +80,8 @@ def check_architecture(meta: dict, path: str) -> str:
     return arch
 
 
-def config_from_gguf(meta: dict, tensor_names: set[str], rope_freqs: np.ndarray | None) -> LlamaConfig:
-    """`LlamaConfig` from `{arch}.*` and `tokenizer.ggml.*` metadata."""
+def config_from_gguf(meta: dict, arrays: dict[str, np.ndarray], rope_freqs: np.ndarray | None) -> LlamaConfig:
+    """`LlamaConfig` from `{arch}.*` and `tokenizer.ggml.*` metadata (vocab size from the embedding)."""
     arch = meta["general.architecture"]
     get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
     heads = get("attention.head_count")
@@ -90,9 +90,8 @@ def config_from_gguf(meta: dict, tensor_names: set[str], rope_freqs: np.ndarray 
     rope_scaling = None
     if scaling_type != "none":
         rope_scaling = {"rope_type": scaling_type, "factor": get("rope.scaling.factor")}
-    vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ()) or None
     return LlamaConfig(
-        vocab_size=vocab,
+        vocab_size=arrays["token_embd.weight"].shape[0],
         hidden_size=hidden,
         intermediate_size=get("feed_forward_length"),
         num_hidden_layers=get("block_count"),
@@ -104,7 +103,7 @@ def config_from_gguf(meta: dict, tensor_names: set[str], rope_freqs: np.ndarray 
         rope_scaling=rope_scaling,
         rope_freq_factors=None if rope_freqs is None else tuple(float(x) for x in rope_freqs),
         max_position_embeddings=get("context_length", 2048),
-        tie_word_embeddings="output.weight" not in tensor_names,
+        tie_word_embeddings="output.weight" not in arrays,
         sliding_window=get("attention.sliding_window"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
@@ -124,7 +123,9 @@ def read_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray], dict]:
         a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
         arrays[t.name] = a.reshape(tuple(int(n) for n in reversed(t.shape)))  # GGUF lists dims fastest-first
     rope_freqs = arrays.pop(ROPE_FREQS, None)
-    cfg = config_from_gguf(meta, set(arrays), rope_freqs)
+    if "token_embd.weight" not in arrays:
+        raise UserError(f"{path}: no token_embd.weight tensor")
+    cfg = config_from_gguf(meta, arrays, rope_freqs)
     tensors = {}
     for name, a in arrays.items():
         key, layer = _gguf_name_key(name)

@@ -28,8 +28,16 @@ class ConfigError(UserError, ValueError):
     """A model config this implementation does not support."""
 
 
+def _check_model_type(model_type):
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(f"unsupported model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+    return model_type
+
+
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
+    """Hyper-parameters of a Llama-family model (Hugging Face names; `from_hf` reads a config.json)."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -50,8 +58,7 @@ class LlamaConfig:
     pad_token_id: int | None = None
 
     def __post_init__(self):
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"unsupported model_type {self.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+        _check_model_type(self.model_type)
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:
@@ -73,9 +80,7 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> "LlamaConfig":
         """From a Hugging Face `config.json` dict (rope given as rope_theta/rope_scaling or rope_parameters)."""
-        model_type = hf.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"unsupported model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+        model_type = _check_model_type(hf.get("model_type"))
         for flag in ("attention_bias", "mlp_bias"):
             if hf.get(flag):
                 raise ConfigError(f"{flag}=True is not supported by the Llama implementation")

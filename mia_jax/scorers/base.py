@@ -1,7 +1,7 @@
 """The scorer registry and the per-batch container scorers read from."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Sequence
 
