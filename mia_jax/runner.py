@@ -6,8 +6,8 @@ Token i >= 1 is predicted from tokens < i; the first token has no prediction. Te
 the model's context are *truncated* to it (the record says ``"truncated": true``); no windowing.
 
 Batches are right-padded to a fixed set of bucket lengths (16, 24, 32, 48, 64, 96, ... up to the
-context length) with a fixed batch size (short batches are filled with dummy rows), so a whole
-dataset compiles one program per bucket. Attention is causal, so right padding never changes the
+context length) with a fixed batch size (a bucket's last short batch is filled with dummy rows up
+to a power of two), so a whole dataset compiles a handful of programs, not one per length. Attention is causal, so right padding never changes the
 real tokens' logits.
 """
 from __future__ import annotations
@@ -39,6 +39,12 @@ def bucket_lengths(max_length: int, smallest: int = MIN_BUCKET) -> list[int]:
         out += [b for b in (t, t * 3 // 2) if b < max_length]
         t *= 2
     return out + [max_length]
+
+
+def batch_rows(n: int, batch_size: int) -> int:
+    """Rows of the padded batch for ``n`` texts: ``batch_size``, or for a bucket's last short batch the
+    next power of two (so the dummy rows waste at most half of it, with at most log2(batch_size) shapes)."""
+    return min(batch_size, 1 << max(0, n - 1).bit_length())
 
 
 def bucket_of(n: int, buckets: Sequence[int]) -> int:
@@ -142,15 +148,16 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
         for t, local in plan:
             idx = [todo[j] for j in local]
-            ids = np.full((batch_size, t), pad, np.int32)
-            mask = np.zeros((batch_size, t - 1), bool)
+            rows = batch_rows(len(idx), batch_size)
+            ids = np.full((rows, t), pad, np.int32)
+            mask = np.zeros((rows, t - 1), bool)
             for r, i in enumerate(idx):
                 n = len(encoded[i].ids)
                 ids[r, :n] = encoded[i].ids
                 mask[r, : n - 1] = True
             stats = jax.device_get(stats_fn(state, jnp.asarray(ids)))
-            rows = slice(0, len(idx))
-            batch = TokenBatch(type(stats)(*(x[rows] for x in stats)), mask[rows], [texts[i] for i in idx])
+            real = slice(0, len(idx))
+            batch = TokenBatch(type(stats)(*(x[real] for x in stats)), mask[real], [texts[i] for i in idx])
             scores = score_batch(batch, methods)
             for r, i in enumerate(idx):
                 records[i] = _record(i, labels[i] if labels else None, encoded[i],

@@ -62,7 +62,12 @@ def test_bucket_lengths_are_a_fixed_small_set():
     assert runner.bucket_lengths(16) == [16]
 
 
-def test_one_compilation_per_bucket(tiny):
+def test_short_batches_round_up_to_powers_of_two():
+    assert [runner.batch_rows(n, 32) for n in (1, 2, 3, 5, 9, 17, 32)] == [1, 2, 4, 8, 16, 32, 32]
+    assert [runner.batch_rows(n, 6) for n in (1, 3, 5, 6)] == [1, 4, 6, 6]
+
+
+def test_one_compilation_per_shape(tiny):
     fn = runner.make_stats_fn(tiny)
     from flax import nnx
     _, state = nnx.split(tiny.model)
