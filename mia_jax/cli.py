@@ -32,7 +32,8 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
     p.add_argument("--limit", type=int, help="score only the first N texts")
-    p.add_argument("--out", help="output folder (default: runs/<data>-<model>)")
+    p.add_argument("--out", help="output folder (default: runs/<data>-<model>); an interrupted run in it resumes")
+    p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a run")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -63,6 +64,26 @@ def _load_data(args, labeled: bool):
     return ds
 
 
+def _prepare_out(out: Path, fingerprint: dict, overwrite: bool) -> bool:
+    """Create the output folder; True when it holds an interrupted run of the same job to resume.
+
+    ``config.json`` records what makes a run (methods, model and data file hashes, batch size, ...);
+    a folder holding a different job is refused rather than mixed.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    config, results = out / "config.json", out / "results.jsonl"
+    if results.exists() and not overwrite:
+        previous = json.loads(config.read_text()) if config.exists() else None
+        if previous != fingerprint:
+            changed = sorted(k for k in fingerprint if (previous or {}).get(k) != fingerprint[k])
+            raise UserError(f"{out} holds results of a different run (differs in: {', '.join(changed)}); "
+                            "use another --out, or --overwrite to replace them")
+        print(f"resuming the run in {out}", file=sys.stderr)
+        return True
+    config.write_text(json.dumps(fingerprint, indent=2))
+    return False
+
+
 def run(args, labeled: bool) -> Path:
     import jax
 
@@ -74,12 +95,15 @@ def run(args, labeled: bool) -> Path:
     ds = _load_data(args, labeled)
     loaded = models.load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer)
     out = Path(args.out or f"runs/{ds.name}-{loaded.name}")
-    out.mkdir(parents=True, exist_ok=True)
+    resume = _prepare_out(out, {
+        "methods": methods, "model_files": loaded.files, "data_files": ds.files, "n_texts": len(ds),
+        "batch_size": args.batch_size, "chunk_size": args.chunk_size, "dtype": args.dtype,
+        "package_version": __version__}, args.overwrite)
     print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
           file=sys.stderr)
     t0 = time.perf_counter()
     records = runner.score_texts(loaded, ds.texts, methods, labels=ds.labels, batch_size=args.batch_size,
-                                 chunk_size=args.chunk_size, out_path=out / "results.jsonl",
+                                 chunk_size=args.chunk_size, out_path=out / "results.jsonl", resume=resume,
                                  progress=not args.no_progress)
     seconds = time.perf_counter() - t0
     n_tokens = sum(r["n_tokens"] for r in records)

@@ -16,6 +16,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import jax
@@ -24,6 +25,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
 from mia_jax.scorers import TokenBatch, parse_method, score_batch
 from mia_jax.stats import DEFAULT_CHUNK, token_stats_from_hidden
@@ -117,37 +119,64 @@ def _record(index: int, label, enc: Encoded, scores: dict[str, float], skip: str
     return rec
 
 
+def read_done(path: str | os.PathLike, n_texts: int, methods: Sequence[str]) -> dict[int, dict]:
+    """Records already in a results file from an interrupted run, by index.
+
+    A torn last line (the process was killed mid-write) is ignored; a record for another set of
+    methods or an index out of range means the file belongs to a different run (UserError).
+    """
+    done: dict[int, dict] = {}
+    path = Path(path)
+    if not path.exists():
+        return done
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # torn write
+        if not (isinstance(rec, dict) and 0 <= rec.get("index", -1) < n_texts and list(rec["scores"]) == list(methods)):
+            raise UserError(f"{path}: line {lineno} does not belong to this run (other data or methods); "
+                            "use another --out or --overwrite")
+        done[rec["index"]] = rec
+    return done
+
+
 def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels: Sequence[int] | None = None,
                 batch_size: int = 8, chunk_size: int = DEFAULT_CHUNK, out_path: str | os.PathLike | None = None,
-                progress: bool = True) -> list[dict]:
+                resume: bool = False, progress: bool = True) -> list[dict]:
     """Score every text with every method; returns records in input order.
 
     When ``out_path`` is given, records are appended to it as each batch finishes (so a crash
-    loses at most one batch), and the file is rewritten in input order at the end.
+    loses at most one batch), and the file is rewritten in input order at the end. With
+    ``resume=True`` the records already in ``out_path`` are kept and only the batches that are not
+    complete there are computed; batches are planned over the whole dataset either way, so a resumed
+    run computes every batch exactly as an uninterrupted one and writes a byte-identical file.
     """
     for m in methods:
         parse_method(m)
     encoded = encode(loaded, texts)
-    buckets = bucket_lengths(loaded.max_length)
-    records: dict[int, dict] = {}
+    label = (lambda i: labels[i]) if labels is not None else (lambda i: None)  # noqa: E731
+    records = read_done(out_path, len(texts), methods) if (out_path and resume) else {}
     skips = {i: _skip_reason(t, len(e.ids)) for i, (t, e) in enumerate(zip(texts, encoded))}
+    for i, reason in skips.items():
+        if reason is not None:
+            records[i] = _record(i, label(i), encoded[i], {m: None for m in methods}, reason)
     todo = [i for i in range(len(texts)) if skips[i] is None]
-    for i in range(len(texts)):
-        if skips[i] is not None:
-            records[i] = _record(i, labels[i] if labels else None, encoded[i], {m: None for m in methods}, skips[i])
+    plan = [(t, [todo[j] for j in local])
+            for t, local in _plan([encoded[i] for i in todo], bucket_lengths(loaded.max_length), batch_size)]
+    remaining = [(t, idx) for t, idx in plan if not all(i in records for i in idx)]
 
-    sink = open(out_path, "w", encoding="utf-8") if out_path else None
+    sink = None
+    if out_path:  # start from a clean file holding exactly the records kept so far
+        write_jsonl(out_path, [records[i] for i in sorted(records)])
+        sink = open(out_path, "a", encoding="utf-8")
     try:
-        if sink:
-            for rec in records.values():
-                sink.write(json.dumps(rec) + "\n")
         stats_fn = make_stats_fn(loaded, chunk_size)
         _, state = nnx.split(loaded.model)
-        plan = _plan([encoded[i] for i in todo], buckets, batch_size)
-        bar = tqdm(total=len(todo), desc="scoring", unit="text", disable=not progress)
         pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
-        for t, local in plan:
-            idx = [todo[j] for j in local]
+        bar = tqdm(total=len(todo), initial=len(todo) - sum(len(idx) for _, idx in remaining), desc="scoring",
+                   unit="text", disable=not progress)
+        for t, idx in remaining:
             rows = batch_rows(len(idx), batch_size)
             ids = np.full((rows, t), pad, np.int32)
             mask = np.zeros((rows, t - 1), bool)
@@ -160,11 +189,9 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
             batch = TokenBatch(type(stats)(*(x[real] for x in stats)), mask[real], [texts[i] for i in idx])
             scores = score_batch(batch, methods)
             for r, i in enumerate(idx):
-                records[i] = _record(i, labels[i] if labels else None, encoded[i],
-                                     {m: scores[m][r] for m in methods}, None)
-                if sink:
-                    sink.write(json.dumps(records[i]) + "\n")
+                records[i] = _record(i, label(i), encoded[i], {m: scores[m][r] for m in methods}, None)
             if sink:
+                sink.write("".join(json.dumps(records[i]) + "\n" for i in idx))
                 sink.flush()
             bar.update(len(idx))
         bar.close()

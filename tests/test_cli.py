@@ -133,3 +133,19 @@ def test_readme_example_runs():
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
     assert blocks, "README has no python example"
     exec(compile(blocks[0], "README.md", "exec"), {})
+
+
+def test_rerun_with_same_out_resumes_and_refuses_another_job(tiny_llama_dir, labeled, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(labeled), "--methods", "loss", "--out", str(out),
+            "--n-bootstrap", "20", "--no-progress"]
+    assert main(argv) == 0
+    first = (out / "results.jsonl").read_bytes()
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "resuming" in capsys.readouterr().err
+    assert (out / "results.jsonl").read_bytes() == first
+    err = run_error(argv[:-6] + ["zlib", "--out", str(out), "--no-progress"], capsys)
+    assert "different run" in err and "methods" in err
+    assert main(argv[:-6] + ["zlib", "--out", str(out), "--overwrite", "--no-progress"]) == 0
+    assert list(json.loads((out / "summary.json").read_text())) == ["zlib"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mia_jax import models, runner
+from mia_jax.errors import UserError
 from mia_jax.data import wikimia
 from reference import ref_token_arrays, reference_scores
 
@@ -74,3 +75,43 @@ def test_one_compilation_per_shape(tiny):
     for t in (16, 16, 32, 16, 32):
         fn(state, jnp.zeros((2, t), jnp.int32))
     assert fn._cache_size() == 2
+
+
+def test_killed_and_resumed_run_is_byte_identical(tiny, tmp_path, monkeypatch):
+    texts = wikimia(32).texts[:30] + [""]
+    labels = list(range(2)) * 15 + [1]
+    full = tmp_path / "full.jsonl"
+    runner.score_texts(tiny, texts, METHODS, labels=labels, batch_size=4, out_path=full, progress=False)
+
+    part = tmp_path / "part.jsonl"
+    real_score_batch, calls = runner.score_batch, []
+
+    def dying_score_batch(*a, **k):  # the process dies while computing the 4th batch
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_score_batch(*a, **k)
+
+    monkeypatch.setattr(runner, "score_batch", dying_score_batch)
+    with pytest.raises(KeyboardInterrupt):
+        runner.score_texts(tiny, texts, METHODS, labels=labels, batch_size=4, out_path=part, progress=False)
+    monkeypatch.setattr(runner, "score_batch", real_score_batch)
+    lines = part.read_text().splitlines()
+    assert len(lines) == 1 + 3 * 4  # the skipped text and three finished batches
+    with open(part, "a") as f:
+        f.write(lines[-1][:25])  # and a torn write, as a kill mid-line leaves it
+
+    computed = []
+    monkeypatch.setattr(runner, "score_batch", lambda *a, **k: computed.append(1) or real_score_batch(*a, **k))
+    runner.score_texts(tiny, texts, METHODS, labels=labels, batch_size=4, out_path=part, resume=True,
+                       progress=False)
+    assert len(computed) == 8 - 3  # only the unfinished batches ran again
+    assert part.read_bytes() == full.read_bytes()
+
+
+def test_resume_refuses_a_file_of_another_run(tiny, tmp_path):
+    out = tmp_path / "r.jsonl"
+    runner.score_texts(tiny, ["one two three", "four five six"], ["loss"], out_path=out, progress=False)
+    with pytest.raises(UserError, match="does not belong to this run"):
+        runner.score_texts(tiny, ["one two three", "four five six"], ["zlib"], out_path=out, resume=True,
+                           progress=False)
