@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from mia_jax import blind
 from mia_jax.errors import UserError
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
@@ -43,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="score labeled texts and evaluate the detectors (AUROC, TPR@FPR, ROC plot)")
     _common(ev, labeled=True)
     ev.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% CIs")
-    ev.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    ev.add_argument("--seed", type=int, default=0, help="bootstrap and blind-baseline cross-validation seed")
+    ev.add_argument("--no-blind", action="store_true",
+                    help="skip the model-free bag-of-words baseline that is otherwise reported beside the detectors")
     sc = sub.add_parser("score", help="score unlabeled texts (no metrics)")
     _common(sc, labeled=False)
     return parser
@@ -84,6 +87,24 @@ def _prepare_out(out: Path, fingerprint: dict, overwrite: bool) -> bool:
     return False
 
 
+def _blind_baseline(ds, args, required: bool):
+    """Metrics of the model-free bag-of-words baseline on the same texts, and the line that reports it."""
+    from mia_jax import metrics
+
+    try:
+        scores = blind.blind_bow_scores(ds.texts, ds.labels, seed=args.seed)
+    except UserError as e:
+        if required:
+            raise
+        return None, f"Blind baseline not computed: {e}"
+    m = metrics.evaluate(ds.labels, scores, n_bootstrap=args.n_bootstrap, seed=args.seed)
+    ci = m["auroc_ci"] or (float("nan"), float("nan"))
+    line = (f"Blind baseline ({blind.NAME}: bag-of-words TF-IDF + logistic regression, {blind.FOLDS}-fold CV, "
+            f"no model): AUROC {m['auroc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}], TPR@5%FPR {m['tpr_at_5pct_fpr']:.3f}.")
+    warn = blind.warning(m["auroc"])
+    return m, line + (f"\n{warn}" if warn else "")
+
+
 def run(args, labeled: bool) -> Path:
     import jax
 
@@ -91,7 +112,13 @@ def run(args, labeled: bool) -> Path:
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    methods = expand_methods(args.methods, args.k)  # validate before loading anything
+    blind_asked = blind.NAME in args.methods
+    methods = expand_methods([m for m in args.methods if m != blind.NAME], args.k)  # validate before loading
+    if not methods:
+        raise UserError(f"give at least one model-based method besides {blind.NAME} (which is reported with any "
+                        "labeled eval anyway)")
+    if blind_asked and not labeled:
+        raise UserError(f"{blind.NAME} needs labels: use mia-jax eval")
     ds = _load_data(args, labeled)
     loaded = models.load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer)
     out = Path(args.out or f"runs/{ds.name}-{loaded.name}")
@@ -133,11 +160,20 @@ def run(args, labeled: bool) -> Path:
         labels = [r["label"] for r in records]
         summary = {m: metrics.evaluate(labels, scores[m], n_bootstrap=args.n_bootstrap, seed=args.seed)
                    for m in methods}
-        report.write_summary(out, summary, extra=meta)
+        notes = []
+        if blind_asked or not args.no_blind:
+            blind_metrics, note = _blind_baseline(ds, args, blind_asked)
+            if blind_metrics is not None:
+                meta["blind_baseline"] = blind_metrics
+                if blind_asked:
+                    summary[blind.NAME] = blind_metrics
+            notes.append(note)
+        report.write_summary(out, summary, extra=meta, notes=notes)
         report.plot_roc(out / "roc.png", {m: (labels, scores[m]) for m in methods},
                         title=f"{ds.name}, {loaded.name}")
         report.plot_histograms(out / "histograms.png", scores, labels)
-        print(report.markdown_table(summary))
+        print(report.markdown_table({m: summary[m] for m in methods}))
+        print("".join(f"\n{n}" for n in notes).lstrip("\n"))
     else:
         (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     print(f"wrote {out}/", file=sys.stderr)

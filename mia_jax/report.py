@@ -9,6 +9,7 @@ import csv
 import json
 import math
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -87,10 +88,11 @@ def _csv_row(method: str, r: dict) -> list:
     return row
 
 
-def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None) -> None:
+def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None, notes: Sequence[str] = ()) -> None:
     """Write ``summary.json`` ({method: metrics}), ``summary.csv`` (COLUMNS, CIs split into ``*_lo`` /
     ``*_hi``, empty cell for None), ``summary.md`` (:func:`markdown_table`) and, if ``extra`` is given,
-    ``run.json`` with it (config, model, data hashes, ...). Creates ``out_dir`` if needed."""
+    ``run.json`` with it (config, model, data hashes, ...); ``notes`` are lines appended below the
+    markdown table. Creates ``out_dir`` if needed."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n")
@@ -99,7 +101,7 @@ def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None) 
         w.writerow(_csv_header())
         for method, r in summary.items():
             w.writerow(_csv_row(str(method), r))
-    (out / "summary.md").write_text(markdown_table(summary))
+    (out / "summary.md").write_text(markdown_table(summary) + "".join(f"\n{n}\n" for n in notes))
     if extra is not None:
         (out / "run.json").write_text(json.dumps(_jsonable(extra), indent=2, allow_nan=False) + "\n")
 

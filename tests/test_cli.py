@@ -149,3 +149,15 @@ def test_rerun_with_same_out_resumes_and_refuses_another_job(tiny_llama_dir, lab
     assert "different run" in err and "methods" in err
     assert main(argv[:-6] + ["zlib", "--out", str(out), "--overwrite", "--no-progress"]) == 0
     assert list(json.loads((out / "summary.json").read_text())) == ["zlib"]
+
+
+def test_blind_baseline_is_reported_beside_the_detectors(tiny_llama_dir, labeled, tmp_path, capsys):
+    out = tmp_path / "b"
+    assert main(["eval", "--model", str(tiny_llama_dir), "--data", str(labeled), "--methods", "loss", "blind_bow",
+                 "--out", str(out), "--n-bootstrap", "20", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "Blind baseline (blind_bow" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary) == ["loss", "blind_bow"] and 0 <= summary["blind_bow"]["auroc"] <= 1
+    assert "Blind baseline" in (out / "summary.md").read_text()
+    assert json.loads((out / "run.json").read_text())["blind_baseline"]["auroc"] == summary["blind_bow"]["auroc"]
