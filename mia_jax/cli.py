@@ -21,8 +21,11 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
     src = p.add_mutually_exclusive_group(required=not labeled)
     src.add_argument("--data", help="a .jsonl / .csv / .tsv / .parquet file")
     if labeled:
-        src.add_argument("--benchmark", choices=["wikimia"], help="a bundled benchmark (default: wikimia)")
+        src.add_argument("--benchmark", choices=["wikimia", "mimir"], help="a benchmark (default: wikimia)")
         p.add_argument("--length", type=int, default=32, help="WikiMIA text length: 32, 64, 128 or 256")
+        p.add_argument("--domain", default="wikipedia_en", help="MIMIR domain (arxiv, github, pile_cc, ...)")
+        p.add_argument("--data-dir", help="MIMIR ngram_7_0.2 folder (default: $MIA_JAX_MIMIR or "
+                                          "../shared/data/mimir/ngram_7_0.2)")
     p.add_argument("--text-field", default="input")
     if labeled:
         p.add_argument("--label-field", default="label")
@@ -55,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _load_data(args, labeled: bool):
     from mia_jax import data
 
-    if labeled and not args.data:
+    if labeled and args.benchmark == "mimir":
+        ds = data.mimir(args.domain, args.data_dir)
+    elif labeled and not args.data:
         ds = data.wikimia(args.length)
     else:
         ds = data.load_records(args.data, args.text_field, args.label_field if labeled else None)

@@ -1,0 +1,59 @@
+"""Dataset readers: WikiMIA (bundled), MIMIR (from a path), JSONL / CSV / bare strings, and their errors."""
+import json
+
+import pytest
+
+from mia_jax import data
+from mia_jax.errors import UserError
+
+
+def test_wikimia_bundled_sizes():
+    for length, (n, members) in {32: (776, 387), 64: (542, 284), 128: (250, 139), 256: (82, 51)}.items():
+        ds = data.wikimia(length)
+        assert (len(ds), sum(ds.labels)) == (n, members)
+        assert len(next(iter(ds.files.values()))) == 64
+
+
+def write_mimir(root, domain, members, nonmembers):
+    for split, rows in (("members", members), ("nonmembers", nonmembers)):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        (root / split / f"{domain}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
+
+
+def test_mimir_from_a_path(tmp_path):
+    write_mimir(tmp_path, "github", ["def f(): pass", "import os"], ["x = 1"])
+    ds = data.mimir("github", tmp_path)
+    assert ds.texts == ["def f(): pass", "import os", "x = 1"] and ds.labels == [1, 1, 0]
+    assert ds.name == "mimir-github" and len(ds.files) == 2
+
+
+def test_mimir_errors(tmp_path):
+    with pytest.raises(UserError, match="unknown MIMIR domain 'gitlab'"):
+        data.mimir("gitlab", tmp_path)
+    with pytest.raises(UserError, match="not found"):
+        data.mimir("github", tmp_path / "nowhere")
+    write_mimir(tmp_path, "arxiv", [], ["text"])
+    with pytest.raises(UserError, match="arxiv.jsonl: no rows"):
+        data.mimir("arxiv", tmp_path)
+
+
+def test_real_mimir_if_present():
+    try:
+        root = data.mimir_root()
+    except UserError:
+        pytest.skip("../shared/data/mimir not beside the checkout")
+    ds = data.mimir("dm_mathematics", root)
+    assert (len(ds), sum(ds.labels)) == (1089, 1000)
+
+
+def test_csv_tsv_and_bare_strings(tmp_path):
+    (tmp_path / "a.csv").write_text('text,member\n"hello, world",1\nbye,0\n')
+    ds = data.load_records(tmp_path / "a.csv", "text", "member")
+    assert ds.texts == ["hello, world", "bye"] and ds.labels == [1, 0]
+    (tmp_path / "a.tsv").write_text("text\tlabel\nfoo bar\t0\n")
+    assert data.load_records(tmp_path / "a.tsv", "text").labels == [0]
+    (tmp_path / "s.jsonl").write_text('"just a string"\n"another"\n')
+    assert data.load_records(tmp_path / "s.jsonl", "input", None).texts == ["just a string", "another"]
+    (tmp_path / "a.txt").write_text("x")
+    with pytest.raises(UserError, match="unsupported file type"):
+        data.load_records(tmp_path / "a.txt")
