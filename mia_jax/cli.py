@@ -17,6 +17,7 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
     p.add_argument("--model", default="smollm2",
                    help="a Hugging Face folder, a .gguf file, or an offline name (smollm2). Default: smollm2")
     p.add_argument("--tokenizer", help="tokenizer.json to use instead of the model's own")
+    p.add_argument("--ref-model", help="reference model for the 'ref' method (Smaller-Ref); its own tokenizer is used")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
     src = p.add_mutually_exclusive_group(required=not labeled)
     src.add_argument("--data", help="a .jsonl / .csv / .tsv / .parquet file")
@@ -125,18 +126,22 @@ def run(args, labeled: bool) -> Path:
     if blind_asked and not labeled:
         raise UserError(f"{blind.NAME} needs labels: use mia-jax eval")
     ds = _load_data(args, labeled)
+    if "ref" in methods and not args.ref_model:
+        raise UserError("method 'ref' needs a reference model: add --ref-model PATH_OR_NAME")
     loaded = models.load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer)
+    ref = models.load(args.ref_model, dtype=args.dtype) if args.ref_model and "ref" in methods else None
     out = Path(args.out or f"runs/{ds.name}-{loaded.name}")
     resume = _prepare_out(out, {
-        "methods": methods, "model_files": loaded.files, "data_files": ds.files, "n_texts": len(ds),
+        "methods": methods, "model_files": loaded.files, "ref_model_files": ref.files if ref else None,
+        "data_files": ds.files, "n_texts": len(ds),
         "batch_size": args.batch_size, "chunk_size": args.chunk_size, "dtype": args.dtype,
         "package_version": __version__}, args.overwrite)
     print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
           file=sys.stderr)
     t0 = time.perf_counter()
-    records = runner.score_texts(loaded, ds.texts, methods, labels=ds.labels, batch_size=args.batch_size,
-                                 chunk_size=args.chunk_size, out_path=out / "results.jsonl", resume=resume,
-                                 progress=not args.no_progress)
+    records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, labels=ds.labels, out_dir=out, resume=resume,
+                                   batch_size=args.batch_size, chunk_size=args.chunk_size,
+                                   progress=not args.no_progress)
     seconds = time.perf_counter() - t0
     n_tokens = sum(r["n_tokens"] for r in records)
     skipped = [r for r in records if "skip_reason" in r]
@@ -152,6 +157,7 @@ def run(args, labeled: bool) -> Path:
                   "add_bos": loaded.add_bos, "max_length": loaded.max_length,
                   "first_token_policy": "first token not scored" + (" (BOS is prepended, so every text token is "
                                                                    "scored)" if loaded.add_bos else "")},
+        "ref_model": {"name": ref.name, "source": ref.source, "files": ref.files, "add_bos": ref.add_bos} if ref else None,
         "data": {"name": ds.name, "files": ds.files, "n": len(ds)},
         "n_skipped": len(skipped),
         "n_truncated": sum(1 for r in records if r.get("truncated")),

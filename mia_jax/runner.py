@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
-from mia_jax.scorers import TokenBatch, parse_method, score_batch
+from mia_jax.scorers import REGISTRY, TokenBatch, parse_method, score_batch
 from mia_jax.stats import DEFAULT_CHUNK, token_stats_from_hidden
 
 MIN_BUCKET = 16
@@ -111,7 +111,7 @@ def _record(index: int, label, enc: Encoded, scores: dict[str, float], skip: str
         rec["label"] = int(label)
     rec["n_tokens"] = len(enc.ids)
     # NaN is not JSON: a missing score is null and the record says why
-    rec["scores"] = {m: (None if v is None or not math.isfinite(v) else float(v)) for m, v in scores.items()}
+    rec["scores"] = {m: _json_score(v) for m, v in scores.items()}
     if enc.truncated:
         rec["truncated"] = True
     if skip:
@@ -143,7 +143,7 @@ def read_done(path: str | os.PathLike, n_texts: int, methods: Sequence[str]) -> 
 
 def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels: Sequence[int] | None = None,
                 batch_size: int = 8, chunk_size: int = DEFAULT_CHUNK, out_path: str | os.PathLike | None = None,
-                resume: bool = False, progress: bool = True) -> list[dict]:
+                resume: bool = False, progress: bool = True, desc: str = "scoring") -> list[dict]:
     """Score every text with every method; returns records in input order.
 
     When ``out_path`` is given, records are appended to it as each batch finishes (so a crash
@@ -174,7 +174,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         stats_fn = make_stats_fn(loaded, chunk_size)
         _, state = nnx.split(loaded.model)
         pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
-        bar = tqdm(total=len(todo), initial=len(todo) - sum(len(idx) for _, idx in remaining), desc="scoring",
+        bar = tqdm(total=len(todo), initial=len(todo) - sum(len(idx) for _, idx in remaining), desc=desc,
                    unit="text", disable=not progress)
         for t, idx in remaining:
             rows = batch_rows(len(idx), batch_size)
@@ -202,6 +202,53 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     if out_path:
         write_jsonl(out_path, ordered)
     return ordered
+
+
+def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None,
+                  labels: Sequence[int] | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
+                  **kwargs) -> list[dict]:
+    """All methods, single- and multi-pass: the main pass, then one more pass of the same path per
+    multi-pass method (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a
+    LoadedModel with its own tokenizer). Each pass writes ``out_dir/passes/<name>.jsonl`` as it goes
+    and resumes from it; ``out_dir/results.jsonl`` holds the final records (``nan_reasons`` says why a
+    method's score is null when the text itself was scored). ``kwargs`` go to ``score_texts``.
+    """
+    multi = [m for m in methods if parse_method(m)[0].extra_pass]
+    if any(REGISTRY[m].extra_pass == "ref" for m in multi) and ref is None:
+        raise UserError("method 'ref' needs a reference model (--ref-model)")
+    single = [m for m in methods if m not in multi]
+    main_methods = single + (["loss"] if multi and "loss" not in single else [])
+    passes = Path(out_dir, "passes") if out_dir else None
+    if passes:
+        passes.mkdir(parents=True, exist_ok=True)
+    path = (lambda name: passes / f"{name}.jsonl") if passes else (lambda name: None)  # noqa: E731
+    main = score_texts(loaded, texts, main_methods, labels=labels, out_path=path("main"), resume=resume, **kwargs)
+    loss = scores_by_method(main, ["loss"])["loss"] if multi else None
+    extra: dict[str, tuple[np.ndarray, dict[int, str]]] = {}
+    for m in multi:
+        scorer = REGISTRY[m]
+        second_model, second_texts = (ref, texts) if scorer.extra_pass == "ref" else (loaded, [t.lower() for t in texts])
+        recs = score_texts(second_model, second_texts, ["loss"], out_path=path(m), resume=resume,
+                           desc=f"scoring ({m} pass)", **kwargs)
+        scores, reasons = scorer.fn(loss, scores_by_method(recs, ["loss"])["loss"], texts)
+        for i, r in enumerate(recs):
+            if "skip_reason" in r and "skip_reason" not in main[i]:
+                reasons.setdefault(i, f"{m} pass: {r['skip_reason']}")
+        extra[m] = scores, reasons
+    records = []
+    for i, rec in enumerate(main):
+        rec = dict(rec, scores={m: rec["scores"][m] if m in single else _json_score(extra[m][0][i]) for m in methods})
+        nan_reasons = {m: extra[m][1][i] for m in multi if i in extra[m][1] and "skip_reason" not in rec}
+        if nan_reasons:
+            rec["nan_reasons"] = nan_reasons
+        records.append(rec)
+    if out_dir:
+        write_jsonl(Path(out_dir, "results.jsonl"), records)
+    return records
+
+
+def _json_score(v) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
 
 
 def scores_by_method(records: Sequence[dict], methods: Sequence[str]) -> dict[str, np.ndarray]:

@@ -3,11 +3,12 @@
 Every score is oriented *higher = more likely a member*. A method name is a registered base name,
 optionally with a fraction: ``min_k@0.2``. ``expand_methods`` turns base names that take a
 fraction into one method per requested k, so several k values come out of one forward pass.
+Multi-pass methods (``lowercase``, ``ref``) are registered too; the runner runs their second pass.
 """
 from __future__ import annotations
 
 from mia_jax.scorers.base import REGISTRY, TokenBatch, expand_methods, parse_method, score_batch
-from mia_jax.scorers import likelihood, min_k  # noqa: F401  (registers the scorers)
+from mia_jax.scorers import likelihood, min_k, multipass  # noqa: F401  (registers the scorers)
 from mia_jax.scorers.likelihood import entropy, loss, ppl, rank, zlib
 from mia_jax.scorers.min_k import k_count, max_k, min_k_mean, min_k_pp
 

@@ -60,14 +60,16 @@ class Scorer:
     takes_k: bool = False
     needs_text: bool = False
     doc: str = ""
+    extra_pass: str | None = None  # multi-pass methods: the runner's second pass ("lowercase", "ref")
 
 
 REGISTRY: dict[str, Scorer] = {}
 
 
-def register(name: str, *, takes_k: bool = False, needs_text: bool = False):
+def register(name: str, *, takes_k: bool = False, needs_text: bool = False, extra_pass: str | None = None):
     def deco(fn):
-        REGISTRY[name] = Scorer(name, fn, takes_k, needs_text, (fn.__doc__ or "").strip().splitlines()[0])
+        doc = (fn.__doc__ or "").strip().splitlines()[0]
+        REGISTRY[name] = Scorer(name, fn, takes_k, needs_text, doc, extra_pass)
         return fn
 
     return deco
@@ -116,6 +118,8 @@ def score_batch(batch: TokenBatch, methods: Sequence[str]) -> dict[str, np.ndarr
     out = {}
     for method in methods:
         scorer, k = parse_method(method)
+        if scorer.extra_pass:
+            raise ValueError(f"{method!r} needs a second pass: use runner.score_dataset")
         if scorer.needs_text and batch.texts is None:
             raise ValueError(f"method {method!r} needs the texts")
         out[method] = np.asarray(scorer.fn(batch, k) if scorer.takes_k else scorer.fn(batch), np.float64)
