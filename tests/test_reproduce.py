@@ -1,0 +1,42 @@
+"""The WikiMIA reproduction's tables and plots from long-format results."""
+import csv
+
+import pytest
+
+from mia_jax import reproduce
+
+
+def fake_results():
+    rows = []
+    for model in ("m1", "m2"):
+        for length in (32, 64):
+            for method in reproduce.methods_for(reproduce.PAPER_METHODS) + ["blind_bow"]:
+                auroc = 0.5 + 0.01 * length / 32 + (0.1 if method == "min_k_pp@0.2" else 0) \
+                    + (0.3 if method == "blind_bow" else 0) + (0.05 if model == "m2" else 0)
+                rows.append(dict(model=model, length=length, setting="Ori.", method=method, auroc=auroc,
+                                 tpr_at_5pct_fpr=auroc / 10))
+    return rows
+
+
+def test_table1_averages_lengths_and_bolds_the_best_detector():
+    header, body = reproduce.pivot(fake_results(), "auroc", reproduce.PAPER_METHODS)
+    assert header == ["Method", "m1 Ori.", "m2 Ori.", "Avg."]
+    by_name = {row[0]: row for row in body}
+    assert by_name["PPL"][1] == pytest.approx(0.515)  # mean of 0.51 (len 32) and 0.52 (len 64)
+    assert by_name["Min-K%++"][2] == pytest.approx(0.665)
+    assert by_name["Min-K%++"][3] == pytest.approx((0.615 + 0.665) / 2)
+    md = reproduce.markdown(header, body)
+    assert "| Min-K%++ | **0.615** | **0.665** | **0.640** |" in md
+    assert "**" not in [line for line in md.splitlines() if line.startswith(f"| {reproduce.BLIND_ROW}")][0]
+
+
+def test_reports_are_written(tmp_path):
+    text = reproduce.write_reports(tmp_path, fake_results())
+    assert "Table 1: AUROC" in text and "Table 6: TPR@5%FPR" in text and "k sweep" in text
+    for name in ("table1_auroc.md", "table1_auroc.csv", "table6_tpr_at_5pct_fpr.csv", "k_sweep.csv",
+                 "fig2b_auroc_by_length.png", "k_sweep.png", "results_long.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    with open(tmp_path / "k_sweep.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["k", "m1 Min-K%", "m1 Min-K%++", "m2 Min-K%", "m2 Min-K%++"] and len(rows) == 11
+    assert (tmp_path / "fig2b_auroc_by_length.png").stat().st_size > 10_000
