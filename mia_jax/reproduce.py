@@ -52,6 +52,13 @@ def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int,
     return rows
 
 
+def neighbor_kwargs(loaded, n: int, seed: int) -> dict:
+    """The paper's Neighbor baseline with the target model proposing the word replacements."""
+    from mia_jax.neighbors import SelfNeighbors
+
+    return {"neighbors": SelfNeighbors(loaded, n=n, seed=seed)}
+
+
 def _mean(values):
     vals = [v for v in values if v is not None]
     return float(np.mean(vals)) if vals else None

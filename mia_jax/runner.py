@@ -12,9 +12,11 @@ real tokens' logits.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -75,9 +77,23 @@ def real_vocab_size(loaded) -> int:
 
 def make_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK):
     """A jitted ``(state, ids [B, T]) -> TokenStats [B, T-1]``: the forward pass fused with the statistics."""
-    graphdef, _ = nnx.split(loaded.model)
-    vocab = real_vocab_size(loaded)
+    return _stats_fn(nnx.split(loaded.model)[0], real_vocab_size(loaded), chunk_size)
 
+
+_SHARED: "weakref.WeakKeyDictionary[nnx.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def shared_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK):
+    """``make_stats_fn`` made once per (model, vocabulary, chunk size) and reused by every pass over the same
+    model (main, lowercase, neighbour texts), so a bucket shape compiles once per model, not once per pass."""
+    vocab = real_vocab_size(loaded)
+    fns = _SHARED.setdefault(loaded.model, {})
+    if (vocab, chunk_size) not in fns:
+        fns[vocab, chunk_size] = make_stats_fn(loaded, chunk_size)
+    return fns[vocab, chunk_size]
+
+
+def _stats_fn(graphdef, vocab: int, chunk_size: int):
     @jax.jit
     def fn(state, ids):
         model = nnx.merge(graphdef, state)
@@ -171,7 +187,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         write_jsonl(out_path, [records[i] for i in sorted(records)])
         sink = open(out_path, "a", encoding="utf-8")
     try:
-        stats_fn = make_stats_fn(loaded, chunk_size)
+        stats_fn = shared_stats_fn(loaded, chunk_size)
         _, state = nnx.split(loaded.model)
         pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
         bar = tqdm(total=len(todo), initial=len(todo) - sum(len(idx) for _, idx in remaining), desc=desc,
@@ -204,14 +220,17 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     return ordered
 
 
-def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None,
+def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None, neighbors=None,
                   labels: Sequence[int] | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
                   **kwargs) -> list[dict]:
     """All methods, single- and multi-pass: the main pass, then one more pass of the same path per
     multi-pass method (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a
-    LoadedModel with its own tokenizer). Each pass writes ``out_dir/passes/<name>.jsonl`` as it goes
+    LoadedModel with its own tokenizer; ``neighbor``: every text's neighbours, flattened, from the
+    generator ``neighbors`` (default ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``; see
+    ``_neighbor_pass``)). Each pass writes ``out_dir/passes/<name>.jsonl`` as it goes
     and resumes from it; ``out_dir/results.jsonl`` holds the final records (``nan_reasons`` says why a
-    method's score is null when the text itself was scored). ``kwargs`` go to ``score_texts``.
+    method's score is null when the text itself was scored; with ``neighbor``, ``n_neighbors`` and
+    ``n_identical_neighbors`` count the neighbours scored and dropped). ``kwargs`` go to ``score_texts``.
     """
     multi = [m for m in methods if parse_method(m)[0].extra_pass]
     if any(REGISTRY[m].extra_pass == "ref" for m in multi) and ref is None:
@@ -225,8 +244,16 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
     main = score_texts(loaded, texts, main_methods, labels=labels, out_path=path("main"), resume=resume, **kwargs)
     loss = scores_by_method(main, ["loss"])["loss"] if multi else None
     extra: dict[str, tuple[np.ndarray, dict[int, str]]] = {}
+    counts: dict[str, list[int]] = {}
     for m in multi:
         scorer = REGISTRY[m]
+        if scorer.extra_pass == "neighbor":
+            neighbor_loss, own_reasons, counts = _neighbor_pass(loaded, texts, neighbors, path(m), out_dir, resume,
+                                                                **kwargs)
+            scores, reasons = scorer.fn(loss, neighbor_loss, texts)
+            reasons.update(own_reasons)
+            extra[m] = scores, reasons
+            continue
         second_model, second_texts = (ref, texts) if scorer.extra_pass == "ref" else (loaded, [t.lower() for t in texts])
         recs = score_texts(second_model, second_texts, ["loss"], out_path=path(m), resume=resume,
                            desc=f"scoring ({m} pass)", **kwargs)
@@ -241,10 +268,55 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
         nan_reasons = {m: extra[m][1][i] for m in multi if i in extra[m][1] and "skip_reason" not in rec}
         if nan_reasons:
             rec["nan_reasons"] = nan_reasons
+        rec.update({k: v[i] for k, v in counts.items()})
         records.append(rec)
     if out_dir:
         write_jsonl(Path(out_dir, "results.jsonl"), records)
     return records
+
+
+def _neighbor_pass(loaded, texts: Sequence[str], generator, out_path, out_dir, resume: bool, **kwargs):
+    """The ``neighbor`` method's pass: neighbours from ``generator`` (cached in ``out_dir/neighbors/``), those
+    identical to their text dropped and counted, the rest flattened and scored with ``["loss"]`` by
+    ``score_texts`` like any other text. Returns (per text the mean of its neighbours' mean log-likelihoods,
+    NaN when none was scored; {index: reason} for those; {"n_neighbors": [...], "n_identical_neighbors": [...]}).
+    """
+    from mia_jax import neighbors as nb
+
+    if generator is None:
+        generator = nb.SelfNeighbors(loaded, n=10, seed=0)
+    neigh = (nb.cached_neighbors(generator, texts, Path(out_dir, "neighbors")) if out_dir
+             else generator(texts))
+    kept, n_identical = nb.drop_identical(texts, neigh)
+    flat = [t for ns in kept for t in ns]
+    owner = np.repeat(np.arange(len(texts)), [len(ns) for ns in kept]).astype(int)
+    if out_path is not None:  # resume the pass only over the same neighbour texts
+        digest = Path(out_path).with_suffix(".sha256")
+        h = hashlib.sha256(json.dumps(flat, ensure_ascii=False).encode("utf-8")).hexdigest()
+        resume = resume and digest.exists() and digest.read_text().strip() == h
+        digest.write_text(h + "\n")
+    recs = score_texts(loaded, flat, ["loss"], out_path=out_path, resume=resume, desc="scoring (neighbor pass)",
+                       **kwargs)
+    losses = scores_by_method(recs, ["loss"])["loss"] if recs else np.zeros(0)
+    mean = np.full(len(texts), np.nan)
+    reasons: dict[int, str] = {}
+    n_scored = [0] * len(texts)
+    for i in range(len(texts)):
+        mine = losses[owner == i]
+        ok = mine[np.isfinite(mine)]
+        n_scored[i] = int(ok.size)
+        if ok.size:
+            mean[i] = ok.mean()
+        elif not neigh[i]:
+            reasons[i] = f"neighbor: {generator.name} gave no neighbours"
+        elif not kept[i]:
+            reasons[i] = (f"neighbor: all {len(neigh[i])} neighbours are identical to the text "
+                          "(no word could be replaced)")
+        else:
+            first = next(r for r, o in zip(recs, owner) if o == i)
+            reasons[i] = (f"neighbor pass: none of the {len(kept[i])} neighbours could be scored "
+                          f"({first.get('skip_reason', 'no score')})")
+    return mean, reasons, {"n_neighbors": n_scored, "n_identical_neighbors": n_identical}
 
 
 def _json_score(v) -> float | None:

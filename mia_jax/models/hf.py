@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from mia_jax.errors import UserError
-from mia_jax.models.llama import LlamaConfig
 
 
 def read_json(path: Path) -> dict:
@@ -47,24 +46,14 @@ def read_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
     return tensors
 
 
-def read_folder(folder: Path) -> tuple[LlamaConfig, dict[str, np.ndarray], list[Path]]:
-    """(config, HF-named tensors, files read) of a Hugging Face model folder."""
-    config_path = folder / "config.json"
-    if not config_path.exists():
-        raise UserError(f"{folder}: no config.json; expected a Hugging Face model folder or a .gguf file")
-    cfg = LlamaConfig.from_hf(read_json(config_path))
-    files = weight_files(folder)
-    return cfg, read_safetensors(files), [config_path, *files]
-
-
 def _token_content(value) -> str | None:
     """tokenizer_config.json spells special tokens as a string or an AddedToken dict."""
     return value.get("content") if isinstance(value, dict) else value
 
 
-def special_token_ids(folder: Path | None, tokenizer, cfg: LlamaConfig) -> tuple[dict, list[Path]]:
-    """{'bos'|'eos'|'pad': id or None}, preferring tokenizer_config.json over config.json."""
-    ids = {"bos": cfg.bos_token_id, "eos": cfg.eos_token_id, "pad": cfg.pad_token_id}
+def special_token_ids(folder: Path | None, tokenizer, cfg) -> tuple[dict, list[Path]]:
+    """{'bos'|'eos'|'pad': id or None}, preferring tokenizer_config.json over the model config."""
+    ids = {k: getattr(cfg, f"{k}_token_id", None) for k in ("bos", "eos", "pad")}
     path = folder / "tokenizer_config.json" if folder is not None else None
     if path is None or not path.exists():
         return ids, []

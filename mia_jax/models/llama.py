@@ -1,8 +1,9 @@
-"""Llama-family causal LM (SmolLM2, Llama 1/2/3, Mistral) in Flax NNX.
+"""Llama-family causal LM (SmolLM2, Llama 1/2/3, Mistral, Qwen2) in Flax NNX.
 
 Decoder layers are stored stacked on a leading layer axis and applied with `jax.lax.scan`, so compile
 time does not grow with depth. Weight layouts are `[in, out]` (heads kept as their own axis);
-`params_from_hf` converts a Hugging Face state dict to them.
+`params_from_hf` converts a Hugging Face state dict to them. The RoPE, masking and grouped-query
+attention helpers here are shared with `gemma3.py`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from flax import nnx
 
 from mia_jax.errors import UserError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_SCALING = (None, "linear", "llama3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -34,9 +36,44 @@ def _check_model_type(model_type):
     return model_type
 
 
+def check_rope_scaling(rope_scaling: dict | None) -> None:
+    rope_type = (rope_scaling or {}).get("rope_type")
+    if rope_type not in SUPPORTED_ROPE_SCALING:
+        raise ConfigError(f"unsupported rope_scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_SCALING}")
+
+
+def check_layer_types(layer_types, num_layers: int) -> tuple[str, ...] | None:
+    """A per-layer list of 'full_attention' / 'sliding_attention' (as a tuple), validated."""
+    if layer_types is None:
+        return None
+    layer_types = tuple(layer_types)
+    bad = sorted(set(layer_types) - set(LAYER_TYPES))
+    if bad or len(layer_types) != num_layers:
+        raise ConfigError(f"layer_types must list one of {LAYER_TYPES} per layer ({num_layers}); got {layer_types}")
+    return layer_types
+
+
+def parse_rope(hf: Mapping[str, Any], default_theta: float = 10000.0) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None) from rope_theta/rope_scaling or a rope_parameters dict."""
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = rope.pop("rope_theta", hf.get("rope_theta", default_theta))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    return float(theta), (None if rope_type == "default" else {**rope, "rope_type": rope_type})
+
+
+def first_id(value):
+    """Llama 3 configs list several eos ids; the first is the one used here."""
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-    """Hyper-parameters of a Llama-family model (Hugging Face names; `from_hf` reads a config.json)."""
+    """Hyper-parameters of a Llama-family model (Hugging Face names; `from_hf` reads a config.json).
+
+    `sliding_window` applies to the layers whose `layer_types` entry is 'sliding_attention', or to every
+    layer when `layer_types` is None (Mistral). `attention_bias`: q/k/v projections have biases;
+    `attention_out_bias`: so does the output projection (Llama's attention_bias sets both, Qwen2 only the first).
+    """
 
     vocab_size: int
     hidden_size: int
@@ -52,6 +89,9 @@ class LlamaConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    attention_bias: bool = False
+    attention_out_bias: bool = False
     model_type: str = "llama"
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -68,56 +108,73 @@ class LlamaConfig:
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
-        rope_type = (self.rope_scaling or {}).get("rope_type")
-        if rope_type not in SUPPORTED_ROPE_SCALING:
-            raise ConfigError(
-                f"unsupported rope_scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_SCALING}"
-            )
+        check_rope_scaling(self.rope_scaling)
+        object.__setattr__(self, "layer_types", check_layer_types(self.layer_types, self.num_hidden_layers))
 
     def __hash__(self):  # rope_scaling is a dict; nnx graphdefs hash their static attributes
         return hash(json.dumps(dataclasses.asdict(self), sort_keys=True, default=str))
+
+    def sliding_layers(self) -> np.ndarray:
+        """bool [num_hidden_layers]: which layers use the sliding window."""
+        if self.sliding_window is None:
+            return np.zeros(self.num_hidden_layers, bool)
+        if self.layer_types is None:
+            return np.ones(self.num_hidden_layers, bool)
+        return np.array([t == "sliding_attention" for t in self.layer_types])
 
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> "LlamaConfig":
         """From a Hugging Face `config.json` dict (rope given as rope_theta/rope_scaling or rope_parameters)."""
         model_type = _check_model_type(hf.get("model_type"))
-        for flag in ("attention_bias", "mlp_bias"):
-            if hf.get(flag):
-                raise ConfigError(f"{flag}=True is not supported by the Llama implementation")
+        if hf.get("mlp_bias"):
+            raise ConfigError("mlp_bias=True is not supported by the Llama implementation")
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is implemented")
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-        theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        rope_scaling = None if rope_type == "default" else {**rope, "rope_type": rope_type}
-        first = lambda v: v[0] if isinstance(v, (list, tuple)) else v  # noqa: E731  (llama 3 lists several eos)
+        theta, rope_scaling = parse_rope(hf)
+        layers = hf["num_hidden_layers"]
+        sliding_window, layer_types = hf.get("sliding_window"), hf.get("layer_types")
+        qkv_bias = out_bias = bool(hf.get("attention_bias", False))
+        if model_type == "qwen2":  # q/k/v always have biases, o_proj never; the window only when switched on
+            qkv_bias, out_bias = True, False
+            if not hf.get("use_sliding_window", False):
+                sliding_window, layer_types = None, None
+            elif layer_types is None:
+                start = hf.get("max_window_layers", 28)
+                layer_types = ["sliding_attention" if i >= start else "full_attention" for i in range(layers)]
+        elif model_type == "llama":
+            sliding_window, layer_types = None, None
         return cls(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
             intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"],
+            num_hidden_layers=layers,
             num_attention_heads=hf["num_attention_heads"],
             num_key_value_heads=hf.get("num_key_value_heads"),
             head_dim=hf.get("head_dim"),
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
+            rope_theta=theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            sliding_window=hf.get("sliding_window"),
+            sliding_window=sliding_window,
+            layer_types=layer_types,
+            attention_bias=qkv_bias,
+            attention_out_bias=out_bias,
             model_type=model_type,
-            bos_token_id=first(hf.get("bos_token_id")),
-            eos_token_id=first(hf.get("eos_token_id")),
-            pad_token_id=first(hf.get("pad_token_id")),
+            bos_token_id=first_id(hf.get("bos_token_id")),
+            eos_token_id=first_id(hf.get("eos_token_id")),
+            pad_token_id=first_id(hf.get("pad_token_id")),
         )
 
 
-def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+# ----------------------------------------------------------------------------- shared building blocks
+
+
+def inv_freq(head_dim: int, theta: float, rope_scaling: dict | None = None, freq_factors=None) -> np.ndarray:
     """Inverse RoPE frequencies [head_dim/2] (float32), following transformers' rope_type formulas."""
-    dim = cfg.head_dim
-    inv = (1.0 / cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)).astype(np.float32)
-    sc = cfg.rope_scaling or {}
+    inv = (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)).astype(np.float32)
+    sc = rope_scaling or {}
     if sc.get("rope_type") == "linear":
         inv = inv / sc["factor"]
     elif sc.get("rope_type") == "llama3":
@@ -128,9 +185,20 @@ def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
         smooth = (old / wavelen - lo) / (hi - lo)
         medium = (wavelen >= old / hi) & (wavelen <= old / lo)
         inv = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
-    if cfg.rope_freq_factors is not None:
-        inv = inv / np.asarray(cfg.rope_freq_factors, np.float32)
+    if freq_factors is not None:
+        inv = inv / np.asarray(freq_factors, np.float32)
     return inv.astype(np.float32)
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+    return inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors)
+
+
+def rope_tables(t: int, inv: np.ndarray):
+    """(cos, sin), each float32 [T, head_dim], for positions 0..T-1 (rotate-half layout)."""
+    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * jnp.asarray(inv)[None]
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
 
 
 def rms_norm(x, weight, eps):
@@ -155,8 +223,54 @@ def causal_mask(t: int, sliding_window: int | None):
     return mask if sliding_window is None else mask & (i - j < sliding_window)
 
 
-def _init(rngs, shape, dtype, fan_in):
+def gqa_attention(q, k, v, mask, scale: float):
+    """Grouped-query attention. q [B, T, H, Dh], k/v [B, S, KV, Dh], mask [T, S] bool -> [B, T, H, Dh];
+    scores and softmax in float32."""
+    B, T, H, Dh = q.shape
+    KV = k.shape[2]
+    q = q.reshape(B, T, KV, H // KV, Dh)  # query heads grouped by their kv head
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H, Dh)
+
+
+def init_param(rngs, shape, dtype, fan_in):
     return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype))
+
+
+def scan_layers(module: nnx.Module, layer_fn, x, xs):
+    """x <- layer_fn(params_i, x, xs_i) over the stacked parameters (nnx.Param attributes) of `module`."""
+    params = {k: v[...] for k, v in vars(module).items() if isinstance(v, nnx.Param)}
+    x, _ = jax.lax.scan(lambda h, px: (layer_fn(px[0], h, px[1]), None), x, (params, xs))
+    return x
+
+
+def build_from_params(module_cls, cfg, params: dict, dtype: str = "float32"):
+    """Build `module_cls(cfg, dtype)` holding `params` (a nested dict of its state) without random init."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"unsupported dtype {dtype!r}; supported: {list(DTYPES)}")
+    abstract = nnx.eval_shape(lambda: module_cls(cfg, dtype))
+    graphdef, state = nnx.split(abstract)
+    expected = nnx.to_pure_dict(state)
+    dt = DTYPES[dtype]
+    fmt = lambda path: "/".join(str(getattr(p, "key", p)) for p in path)  # noqa: E731
+    want = {fmt(p) for p, _ in jax.tree_util.tree_flatten_with_path(expected)[0]}
+    got = {fmt(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+    if want != got:
+        raise UserError(f"{module_cls.__name__} parameters do not match the config: missing {sorted(want - got)}, "
+                        f"unexpected {sorted(got - want)}")
+
+    def convert(path, spec, value):
+        if tuple(spec.shape) != np.shape(value):
+            raise UserError(f"tensor {fmt(path)} has shape {np.shape(value)}, expected {tuple(spec.shape)}")
+        return jnp.asarray(value, dt)
+
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(convert, expected, params))
+    return nnx.merge(graphdef, state)
+
+
+# ----------------------------------------------------------------------------- the model
 
 
 class DecoderLayers(nnx.Module):
@@ -166,35 +280,41 @@ class DecoderLayers(nnx.Module):
         L, D, F = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
         H, KV, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.attn_norm = nnx.Param(jnp.ones((L, D), dtype))
-        self.wq = _init(rngs, (L, D, H, Dh), dtype, D)
-        self.wk = _init(rngs, (L, D, KV, Dh), dtype, D)
-        self.wv = _init(rngs, (L, D, KV, Dh), dtype, D)
-        self.wo = _init(rngs, (L, H, Dh, D), dtype, H * Dh)
+        self.wq = init_param(rngs, (L, D, H, Dh), dtype, D)
+        self.wk = init_param(rngs, (L, D, KV, Dh), dtype, D)
+        self.wv = init_param(rngs, (L, D, KV, Dh), dtype, D)
+        self.wo = init_param(rngs, (L, H, Dh, D), dtype, H * Dh)
+        if cfg.attention_bias:
+            self.bq = nnx.Param(jnp.zeros((L, H, Dh), dtype))
+            self.bk = nnx.Param(jnp.zeros((L, KV, Dh), dtype))
+            self.bv = nnx.Param(jnp.zeros((L, KV, Dh), dtype))
+        if cfg.attention_out_bias:
+            self.bo = nnx.Param(jnp.zeros((L, D), dtype))
         self.mlp_norm = nnx.Param(jnp.ones((L, D), dtype))
-        self.w_gate = _init(rngs, (L, D, F), dtype, D)
-        self.w_up = _init(rngs, (L, D, F), dtype, D)
-        self.w_down = _init(rngs, (L, F, D), dtype, F)
+        self.w_gate = init_param(rngs, (L, D, F), dtype, D)
+        self.w_up = init_param(rngs, (L, D, F), dtype, D)
+        self.w_down = init_param(rngs, (L, F, D), dtype, F)
 
-    def __call__(self, x, cfg: LlamaConfig, cos, sin, mask):
-        params = {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
-        x, _ = jax.lax.scan(lambda h, p: (_layer(cfg, p, h, cos, sin, mask), None), x, params)
-        return x
+    def __call__(self, x, cfg: LlamaConfig, cos, sin, full_mask, window_mask):
+        sliding = jnp.asarray(cfg.sliding_layers())
+        layer = lambda p, h, s: _layer(cfg, p, h, cos, sin, jnp.where(s, window_mask, full_mask))  # noqa: E731
+        return scan_layers(self, layer, x, sliding)
+
+
+def _proj(h, p, w, b):
+    y = jnp.einsum("btd,dhk->bthk", h, p[w])
+    return y + p[b] if b in p else y
 
 
 def _layer(cfg: LlamaConfig, p, x, cos, sin, mask):
     """One pre-norm decoder layer: x + attn(norm(x)), then + swiglu(norm(x))."""
-    B, T, _ = x.shape
-    KV, Dh = cfg.num_key_value_heads, cfg.head_dim
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    q = apply_rope(jnp.einsum("btd,dhk->bthk", h, p["wq"]), cos, sin)
-    k = apply_rope(jnp.einsum("btd,dhk->bthk", h, p["wk"]), cos, sin)
-    v = jnp.einsum("btd,dhk->bthk", h, p["wv"])
-    q = q.reshape(B, T, KV, -1, Dh)  # query heads grouped by their kv head
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / math.sqrt(Dh)
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    attn = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, -1, Dh)
-    x = x + jnp.einsum("bthk,hkd->btd", attn, p["wo"])
+    q = apply_rope(_proj(h, p, "wq", "bq"), cos, sin)
+    k = apply_rope(_proj(h, p, "wk", "bk"), cos, sin)
+    v = _proj(h, p, "wv", "bv")
+    attn = gqa_attention(q, k, v, mask, 1.0 / math.sqrt(cfg.head_dim))
+    out = jnp.einsum("bthk,hkd->btd", attn, p["wo"])
+    x = x + (out + p["bo"] if "bo" in p else out)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
     gate = jax.nn.silu(h @ p["w_gate"])
     return x + (gate * (h @ p["w_up"])) @ p["w_down"]
@@ -214,16 +334,16 @@ class Llama(nnx.Module):
         self.embed = nnx.Param((jax.random.normal(rngs.params(), (V, D)) * 0.02).astype(dt))
         self.layers = DecoderLayers(config, dt, rngs)
         self.norm = nnx.Param(jnp.ones((D,), dt))
-        self.lm_head = None if config.tie_word_embeddings else _init(rngs, (V, D), dt, D)
+        self.lm_head = None if config.tie_word_embeddings else init_param(rngs, (V, D), dt, D)
 
     def hidden_states(self, input_ids):
         """int [B, T] -> final-norm hidden states [B, T, D] (parameter dtype)."""
         T = input_ids.shape[1]
-        angles = jnp.arange(T, dtype=jnp.float32)[:, None] * jnp.asarray(rope_inv_freq(self.config))[None]
-        angles = jnp.concatenate([angles, angles], axis=-1)
-        mask = causal_mask(T, self.config.sliding_window)
+        cos, sin = rope_tables(T, rope_inv_freq(self.config))
+        full = causal_mask(T, None)
+        window = full if self.config.sliding_window is None else causal_mask(T, self.config.sliding_window)
         x = jnp.take(self.embed[...], input_ids, axis=0)
-        x = self.layers(x, self.config, jnp.cos(angles), jnp.sin(angles), mask)
+        x = self.layers(x, self.config, cos, sin, full, window)
         return rms_norm(x, self.norm[...], self.config.rms_norm_eps)
 
     def unembedding(self):
@@ -234,6 +354,9 @@ class Llama(nnx.Module):
         """int [B, T] -> float32 logits [B, T, V]."""
         h = self.hidden_states(input_ids)
         return jnp.einsum("btd,vd->btv", h, self.unembedding(), preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------- checkpoints
 
 
 def params_from_hf(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray]) -> dict:
@@ -251,6 +374,14 @@ def params_from_hf(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray]) -> dict:
         "w_up": ("mlp.up_proj.weight", lambda w: w.T),
         "w_down": ("mlp.down_proj.weight", lambda w: w.T),
     }
+    if cfg.attention_bias:
+        layer_table.update({
+            "bq": ("self_attn.q_proj.bias", lambda b: b.reshape(H, Dh)),
+            "bk": ("self_attn.k_proj.bias", lambda b: b.reshape(KV, Dh)),
+            "bv": ("self_attn.v_proj.bias", lambda b: b.reshape(KV, Dh)),
+        })
+    if cfg.attention_out_bias:
+        layer_table["bo"] = ("self_attn.o_proj.bias", lambda b: b)
 
     def get(name):
         if name not in tensors:
@@ -269,16 +400,88 @@ def params_from_hf(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray]) -> dict:
 
 def from_params(cfg: LlamaConfig, params: dict, dtype: str = "float32") -> Llama:
     """Build a `Llama` holding `params` (from `params_from_hf`) without random initialisation."""
-    abstract = nnx.eval_shape(lambda: Llama(cfg, dtype))
-    graphdef, state = nnx.split(abstract)
-    expected = nnx.to_pure_dict(state)
-    dt = DTYPES[dtype]
+    return build_from_params(Llama, cfg, params, dtype)
 
-    def convert(path, spec, value):
-        if tuple(spec.shape) != value.shape:
-            raise UserError(f"tensor {'/'.join(map(str, path))} has shape {value.shape}, expected {spec.shape}")
-        return jnp.asarray(value, dt)
 
-    pure = jax.tree_util.tree_map_with_path(convert, expected, params)
-    nnx.replace_by_pure_dict(state, pure)
-    return nnx.merge(graphdef, state)
+# GGUF tensor name -> Hugging Face name ("{i}" is the layer index); llama and qwen2 files.
+GGUF_TO_HF = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.attn_output.bias": "model.layers.{i}.self_attn.o_proj.bias",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "rope_freqs.weight": "rope_freqs.weight",  # llama 3 rope scaling: read by config_from_gguf, then dropped
+}
+ROPE_FREQS = "rope_freqs.weight"
+GGUF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2"}
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf.py's `permute` of q/k projection rows (llama.cpp's interleaved RoPE)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def config_from_gguf(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> LlamaConfig:
+    """`LlamaConfig` from `{arch}.*` and `tokenizer.ggml.*` metadata (vocab size from the embedding when given)."""
+    arch = meta["general.architecture"]
+    get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
+    arrays = arrays or {}
+    heads = get("attention.head_count")
+    hidden = get("embedding_length")
+    scaling_type = get("rope.scaling.type", "none")
+    rope_scaling = None
+    if scaling_type != "none":
+        rope_scaling = {"rope_type": scaling_type, "factor": get("rope.scaling.factor")}
+    rope_freqs = arrays.get(ROPE_FREQS)
+    embed = arrays.get("token_embd.weight")
+    vocab = embed.shape[0] if embed is not None else get("vocab_size") or len(meta["tokenizer.ggml.tokens"])
+    return LlamaConfig(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=get("feed_forward_length"),
+        num_hidden_layers=get("block_count"),
+        num_attention_heads=heads,
+        num_key_value_heads=get("attention.head_count_kv", heads),
+        head_dim=get("attention.key_length") or get("rope.dimension_count") or hidden // heads,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        rope_freq_factors=None if rope_freqs is None else tuple(float(x) for x in rope_freqs),
+        max_position_embeddings=get("context_length", 2048),
+        tie_word_embeddings="output.weight" not in arrays if arrays else False,
+        sliding_window=get("attention.sliding_window"),
+        attention_bias="blk.0.attn_q.bias" in arrays,
+        attention_out_bias="blk.0.attn_output.bias" in arrays,
+        model_type=GGUF_MODEL_TYPES[arch],
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )
+
+
+def tensors_from_gguf(cfg: LlamaConfig, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """GGUF arrays ([out, in] numpy order) -> HF-named tensors; llama files store q/k rows permuted for
+    llama.cpp's interleaved RoPE (qwen2 files do not)."""
+    from mia_jax.models.gguf_io import rename
+
+    tensors = rename(arrays, GGUF_TO_HF, cfg.model_type)
+    tensors.pop(ROPE_FREQS, None)
+    if cfg.model_type == "llama":
+        for i in range(cfg.num_hidden_layers):
+            for proj, heads in (("q", cfg.num_attention_heads), ("k", cfg.num_key_value_heads)):
+                name = f"model.layers.{i}.self_attn.{proj}_proj.weight"
+                if name in tensors:
+                    tensors[name] = unpermute_qk(tensors[name], heads)
+    return tensors

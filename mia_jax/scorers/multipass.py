@@ -2,7 +2,8 @@
 
 Each is a pure function of the main pass's mean log-likelihood (``loss``), the second pass's, and
 the texts; the runner (``runner.score_dataset``) runs the passes. It returns the scores and, per
-row, the reason a score is NaN.
+row, the reason a score is NaN. For ``neighbor`` the second pass scores every text's neighbours
+(``mia_jax.neighbors``) and hands over, per text, the mean of their mean log-likelihoods.
 """
 from __future__ import annotations
 
@@ -36,3 +37,18 @@ def ref(loss: np.ndarray, loss_ref: np.ndarray, texts: Sequence[str]):
     Each model reads the text with its own tokenizer, so the two means may be over different tokens.
     """
     return np.asarray(loss) - np.asarray(loss_ref), {}
+
+
+@register("neighbor", extra_pass="neighbor")
+def neighbor(loss: np.ndarray, loss_neighbors: np.ndarray, texts: Sequence[str]):
+    """Mean log-likelihood minus the mean over the text's neighbours' (Mattern et al. 2023's neighbourhood attack).
+
+    ``loss_neighbors[i]`` is the mean, over text i's neighbours (a few words replaced, see
+    ``mia_jax.neighbors``), of each neighbour's mean token log-likelihood. A member is more likely under the
+    model than texts saying nearly the same thing, so higher = member. No neighbour: NaN with a reason (the
+    runner gives the specific one, e.g. every neighbour identical to the text).
+    """
+    loss_neighbors = np.asarray(loss_neighbors, np.float64)
+    scores = np.asarray(loss, np.float64) - loss_neighbors
+    reasons = {int(i): "neighbor: no neighbour could be scored" for i in np.flatnonzero(np.isnan(loss_neighbors))}
+    return scores, reasons

@@ -1,0 +1,289 @@
+"""BERT and RoBERTa masked LMs in Flax NNX (bidirectional attention with a padding mask, post-LN layers).
+
+Used to propose word replacements for the ``neighbor`` method (``mia_jax.neighbors.MLMNeighbors``); not a
+scoring model. Layers are stacked on a leading axis and applied with `jax.lax.scan`. Hugging Face names:
+BertForMaskedLM (``bert.`` encoder, ``cls.predictions`` head) and RobertaForMaskedLM (``roberta.`` encoder,
+``lm_head``; positions start at ``pad_token_id + 1`` and padding tokens keep position ``pad_token_id``).
+The decoder is tied to the word embeddings unless ``tie_word_embeddings`` is false.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tokenizers
+from flax import nnx
+
+from mia_jax.errors import UserError
+from mia_jax.files import sha256
+from mia_jax.models import layers as L
+from mia_jax.models.llama import ConfigError
+
+MODEL_TYPES = ("bert", "roberta")
+_PREFIX = {"bert": "bert.", "roberta": "roberta."}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    tie_word_embeddings: bool = True
+    model_type: str = "bert"
+    pad_token_id: int | None = 0
+
+    def __post_init__(self):
+        if self.model_type not in MODEL_TYPES:
+            raise ConfigError(f"unsupported model_type {self.model_type!r} for a masked LM; supported: {MODEL_TYPES}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"hidden_size={self.hidden_size} is not a multiple of "
+                              f"num_attention_heads={self.num_attention_heads}")
+        L.check_activation("hidden_act", self.hidden_act)
+        if self.model_type == "roberta" and self.pad_token_id is None:
+            raise ConfigError("RoBERTa needs pad_token_id (its positions start at pad_token_id + 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def position_offset(self) -> int:
+        """Position id of the first token: 0 for BERT, pad_token_id + 1 for RoBERTa."""
+        return self.pad_token_id + 1 if self.model_type == "roberta" else 0
+
+    @property
+    def max_length(self) -> int:
+        """The longest input (special tokens included) the position table covers."""
+        return self.max_position_embeddings - self.position_offset
+
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any]) -> "BertConfig":
+        """From a BertForMaskedLM / RobertaForMaskedLM config.json dict; options this implementation does not
+        have (relative position embeddings, decoder/cross-attention use) are refused by name."""
+        mt = hf.get("model_type")
+        if mt not in MODEL_TYPES:
+            raise ConfigError(f"unsupported model_type {mt!r} for a masked LM; supported: {MODEL_TYPES}")
+        pos = hf.get("position_embedding_type", "absolute")
+        if pos not in (None, "absolute"):
+            raise ConfigError(f"position_embedding_type={pos!r} is not supported (only 'absolute')")
+        for option in ("is_decoder", "add_cross_attention"):
+            if hf.get(option):
+                raise ConfigError(f"{option}=True is not supported: a masked LM is a bidirectional encoder")
+        act = hf.get("hidden_act", "gelu")
+        if not isinstance(act, str):
+            raise ConfigError(f"unsupported hidden_act {act!r}")
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=hf["num_attention_heads"],
+            intermediate_size=hf["intermediate_size"],
+            max_position_embeddings=hf.get("max_position_embeddings", 512),
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12 if mt == "bert" else 1e-5)),
+            hidden_act=act,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+            model_type=mt,
+            pad_token_id=hf.get("pad_token_id", 0 if mt == "bert" else 1),
+        )
+
+
+def bidirectional_attention(q, k, v, scale, key_mask):
+    """q, k, v [B, T, H, Dh], key_mask bool [B, T] -> [B, T, H, Dh]; scores and softmax in float32."""
+    scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(key_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bhts,bshd->bthd", probs, v)
+
+
+def _layer(cfg: BertConfig, p, x, key_mask):
+    """One post-LN encoder layer: x = LN(x + attn(x)); x = LN(x + mlp(x))."""
+    eps = cfg.layer_norm_eps
+    qkv = jnp.einsum("btd,dchk->btchk", x, p["w_qkv"]) + p["b_qkv"]
+    attn = bidirectional_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], cfg.head_dim ** -0.5, key_mask)
+    x = L.layer_norm(x + jnp.einsum("bthk,hkd->btd", attn, p["w_o"]) + p["b_o"], p["ln1"], p["ln1_b"], eps)
+    h = L.mlp_activation(cfg.hidden_act, x @ p["w_fc"] + p["b_fc"])
+    return L.layer_norm(x + h @ p["w_proj"] + p["b_proj"], p["ln2"], p["ln2_b"], eps)
+
+
+class BertMLM(nnx.Module):
+    """BERT / RoBERTa encoder + masked-LM head. ``attention_mask`` (1 = real token) masks padded keys."""
+
+    def __init__(self, config: BertConfig, dtype: str = "float32", rngs: nnx.Rngs | None = None):
+        dt = L.check_dtype(dtype)
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config, self.dtype = config, dtype
+        V, D, F = config.vocab_size, config.hidden_size, config.intermediate_size
+        H, Dh = config.num_attention_heads, config.head_dim
+        shapes = {"w_qkv": (D, 3, H, Dh), "b_qkv": (3, H, Dh), "w_o": (H, Dh, D), "b_o": (D,), "ln1": (D,),
+                  "ln1_b": (D,), "w_fc": (D, F), "b_fc": (F,), "w_proj": (F, D), "b_proj": (D,), "ln2": (D,),
+                  "ln2_b": (D,)}
+        self.embed = L.normal_param(rngs, (V, D), dt)
+        self.pos_embed = L.normal_param(rngs, (config.max_position_embeddings, D), dt)
+        self.type_embed = L.normal_param(rngs, (config.type_vocab_size, D), dt)
+        self.embed_norm = nnx.Param(jnp.ones((D,), dt))
+        self.embed_norm_b = nnx.Param(jnp.zeros((D,), dt))
+        self.layers = L.StackedLayers(config.num_hidden_layers, shapes, dt, rngs)
+        self.head_dense = L.normal_param(rngs, (D, D), dt)
+        self.head_dense_b = nnx.Param(jnp.zeros((D,), dt))
+        self.head_norm = nnx.Param(jnp.ones((D,), dt))
+        self.head_norm_b = nnx.Param(jnp.zeros((D,), dt))
+        self.head_bias = nnx.Param(jnp.zeros((V,), dt))
+        self.decoder = None if config.tie_word_embeddings else L.normal_param(rngs, (V, D), dt)
+
+    def position_ids(self, input_ids):
+        cfg = self.config
+        if cfg.model_type == "roberta":  # as transformers: from the ids, padding tokens keep pad_token_id
+            real = (input_ids != cfg.pad_token_id).astype(jnp.int32)
+            return jnp.cumsum(real, axis=1) * real + cfg.pad_token_id
+        return jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+
+    def hidden_states(self, input_ids, attention_mask=None):
+        """int [B, T] (+ attention_mask [B, T]) -> encoder output [B, T, D] (parameter dtype)."""
+        cfg = self.config
+        L.check_length(input_ids.shape[1], cfg.max_length, "BERT")
+        key_mask = (jnp.ones(input_ids.shape, bool) if attention_mask is None
+                    else jnp.asarray(attention_mask).astype(bool))
+        x = (jnp.take(self.embed[...], input_ids, axis=0) + self.type_embed[...][0]
+             + jnp.take(self.pos_embed[...], self.position_ids(input_ids), axis=0))
+        x = L.layer_norm(x, self.embed_norm[...], self.embed_norm_b[...], cfg.layer_norm_eps)
+        return self.layers.scan(lambda p, h, _: _layer(cfg, p, h, key_mask), x)
+
+    def unembedding(self):
+        """[V, D]: the word embeddings when tied, else the decoder."""
+        return (self.embed if self.decoder is None else self.decoder)[...]
+
+    def head(self, hidden):
+        """Encoder output [..., D] -> float32 MLM logits [..., V] (dense, activation, LayerNorm, decoder + bias).
+
+        BERT's transform uses ``hidden_act``; RoBERTa's lm_head always uses exact gelu."""
+        cfg = self.config
+        h = hidden @ self.head_dense[...] + self.head_dense_b[...]
+        h = L.mlp_activation(cfg.hidden_act if cfg.model_type == "bert" else "gelu", h)
+        h = L.layer_norm(h, self.head_norm[...], self.head_norm_b[...], cfg.layer_norm_eps)
+        logits = jnp.einsum("...d,vd->...v", h, self.unembedding(), preferred_element_type=jnp.float32)
+        return logits + self.head_bias[...].astype(jnp.float32)
+
+    def __call__(self, input_ids, attention_mask=None):
+        """int [B, T] -> float32 logits [B, T, V]."""
+        return self.head(self.hidden_states(input_ids, attention_mask))
+
+
+def _rename_legacy(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Old TF-converted BERT checkpoints name LayerNorm parameters gamma / beta."""
+    out = {}
+    for k, v in tensors.items():
+        if ".LayerNorm." in k or ".layer_norm." in k:
+            k = k.replace(".gamma", ".weight").replace(".beta", ".bias")
+        out[k] = v
+    return out
+
+
+def params_from_hf(cfg: BertConfig, tensors: Mapping[str, np.ndarray]) -> dict:
+    """A BertForMaskedLM / RobertaForMaskedLM state dict (Linear weights [out, in]) -> nested dict matching
+    `BertMLM`. A checkpoint without the masked-LM head (e.g. a sentence encoder) is refused."""
+    tensors = _rename_legacy(tensors)
+    D, H, Dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    family = "BERT" if cfg.model_type == "bert" else "RoBERTa"
+    get = L.Tensors(tensors, (_PREFIX[cfg.model_type], ""), "embeddings.word_embeddings.weight", family)
+    head = "cls.predictions." if cfg.model_type == "bert" else "lm_head."
+    if not any(k.startswith(head) for k in tensors):
+        raise UserError(f"{family} checkpoint has no masked-LM head ({head}*): it is not a *ForMaskedLM model")
+    same = lambda w: w  # noqa: E731
+    qkv_w = lambda w: w.T.reshape(D, H, Dh)  # noqa: E731
+    att = "attention.self."
+    table = {  # internal name -> (HF name inside encoder.layer.{i}., conversion)
+        "w_o": ("attention.output.dense.weight", lambda w: w.T.reshape(H, Dh, D)),
+        "b_o": ("attention.output.dense.bias", same),
+        "ln1": ("attention.output.LayerNorm.weight", same),
+        "ln1_b": ("attention.output.LayerNorm.bias", same),
+        "w_fc": ("intermediate.dense.weight", lambda w: w.T),
+        "b_fc": ("intermediate.dense.bias", same),
+        "w_proj": ("output.dense.weight", lambda w: w.T),
+        "b_proj": ("output.dense.bias", same),
+        "ln2": ("output.LayerNorm.weight", same),
+        "ln2_b": ("output.LayerNorm.bias", same),
+    }
+    fmt = "encoder.layer.{i}."
+    stacked = get.stack(table, cfg.num_hidden_layers, fmt)
+    layer = lambda i, n: get(fmt.format(i=i) + att + n)  # noqa: E731
+    stacked["w_qkv"] = np.stack([np.stack([qkv_w(layer(i, f"{n}.weight")) for n in ("query", "key", "value")], 1)
+                                 for i in range(cfg.num_hidden_layers)])
+    stacked["b_qkv"] = np.stack([np.stack([layer(i, f"{n}.bias").reshape(H, Dh) for n in ("query", "key", "value")])
+                                 for i in range(cfg.num_hidden_layers)])
+    hget = lambda n: get(n, absolute=True)  # noqa: E731
+    norm = "transform.LayerNorm." if cfg.model_type == "bert" else "layer_norm."
+    dense = "transform.dense." if cfg.model_type == "bert" else "dense."
+    bias_key = next((head + b for b in ("bias", "decoder.bias") if head + b in tensors), head + "bias")
+    out = {"embed": get("embeddings.word_embeddings.weight"), "pos_embed": get("embeddings.position_embeddings.weight"),
+           "type_embed": get("embeddings.token_type_embeddings.weight"),
+           "embed_norm": get("embeddings.LayerNorm.weight"), "embed_norm_b": get("embeddings.LayerNorm.bias"),
+           "layers": stacked,
+           "head_dense": hget(head + dense + "weight").T, "head_dense_b": hget(head + dense + "bias"),
+           "head_norm": hget(head + norm + "weight"), "head_norm_b": hget(head + norm + "bias"),
+           "head_bias": hget(bias_key)}
+    if not cfg.tie_word_embeddings:
+        out["decoder"] = hget(head + "decoder.weight")
+    return out
+
+
+def from_params(cfg: BertConfig, params: dict, dtype: str = "float32") -> BertMLM:
+    return L.build_module(BertMLM, cfg, params, dtype)
+
+
+_MASK_NAMES = ("[MASK]", "<mask>")
+
+
+def _mask_token_id(folder: Path, tokenizer: tokenizers.Tokenizer) -> int:
+    names = list(_MASK_NAMES)
+    tc = folder / "tokenizer_config.json"
+    if tc.exists():
+        value = json.loads(tc.read_text(encoding="utf-8")).get("mask_token")
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            names.insert(0, value)
+    for name in names:
+        tid = tokenizer.token_to_id(name)
+        if tid is not None:
+            return tid
+    raise UserError(f"{folder}: the tokenizer has no mask token (looked for {names})")
+
+
+def load_mlm(path: str, dtype: str = "float32") -> tuple[BertMLM, tokenizers.Tokenizer, int, dict]:
+    """A BERT / RoBERTa masked LM from a local Hugging Face folder (config.json, *.safetensors, tokenizer.json).
+
+    Returns (model, tokenizer, mask_token_id, info) where info records name, source, model_type, max_length
+    and the sha256 of every file read."""
+    from mia_jax.models import hf
+
+    folder = Path(path).expanduser()
+    config_path = folder / "config.json"
+    if not folder.is_dir() or not config_path.exists():
+        raise UserError(f"{folder}: not a Hugging Face masked-LM folder (config.json, model.safetensors, "
+                        "tokenizer.json)")
+    cfg = BertConfig.from_hf(hf.read_json(config_path))
+    weights = hf.weight_files(folder)
+    tok_file = folder / "tokenizer.json"
+    if not tok_file.exists():
+        raise UserError(f"{folder}: no tokenizer.json")
+    tokenizer = tokenizers.Tokenizer.from_file(str(tok_file))
+    if tokenizer.get_vocab_size() > cfg.vocab_size:
+        raise UserError(f"{folder}: tokenizer has {tokenizer.get_vocab_size()} tokens but the model only "
+                        f"{cfg.vocab_size}")
+    model = from_params(cfg, params_from_hf(cfg, hf.read_safetensors(weights)), dtype)
+    files = [config_path, *weights, tok_file] + [f for f in [folder / "tokenizer_config.json"] if f.exists()]
+    info = {"name": folder.name, "source": str(folder), "model_type": cfg.model_type, "dtype": dtype,
+            "max_length": cfg.max_length, "files": {str(f): sha256(f) for f in files}}
+    return model, tokenizer, _mask_token_id(folder, tokenizer), info
