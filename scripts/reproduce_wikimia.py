@@ -45,6 +45,7 @@ def main(argv=None) -> int:
         results = []
         for name, ref_name in zip(args.models, refs):
             loaded, ref = models.load(name), models.load(ref_name)
+            label = loaded.name  # a packaged name, or the folder / file name of a path
             for length in args.lengths:
                 splits = {"Ori.": wikimia(length), "Para.": reproduce.paraphrased(length, args.para_dir)}
                 for setting, ds in splits.items():
@@ -52,12 +53,12 @@ def main(argv=None) -> int:
                         continue
                     if args.limit:
                         ds.texts, ds.labels = ds.texts[: args.limit], ds.labels[: args.limit]
-                    print(f"{name} (ref {ref_name}), WikiMIA-{length} {setting}: {len(ds)} texts", file=sys.stderr)
-                    cell = out / "runs" / f"{name}-{length}-{'para' if setting == 'Para.' else 'ori'}"
+                    print(f"{label} (ref {ref.name}), WikiMIA-{length} {setting}: {len(ds)} texts", file=sys.stderr)
+                    cell = out / "runs" / f"{label}-{length}-{'para' if setting == 'Para.' else 'ori'}"
                     rows = reproduce.run_cell(loaded, ds, methods, cell, ref=ref, batch_size=args.batch_size,
                                               n_bootstrap=args.n_bootstrap, seed=args.seed,
                                               **reproduce.neighbor_kwargs(loaded, args.n_neighbors, args.seed))
-                    results += [dict(r, model=name, length=length, setting=setting) for r in rows]
+                    results += [dict(r, model=label, length=length, setting=setting) for r in rows]
         print(reproduce.write_reports(out, results))
         print(f"wrote {out}/", file=sys.stderr)
     except UserError as e:
