@@ -20,10 +20,12 @@ import numpy as np
 from flax import nnx
 
 from mia_jax.errors import UserError
-from mia_jax.models.llama import (
-    DTYPES, ConfigError, apply_rope, build_from_params, causal_mask, check_layer_types, check_rope_scaling,
-    first_id, gqa_attention, init_param, inv_freq, rope_tables, scan_layers,
+from mia_jax.models import layers as L
+from mia_jax.models.layers import (
+    DTYPES, ConfigError, apply_rope, build_module, causal_mask, gqa_attention, init_param, inv_freq, rope_at,
+    rope_tables, scan_layers,
 )
+from mia_jax.models.llama import check_layer_types, check_rope_scaling, first_id
 
 SUPPORTED_MODEL_TYPES = ("gemma3_text", "gemma3")
 SUPPORTED_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
@@ -156,21 +158,21 @@ class Gemma3Layers(nnx.Module):
     as Gemma stores them (zero-centred: the scale is 1 + weight)."""
 
     def __init__(self, cfg: Gemma3Config, dtype, rngs: nnx.Rngs):
-        L, D, F = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
+        n, D, F = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
         H, KV, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        zeros = lambda *shape: nnx.Param(jnp.zeros((L, *shape), dtype))  # noqa: E731
+        zeros = lambda *shape: nnx.Param(jnp.zeros((n, *shape), dtype))  # noqa: E731
         self.attn_norm = zeros(D)
-        self.wq = init_param(rngs, (L, D, H, Dh), dtype, D)
-        self.wk = init_param(rngs, (L, D, KV, Dh), dtype, D)
-        self.wv = init_param(rngs, (L, D, KV, Dh), dtype, D)
+        self.wq = init_param(rngs, (n, D, H, Dh), dtype, D)
+        self.wk = init_param(rngs, (n, D, KV, Dh), dtype, D)
+        self.wv = init_param(rngs, (n, D, KV, Dh), dtype, D)
         self.q_norm = zeros(Dh)
         self.k_norm = zeros(Dh)
-        self.wo = init_param(rngs, (L, H, Dh, D), dtype, H * Dh)
+        self.wo = init_param(rngs, (n, H, Dh, D), dtype, H * Dh)
         self.post_attn_norm = zeros(D)
         self.mlp_norm = zeros(D)
-        self.w_gate = init_param(rngs, (L, D, F), dtype, D)
-        self.w_up = init_param(rngs, (L, D, F), dtype, D)
-        self.w_down = init_param(rngs, (L, F, D), dtype, F)
+        self.w_gate = init_param(rngs, (n, D, F), dtype, D)
+        self.w_up = init_param(rngs, (n, D, F), dtype, D)
+        self.w_down = init_param(rngs, (n, F, D), dtype, F)
         self.post_mlp_norm = zeros(D)
 
     def __call__(self, x, cfg: Gemma3Config, rope_global, rope_local, full_mask, window_mask):
@@ -180,14 +182,34 @@ class Gemma3Layers(nnx.Module):
 
         return scan_layers(self, layer, x, jnp.asarray(cfg.sliding_layers()))
 
+    def decode(self, x, cfg: Gemma3Config, rope_global, rope_local, cache: dict, full_mask, window_mask):
+        """New tokens x [B, T, D] against the KV cache (masks [B, T, S]) -> (x, cache)."""
+        def layer(p, h, local):
+            cos, sin = (jnp.where(local, a, b) for a, b in zip(rope_local, rope_global))
+            q, k, v = _attention_inputs(cfg, p, h, cos, sin)
+            mask = jnp.where(local, window_mask, full_mask)
+            return q, k, v, mask, cfg.query_pre_attn_scalar ** -0.5, lambda attn: _attention_output(cfg, p, h, attn)
 
-def _layer(cfg: Gemma3Config, p, x, cos, sin, mask):
+        return L.scan_with_cache(L.stacked_params(self), layer, x, jnp.asarray(cfg.sliding_layers()), cache)
+
+
+def _attention_inputs(cfg: Gemma3Config, p, x, cos, sin):
+    """q [B, T, H, Dh] and k, v [B, T, KV, Dh] of one layer (q/k normed, RoPE applied)."""
     eps = cfg.rms_norm_eps
     h = gemma_rms_norm(x, p["attn_norm"], eps)
     q = apply_rope(gemma_rms_norm(jnp.einsum("btd,dhk->bthk", h, p["wq"]), p["q_norm"], eps), cos, sin)
     k = apply_rope(gemma_rms_norm(jnp.einsum("btd,dhk->bthk", h, p["wk"]), p["k_norm"], eps), cos, sin)
-    v = jnp.einsum("btd,dhk->bthk", h, p["wv"])
-    attn = gqa_attention(q, k, v, mask, cfg.query_pre_attn_scalar ** -0.5)
+    return q, k, jnp.einsum("btd,dhk->bthk", h, p["wv"])
+
+
+def _layer(cfg: Gemma3Config, p, x, cos, sin, mask):
+    q, k, v = _attention_inputs(cfg, p, x, cos, sin)
+    return _attention_output(cfg, p, x, gqa_attention(q, k, v, mask, cfg.query_pre_attn_scalar ** -0.5))
+
+
+def _attention_output(cfg: Gemma3Config, p, x, attn):
+    """Output projection with its post-norm and residual, then the GeGLU MLP with its pre- and post-norms."""
+    eps = cfg.rms_norm_eps
     x = x + gemma_rms_norm(jnp.einsum("bthk,hkd->btd", attn, p["wo"]), p["post_attn_norm"], eps)
     h = gemma_rms_norm(x, p["mlp_norm"], eps)
     gate = jax.nn.gelu((h @ p["w_gate"]).astype(jnp.float32), approximate=True).astype(h.dtype)
@@ -195,7 +217,8 @@ def _layer(cfg: Gemma3Config, p, x, cos, sin, mask):
 
 
 class Gemma3(nnx.Module):
-    """Gemma 3 causal LM (text). No attention mask: batches are right-padded, attention is causal."""
+    """Gemma 3 causal LM (text). `__call__` / `hidden_states` take no attention mask (batches are right-padded,
+    attention is causal); `decode` runs new tokens against a KV cache with per-row positions and a key mask."""
 
     def __init__(self, config: Gemma3Config, dtype: str = "float32", rngs: nnx.Rngs | None = None):
         if dtype not in DTYPES:
@@ -210,14 +233,21 @@ class Gemma3(nnx.Module):
         self.norm = nnx.Param(jnp.zeros((D,), dt))
         self.lm_head = None if config.tie_word_embeddings else init_param(rngs, (V, D), dt, D)
 
+    def _inv_freqs(self):
+        cfg = self.config
+        return (inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
+                inv_freq(cfg.head_dim, cfg.rope_local_base_freq, cfg.rope_local_scaling))
+
+    def _embed(self, input_ids):
+        embed = self.embed[...]
+        return jnp.take(embed, input_ids, axis=0) * jnp.asarray(self.config.hidden_size ** 0.5, embed.dtype)
+
     def hidden_states(self, input_ids):
         """int [B, T] -> final-norm hidden states [B, T, D] (parameter dtype)."""
         cfg, T = self.config, input_ids.shape[1]
-        rope_global = rope_tables(T, inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
-        rope_local = rope_tables(T, inv_freq(cfg.head_dim, cfg.rope_local_base_freq, cfg.rope_local_scaling))
-        embed = self.embed[...]
-        x = jnp.take(embed, input_ids, axis=0) * jnp.asarray(cfg.hidden_size ** 0.5, embed.dtype)
-        x = self.layers(x, cfg, rope_global, rope_local, causal_mask(T, None), causal_mask(T, cfg.sliding_window))
+        inv_global, inv_local = self._inv_freqs()
+        x = self.layers(self._embed(input_ids), cfg, rope_tables(T, inv_global), rope_tables(T, inv_local),
+                        causal_mask(T, None), causal_mask(T, cfg.sliding_window))
         return gemma_rms_norm(x, self.norm[...], cfg.rms_norm_eps)
 
     def unembedding(self):
@@ -228,6 +258,22 @@ class Gemma3(nnx.Module):
         """int [B, T] -> float32 logits [B, T, V]."""
         h = self.hidden_states(input_ids)
         return jnp.einsum("btd,vd->btv", h, self.unembedding(), preferred_element_type=jnp.float32)
+
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        """An empty KV cache for `decode` (every layer, sliding or global, keeps max_len slots)."""
+        cfg = self.config
+        return L.init_cache(cfg.num_hidden_layers, batch, max_len, cfg.num_key_value_heads, cfg.head_dim,
+                            self.embed[...].dtype)
+
+    def decode(self, input_ids, cache: dict, positions, key_mask):
+        """Incremental forward (see `Llama.decode`): ids [B, T], positions [B, T], key_mask [B, S]
+        -> (float32 logits [B, T, V], cache)."""
+        cfg = self.config
+        inv_global, inv_local = self._inv_freqs()
+        full, window = L.cache_masks(cache, input_ids.shape[1], key_mask, cfg.sliding_window)
+        x, cache = self.layers.decode(self._embed(input_ids), cfg, rope_at(positions, inv_global),
+                                      rope_at(positions, inv_local), cache, full, window)
+        return L.unembed(gemma_rms_norm(x, self.norm[...], cfg.rms_norm_eps), self.unembedding()), cache
 
 
 # checkpoint name prefixes of the text model: Gemma3ForCausalLM, Gemma3ForConditionalGeneration (new and old)
@@ -271,7 +317,7 @@ def params_from_hf(cfg: Gemma3Config, tensors: Mapping[str, np.ndarray]) -> dict
 
 def from_params(cfg: Gemma3Config, params: dict, dtype: str = "float32") -> Gemma3:
     """Build a `Gemma3` holding `params` (from `params_from_hf`) without random initialisation."""
-    return build_from_params(Gemma3, cfg, params, dtype)
+    return build_module(Gemma3, cfg, params, dtype)
 
 
 # GGUF tensor name -> Hugging Face name ("{i}" is the layer index), as llama.cpp's Gemma3Model writes them.

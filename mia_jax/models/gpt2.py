@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from mia_jax.models import layers as L
-from mia_jax.models.llama import ConfigError
+from mia_jax.models.layers import ConfigError
 
 MODEL_TYPE = "gpt2"
 
@@ -88,19 +88,28 @@ def attention_scales(cfg: GPT2Config) -> np.ndarray:
     return (base / np.broadcast_to(div, (cfg.num_hidden_layers,))).astype(np.float32)
 
 
-def _layer(cfg: GPT2Config, p, x, scale):
-    eps = cfg.layer_norm_epsilon
-    h = L.layer_norm(x, p["ln1"], p["ln1_b"], eps)
+def _attention_inputs(cfg: GPT2Config, p, x):
+    """q, k, v [B, T, H, Dh] of one layer (fused c_attn)."""
+    h = L.layer_norm(x, p["ln1"], p["ln1_b"], cfg.layer_norm_epsilon)
     qkv = jnp.einsum("btd,dchk->btchk", h, p["w_qkv"]) + p["b_qkv"]
-    attn = L.causal_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], scale)
+    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+
+
+def _attention_output(cfg: GPT2Config, p, x, attn):
     x = x + jnp.einsum("bthk,hkd->btd", attn, p["w_o"]) + p["b_o"]
-    h = L.layer_norm(x, p["ln2"], p["ln2_b"], eps)
+    h = L.layer_norm(x, p["ln2"], p["ln2_b"], cfg.layer_norm_epsilon)
     h = L.mlp_activation(cfg.activation_function, h @ p["w_fc"] + p["b_fc"])
     return x + h @ p["w_proj"] + p["b_proj"]
 
 
+def _layer(cfg: GPT2Config, p, x, scale):
+    q, k, v = _attention_inputs(cfg, p, x)
+    return _attention_output(cfg, p, x, L.causal_attention(q, k, v, scale))
+
+
 class GPT2(nnx.Module):
-    """GPT-2 causal LM. No attention mask: batches are right-padded, attention is causal, positions arange(T)."""
+    """GPT-2 causal LM. `__call__` / `hidden_states` take no attention mask (batches are right-padded, attention
+    is causal, positions arange(T)); `decode` runs new tokens against a KV cache (left-padded generation)."""
 
     def __init__(self, config: GPT2Config, dtype: str = "float32", rngs: nnx.Rngs | None = None):
         dt = L.check_dtype(dtype)
@@ -133,6 +142,28 @@ class GPT2(nnx.Module):
     def __call__(self, input_ids):
         """int [B, T] -> float32 logits [B, T, V]."""
         return L.unembed(self.hidden_states(input_ids), self.unembedding())
+
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        """An empty KV cache for `decode`: k, v [L, B, max_len, H, Dh] and the next slot, `index`."""
+        cfg = self.config
+        return L.init_cache(cfg.num_hidden_layers, batch, max_len, cfg.num_attention_heads, cfg.head_dim,
+                            self.embed[...].dtype)
+
+    def decode(self, input_ids, cache: dict, positions, key_mask):
+        """Incremental forward (see `Llama.decode`): ids [B, T], positions [B, T] (0 at a row's first real
+        token, as transformers' generate derives them from the attention mask), key_mask [B, S]
+        -> (float32 logits [B, T, V], cache)."""
+        cfg = self.config
+        mask, _ = L.cache_masks(cache, input_ids.shape[1], key_mask)
+        x = jnp.take(self.embed[...], input_ids, axis=0) + L.learned_positions(self.pos_embed[...], positions)
+
+        def layer(p, h, scale):
+            q, k, v = _attention_inputs(cfg, p, h)
+            return q, k, v, mask, scale, lambda attn: _attention_output(cfg, p, h, attn)
+
+        x, cache = self.layers.scan_cached(layer, x, jnp.asarray(attention_scales(cfg)), cache)
+        x = L.layer_norm(x, self.final_norm[...], self.final_norm_b[...], cfg.layer_norm_epsilon)
+        return L.unembed(x, self.unembedding()), cache
 
 
 def params_from_hf(cfg: GPT2Config, tensors: Mapping[str, np.ndarray]) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from mia_jax.models import layers as L
-from mia_jax.models.llama import ConfigError, apply_rope
+from mia_jax.models.layers import ConfigError, apply_rope
 
 MODEL_TYPE = "gpt_neox"
 
@@ -88,29 +88,41 @@ class GPTNeoXConfig:
         )
 
 
-def _layer(cfg: GPTNeoXConfig, p, x, cos, sin):
-    rd, Dh = cfg.rotary_ndims, cfg.head_dim
-    eps = cfg.layer_norm_eps
+def _attention_inputs(cfg: GPTNeoXConfig, p, x, cos, sin):
+    """q, k, v [B, T, H, Dh] of one layer (rotary on the first rotary_ndims of each head)."""
+    rd = cfg.rotary_ndims
 
     def rope(t):
         return t if rd == 0 else jnp.concatenate([apply_rope(t[..., :rd], cos, sin), t[..., rd:]], axis=-1)
+
+    h = L.layer_norm(x, p["ln1"], p["ln1_b"], cfg.layer_norm_eps)
+    qkv = jnp.einsum("btd,dhck->bthck", h, p["w_qkv"]) + p["b_qkv"]
+    return rope(qkv[..., 0, :]), rope(qkv[..., 1, :]), qkv[..., 2, :]
+
+
+def _attention_output(cfg: GPTNeoXConfig, p, x, attn):
+    """Dense projection, then the parallel (or sequential) residual with the MLP."""
+    eps = cfg.layer_norm_eps
 
     def mlp(h):
         h = L.mlp_activation(cfg.hidden_act, h @ p["w_up"] + p["b_up"])
         return h @ p["w_down"] + p["b_down"]
 
-    h = L.layer_norm(x, p["ln1"], p["ln1_b"], eps)
-    qkv = jnp.einsum("btd,dhck->bthck", h, p["w_qkv"]) + p["b_qkv"]
-    q, k, v = rope(qkv[..., 0, :]), rope(qkv[..., 1, :]), qkv[..., 2, :]
-    attn = jnp.einsum("bthk,hkd->btd", L.causal_attention(q, k, v, Dh ** -0.5), p["w_o"]) + p["b_o"]
+    attn = jnp.einsum("bthk,hkd->btd", attn, p["w_o"]) + p["b_o"]
     if cfg.use_parallel_residual:
         return x + attn + mlp(L.layer_norm(x, p["ln2"], p["ln2_b"], eps))
     x = x + attn
     return x + mlp(L.layer_norm(x, p["ln2"], p["ln2_b"], eps))
 
 
+def _layer(cfg: GPTNeoXConfig, p, x, cos, sin):
+    q, k, v = _attention_inputs(cfg, p, x, cos, sin)
+    return _attention_output(cfg, p, x, L.causal_attention(q, k, v, cfg.head_dim ** -0.5))
+
+
 class GPTNeoX(nnx.Module):
-    """GPT-NeoX causal LM. No attention mask: batches are right-padded, attention is causal."""
+    """GPT-NeoX causal LM. `__call__` / `hidden_states` take no attention mask (batches are right-padded,
+    attention is causal); `decode` runs new tokens against a KV cache (left-padded generation)."""
 
     def __init__(self, config: GPTNeoXConfig, dtype: str = "float32", rngs: nnx.Rngs | None = None):
         dt = L.check_dtype(dtype)
@@ -127,14 +139,14 @@ class GPTNeoX(nnx.Module):
         self.final_norm_b = nnx.Param(jnp.zeros((D,), dt))
         self.lm_head = None if config.tie_word_embeddings else L.normal_param(rngs, (V, D), dt)
 
+    def _inv_freq(self):
+        rd = self.config.rotary_ndims
+        return 1.0 / self.config.rotary_emb_base ** (np.arange(0, rd, 2, dtype=np.float32) / max(rd, 1))
+
     def hidden_states(self, input_ids):
         """int [B, T] -> final-norm hidden states [B, T, D] (parameter dtype)."""
         cfg, T = self.config, input_ids.shape[1]
-        rd = cfg.rotary_ndims
-        inv = 1.0 / cfg.rotary_emb_base ** (np.arange(0, rd, 2, dtype=np.float32) / max(rd, 1))
-        angles = jnp.arange(T, dtype=jnp.float32)[:, None] * jnp.asarray(inv, jnp.float32)[None]
-        angles = jnp.concatenate([angles, angles], axis=-1)
-        cos, sin = jnp.cos(angles), jnp.sin(angles)
+        cos, sin = L.rope_tables(T, self._inv_freq())
         x = jnp.take(self.embed[...], input_ids, axis=0)
         x = self.layers.scan(lambda p, h, _: _layer(cfg, p, h, cos, sin), x)
         return L.layer_norm(x, self.final_norm[...], self.final_norm_b[...], cfg.layer_norm_eps)
@@ -146,6 +158,27 @@ class GPTNeoX(nnx.Module):
     def __call__(self, input_ids):
         """int [B, T] -> float32 logits [B, T, V] (all rows, including padded vocabulary rows)."""
         return L.unembed(self.hidden_states(input_ids), self.unembedding())
+
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        """An empty KV cache for `decode`: k, v [L, B, max_len, H, Dh] and the next slot, `index`."""
+        cfg = self.config
+        return L.init_cache(cfg.num_hidden_layers, batch, max_len, cfg.num_attention_heads, cfg.head_dim,
+                            self.embed[...].dtype)
+
+    def decode(self, input_ids, cache: dict, positions, key_mask):
+        """Incremental forward (see `Llama.decode`): ids [B, T], positions [B, T], key_mask [B, S]
+        -> (float32 logits [B, T, V], cache)."""
+        cfg = self.config
+        cos, sin = L.rope_at(positions, self._inv_freq())
+        mask, _ = L.cache_masks(cache, input_ids.shape[1], key_mask)
+
+        def layer(p, h, _):
+            q, k, v = _attention_inputs(cfg, p, h, cos, sin)
+            return q, k, v, mask, cfg.head_dim ** -0.5, lambda attn: _attention_output(cfg, p, h, attn)
+
+        x, cache = self.layers.scan_cached(layer, jnp.take(self.embed[...], input_ids, axis=0), None, cache)
+        x = L.layer_norm(x, self.final_norm[...], self.final_norm_b[...], cfg.layer_norm_eps)
+        return L.unembed(x, self.unembedding()), cache
 
 
 def params_from_hf(cfg: GPTNeoXConfig, tensors: Mapping[str, np.ndarray]) -> dict:

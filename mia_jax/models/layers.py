@@ -1,6 +1,6 @@
-"""Pieces shared by the GPT-NeoX, GPT-2 and OPT implementations: float32 LayerNorm, activations, causal
-multi-head attention over given q/k/v, stacked per-layer parameters applied with `jax.lax.scan`, checkpoint
-tensor lookup, GGUF renaming and the generic `from_params`."""
+"""Pieces shared by the causal LMs: dtypes and config errors, RoPE, float32 norms and activations, causal and
+grouped-query attention, stacked per-layer parameters applied with `jax.lax.scan`, the KV cache used by every
+family's `decode`, checkpoint tensor lookup, GGUF renaming and the generic `from_params`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ import numpy as np
 from flax import nnx
 
 from mia_jax.errors import UserError
-from mia_jax.models.llama import DTYPES, ConfigError
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class ConfigError(UserError, ValueError):
+    """A model config this implementation does not support."""
+
 
 _tanh_gelu = lambda x: jax.nn.gelu(x, approximate=True)  # noqa: E731
 _exact_gelu = lambda x: jax.nn.gelu(x, approximate=False)  # noqa: E731
@@ -59,14 +65,133 @@ def layer_norm(x, weight, bias, eps):
     return (y * weight.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
 
 
-def causal_attention(q, k, v, scale):
-    """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; causal, scores and softmax in float32."""
-    t = q.shape[1]
-    scores = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
-    mask = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+def inv_freq(head_dim: int, theta: float, rope_scaling: dict | None = None, freq_factors=None) -> np.ndarray:
+    """Inverse RoPE frequencies [head_dim/2] (float32), following transformers' rope_type formulas."""
+    inv = (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)).astype(np.float32)
+    sc = rope_scaling or {}
+    if sc.get("rope_type") == "linear":
+        inv = inv / sc["factor"]
+    elif sc.get("rope_type") == "llama3":
+        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        old = sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+        inv = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    if freq_factors is not None:
+        inv = inv / np.asarray(freq_factors, np.float32)
+    return inv.astype(np.float32)
+
+
+def rope_at(positions, inv: np.ndarray):
+    """(cos, sin), each float32 [..., head_dim], for integer positions [...] (rotate-half layout)."""
+    angles = jnp.asarray(positions).astype(jnp.float32)[..., None] * jnp.asarray(inv, jnp.float32)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def rope_tables(t: int, inv: np.ndarray):
+    """(cos, sin), each float32 [T, head_dim], for positions 0..T-1."""
+    return rope_at(jnp.arange(t), inv)
+
+
+def apply_rope(x, cos, sin):
+    """x [B, T, H, Dh]; cos/sin float32 [T, Dh] (shared by the batch) or [B, T, Dh] (per-row positions)."""
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * cos[..., None, :] + rotated * sin[..., None, :]).astype(x.dtype)
+
+
+def causal_mask(t: int, sliding_window: int | None):
+    """[T, T] bool: query i sees key j when j <= i (and i - j < sliding_window when set)."""
+    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
+    mask = j <= i
+    return mask if sliding_window is None else mask & (i - j < sliding_window)
+
+
+def gqa_attention(q, k, v, mask, scale: float):
+    """Grouped-query attention. q [B, T, H, Dh], k/v [B, S, KV, Dh], mask bool [T, S] or per row [B, T, S]
+    -> [B, T, H, Dh]; scores and softmax in float32."""
+    B, T, H, Dh = q.shape
+    KV = k.shape[2]
+    q = q.reshape(B, T, KV, H // KV, Dh)  # query heads grouped by their kv head
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    mask = mask[:, None, None] if mask.ndim == 3 else mask
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bhts,bshd->bthd", probs, v)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H, Dh)
+
+
+def causal_attention(q, k, v, scale):
+    """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; causal, scores and softmax in float32."""
+    return gqa_attention(q, k, v, causal_mask(q.shape[1], None), scale)
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+
+def init_cache(num_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int, dtype) -> dict:
+    """An empty KV cache: k, v [L, B, S, KV, Dh] (parameter dtype) and the next slot to write, `index`."""
+    shape = (num_layers, batch, max_len, kv_heads, head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "index": jnp.zeros((), jnp.int32)}
+
+
+def cache_masks(cache: dict, t_new: int, key_mask, sliding_window: int | None = None):
+    """(full, window) bool [B, T_new, S] for queries in slots index..index+T_new-1: a key slot is visible when it
+    is not after the query, valid in `key_mask` [B, S], and (window) fewer than `sliding_window` slots back.
+    Left-padded rows hold their real tokens in consecutive slots, so slot distance is position distance."""
+    s = cache["k"].shape[2]
+    q = cache["index"] + jnp.arange(t_new)[:, None]
+    k = jnp.arange(s)[None, :]
+    full = (k <= q)[None] & key_mask[:, None, :].astype(bool)
+    window = full if sliding_window is None else full & (q - k < sliding_window)[None]
+    return full, window
+
+
+def scan_with_cache(params: Mapping[str, Any], layer_fn: Callable, x, xs, cache: dict):
+    """Decoder layers over new tokens x [B, T, D] with a KV cache, one `jax.lax.scan` over the stacked `params`.
+
+    `layer_fn(p, h, xs_i) -> (q, k, v, mask, scale, finish)`: the layer's attention inputs for the new tokens
+    (q [B, T, H, Dh], k/v [B, T, KV, Dh]), its mask over the cache slots ([B, T, S]), the score scale and
+    `finish(attn) -> h`, the rest of the layer. k/v are written into the cache at slot `index` with
+    `dynamic_update_slice` and the queries attend over the whole cache. Returns (x, cache advanced by T).
+    """
+    index, t = cache["index"], x.shape[1]
+
+    def body(carry, px):
+        h, ck, cv, i = carry
+        q, k, v, mask, scale, finish = layer_fn(px[0], h, px[1])
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (i, 0, index, 0, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, index, 0, 0))
+        attn = gqa_attention(q, ck[i].astype(q.dtype), cv[i].astype(v.dtype), mask, scale)
+        return (finish(attn), ck, cv, i + 1), None
+
+    (x, k, v, _), _ = jax.lax.scan(body, (x, cache["k"], cache["v"], jnp.int32(0)), (dict(params), xs))
+    return x, {"k": k, "v": v, "index": index + t}
+
+
+def learned_positions(table, positions, offset: int = 0):
+    """Rows `positions + offset` of a learned position table, clipped into it (left-padding rows have negative
+    positions; their outputs are never used)."""
+    return jnp.take(table, jnp.clip(positions + offset, 0, table.shape[0] - 1), axis=0)
+
+
+def stacked_params(module: nnx.Module) -> dict:
+    """{name: [L, ...] array} of a module's nnx.Param attributes."""
+    return {k: v[...] for k, v in vars(module).items() if isinstance(v, nnx.Param)}
+
+
+def scan_layers(module: nnx.Module, layer_fn: Callable, x, xs: Any = None):
+    """x <- layer_fn(params_i, x, xs_i) over the stacked parameters of `module` (compile time independent of
+    depth)."""
+    x, _ = jax.lax.scan(lambda h, px: (layer_fn(px[0], h, px[1]), None), x, (stacked_params(module), xs))
+    return x
+
+
+def init_param(rngs, shape, dtype, fan_in):
+    return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype))
 
 
 def check_length(t: int, max_positions: int, family: str):
@@ -100,9 +225,11 @@ class StackedLayers(nnx.Module):
 
     def scan(self, layer_fn: Callable, x, xs: Any = None):
         """x <- layer_fn(params_i, x, xs_i) for each layer i (compile time independent of depth)."""
-        params = {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
-        x, _ = jax.lax.scan(lambda h, px: (layer_fn(px[0], h, px[1]), None), x, (params, xs))
-        return x
+        return scan_layers(self, layer_fn, x, xs)
+
+    def scan_cached(self, layer_fn: Callable, x, xs, cache: dict):
+        """`scan_with_cache` over these layers."""
+        return scan_with_cache(stacked_params(self), layer_fn, x, xs, cache)
 
 
 def unembed(hidden, unembedding):

@@ -2,8 +2,9 @@
 
 Decoder layers are stored stacked on a leading layer axis and applied with `jax.lax.scan`, so compile
 time does not grow with depth. Weight layouts are `[in, out]` (heads kept as their own axis);
-`params_from_hf` converts a Hugging Face state dict to them. The RoPE, masking and grouped-query
-attention helpers here are shared with `gemma3.py`.
+`params_from_hf` converts a Hugging Face state dict to them. RoPE, masking, grouped-query attention and
+the KV cache live in `layers.py` (shared with the other families; re-exported here for older imports).
+`decode` is the incremental forward used by `mia_jax.generate`.
 """
 
 from __future__ import annotations
@@ -19,16 +20,15 @@ import numpy as np
 from flax import nnx
 
 from mia_jax.errors import UserError
+from mia_jax.models import layers as L
+from mia_jax.models.layers import (  # noqa: F401 - re-exported: gemma3, bert and older code import them from here
+    DTYPES, ConfigError, apply_rope, causal_mask, gqa_attention, init_param, inv_freq, rope_at, rope_tables,
+    scan_layers,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_SCALING = (None, "linear", "llama3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-class ConfigError(UserError, ValueError):
-    """A model config this implementation does not support."""
-
 
 def _check_model_type(model_type):
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -171,34 +171,8 @@ class LlamaConfig:
 # ----------------------------------------------------------------------------- shared building blocks
 
 
-def inv_freq(head_dim: int, theta: float, rope_scaling: dict | None = None, freq_factors=None) -> np.ndarray:
-    """Inverse RoPE frequencies [head_dim/2] (float32), following transformers' rope_type formulas."""
-    inv = (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)).astype(np.float32)
-    sc = rope_scaling or {}
-    if sc.get("rope_type") == "linear":
-        inv = inv / sc["factor"]
-    elif sc.get("rope_type") == "llama3":
-        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
-        old = sc["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv
-        scaled = np.where(wavelen > old / lo, inv / factor, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
-        inv = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
-    if freq_factors is not None:
-        inv = inv / np.asarray(freq_factors, np.float32)
-    return inv.astype(np.float32)
-
-
 def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
     return inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors)
-
-
-def rope_tables(t: int, inv: np.ndarray):
-    """(cos, sin), each float32 [T, head_dim], for positions 0..T-1 (rotate-half layout)."""
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * jnp.asarray(inv)[None]
-    angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
 
 
 def rms_norm(x, weight, eps):
@@ -208,66 +182,9 @@ def rms_norm(x, weight, eps):
     return weight * x32.astype(x.dtype)
 
 
-def apply_rope(x, cos, sin):
-    """x [B, T, H, Dh]; cos/sin [T, Dh] float32 (rotate-half convention)."""
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
-
-
-def causal_mask(t: int, sliding_window: int | None):
-    """[T, T] bool: query i sees key j when j <= i (and i - j < sliding_window when set)."""
-    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
-    mask = j <= i
-    return mask if sliding_window is None else mask & (i - j < sliding_window)
-
-
-def gqa_attention(q, k, v, mask, scale: float):
-    """Grouped-query attention. q [B, T, H, Dh], k/v [B, S, KV, Dh], mask [T, S] bool -> [B, T, H, Dh];
-    scores and softmax in float32."""
-    B, T, H, Dh = q.shape
-    KV = k.shape[2]
-    q = q.reshape(B, T, KV, H // KV, Dh)  # query heads grouped by their kv head
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H, Dh)
-
-
-def init_param(rngs, shape, dtype, fan_in):
-    return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype))
-
-
-def scan_layers(module: nnx.Module, layer_fn, x, xs):
-    """x <- layer_fn(params_i, x, xs_i) over the stacked parameters (nnx.Param attributes) of `module`."""
-    params = {k: v[...] for k, v in vars(module).items() if isinstance(v, nnx.Param)}
-    x, _ = jax.lax.scan(lambda h, px: (layer_fn(px[0], h, px[1]), None), x, (params, xs))
-    return x
-
-
 def build_from_params(module_cls, cfg, params: dict, dtype: str = "float32"):
     """Build `module_cls(cfg, dtype)` holding `params` (a nested dict of its state) without random init."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"unsupported dtype {dtype!r}; supported: {list(DTYPES)}")
-    abstract = nnx.eval_shape(lambda: module_cls(cfg, dtype))
-    graphdef, state = nnx.split(abstract)
-    expected = nnx.to_pure_dict(state)
-    dt = DTYPES[dtype]
-    fmt = lambda path: "/".join(str(getattr(p, "key", p)) for p in path)  # noqa: E731
-    want = {fmt(p) for p, _ in jax.tree_util.tree_flatten_with_path(expected)[0]}
-    got = {fmt(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
-    if want != got:
-        raise UserError(f"{module_cls.__name__} parameters do not match the config: missing {sorted(want - got)}, "
-                        f"unexpected {sorted(got - want)}")
-
-    def convert(path, spec, value):
-        if tuple(spec.shape) != np.shape(value):
-            raise UserError(f"tensor {fmt(path)} has shape {np.shape(value)}, expected {tuple(spec.shape)}")
-        return jnp.asarray(value, dt)
-
-    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(convert, expected, params))
-    return nnx.merge(graphdef, state)
+    return L.build_module(module_cls, cfg, params, dtype)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -277,28 +194,37 @@ class DecoderLayers(nnx.Module):
     """All decoder layers; every parameter has a leading [num_hidden_layers] axis."""
 
     def __init__(self, cfg: LlamaConfig, dtype, rngs: nnx.Rngs):
-        L, D, F = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
+        n, D, F = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
         H, KV, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.attn_norm = nnx.Param(jnp.ones((L, D), dtype))
-        self.wq = init_param(rngs, (L, D, H, Dh), dtype, D)
-        self.wk = init_param(rngs, (L, D, KV, Dh), dtype, D)
-        self.wv = init_param(rngs, (L, D, KV, Dh), dtype, D)
-        self.wo = init_param(rngs, (L, H, Dh, D), dtype, H * Dh)
+        self.attn_norm = nnx.Param(jnp.ones((n, D), dtype))
+        self.wq = init_param(rngs, (n, D, H, Dh), dtype, D)
+        self.wk = init_param(rngs, (n, D, KV, Dh), dtype, D)
+        self.wv = init_param(rngs, (n, D, KV, Dh), dtype, D)
+        self.wo = init_param(rngs, (n, H, Dh, D), dtype, H * Dh)
         if cfg.attention_bias:
-            self.bq = nnx.Param(jnp.zeros((L, H, Dh), dtype))
-            self.bk = nnx.Param(jnp.zeros((L, KV, Dh), dtype))
-            self.bv = nnx.Param(jnp.zeros((L, KV, Dh), dtype))
+            self.bq = nnx.Param(jnp.zeros((n, H, Dh), dtype))
+            self.bk = nnx.Param(jnp.zeros((n, KV, Dh), dtype))
+            self.bv = nnx.Param(jnp.zeros((n, KV, Dh), dtype))
         if cfg.attention_out_bias:
-            self.bo = nnx.Param(jnp.zeros((L, D), dtype))
-        self.mlp_norm = nnx.Param(jnp.ones((L, D), dtype))
-        self.w_gate = init_param(rngs, (L, D, F), dtype, D)
-        self.w_up = init_param(rngs, (L, D, F), dtype, D)
-        self.w_down = init_param(rngs, (L, F, D), dtype, F)
+            self.bo = nnx.Param(jnp.zeros((n, D), dtype))
+        self.mlp_norm = nnx.Param(jnp.ones((n, D), dtype))
+        self.w_gate = init_param(rngs, (n, D, F), dtype, D)
+        self.w_up = init_param(rngs, (n, D, F), dtype, D)
+        self.w_down = init_param(rngs, (n, F, D), dtype, F)
 
     def __call__(self, x, cfg: LlamaConfig, cos, sin, full_mask, window_mask):
         sliding = jnp.asarray(cfg.sliding_layers())
         layer = lambda p, h, s: _layer(cfg, p, h, cos, sin, jnp.where(s, window_mask, full_mask))  # noqa: E731
         return scan_layers(self, layer, x, sliding)
+
+    def decode(self, x, cfg: LlamaConfig, cos, sin, cache: dict, full_mask, window_mask):
+        """New tokens x [B, T, D] against the KV cache (masks [B, T, S]) -> (x, cache)."""
+        def layer(p, h, s):
+            q, k, v = _attention_inputs(cfg, p, h, cos, sin)
+            mask = jnp.where(s, window_mask, full_mask)
+            return q, k, v, mask, 1.0 / math.sqrt(cfg.head_dim), lambda attn: _attention_output(cfg, p, h, attn)
+
+        return L.scan_with_cache(L.stacked_params(self), layer, x, jnp.asarray(cfg.sliding_layers()), cache)
 
 
 def _proj(h, p, w, b):
@@ -306,13 +232,21 @@ def _proj(h, p, w, b):
     return y + p[b] if b in p else y
 
 
+def _attention_inputs(cfg: LlamaConfig, p, x, cos, sin):
+    """q [B, T, H, Dh] and k, v [B, T, KV, Dh] of one layer, RoPE applied."""
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    return apply_rope(_proj(h, p, "wq", "bq"), cos, sin), apply_rope(_proj(h, p, "wk", "bk"), cos, sin), \
+        _proj(h, p, "wv", "bv")
+
+
 def _layer(cfg: LlamaConfig, p, x, cos, sin, mask):
     """One pre-norm decoder layer: x + attn(norm(x)), then + swiglu(norm(x))."""
-    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    q = apply_rope(_proj(h, p, "wq", "bq"), cos, sin)
-    k = apply_rope(_proj(h, p, "wk", "bk"), cos, sin)
-    v = _proj(h, p, "wv", "bv")
-    attn = gqa_attention(q, k, v, mask, 1.0 / math.sqrt(cfg.head_dim))
+    q, k, v = _attention_inputs(cfg, p, x, cos, sin)
+    return _attention_output(cfg, p, x, gqa_attention(q, k, v, mask, 1.0 / math.sqrt(cfg.head_dim)))
+
+
+def _attention_output(cfg: LlamaConfig, p, x, attn):
+    """The rest of the layer after attention: output projection, residual, SwiGLU MLP."""
     out = jnp.einsum("bthk,hkd->btd", attn, p["wo"])
     x = x + (out + p["bo"] if "bo" in p else out)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
@@ -321,7 +255,8 @@ def _layer(cfg: LlamaConfig, p, x, cos, sin, mask):
 
 
 class Llama(nnx.Module):
-    """Llama-family causal LM. No attention mask: batches are right-padded, attention is causal."""
+    """Llama-family causal LM. `__call__` / `hidden_states` take no attention mask (batches are right-padded,
+    attention is causal); `decode` runs new tokens against a KV cache with per-row positions and a key mask."""
 
     def __init__(self, config: LlamaConfig, dtype: str = "float32", rngs: nnx.Rngs | None = None):
         if dtype not in DTYPES:
@@ -354,6 +289,23 @@ class Llama(nnx.Module):
         """int [B, T] -> float32 logits [B, T, V]."""
         h = self.hidden_states(input_ids)
         return jnp.einsum("btd,vd->btv", h, self.unembedding(), preferred_element_type=jnp.float32)
+
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        """An empty KV cache for `decode`: k, v [L, B, max_len, KV, Dh] and the next slot, `index`."""
+        cfg = self.config
+        return L.init_cache(cfg.num_hidden_layers, batch, max_len, cfg.num_key_value_heads, cfg.head_dim,
+                            self.embed[...].dtype)
+
+    def decode(self, input_ids, cache: dict, positions, key_mask):
+        """Incremental forward: input_ids [B, T] written into cache slots index..index+T-1; positions [B, T]
+        (per row, e.g. arange - n_pad for left-padded rows); key_mask [B, S] the valid (non-pad) cache slots.
+        -> (float32 logits [B, T, V], cache)."""
+        cfg = self.config
+        cos, sin = rope_at(positions, rope_inv_freq(cfg))
+        full, window = L.cache_masks(cache, input_ids.shape[1], key_mask, cfg.sliding_window)
+        x = jnp.take(self.embed[...], input_ids, axis=0)
+        x, cache = self.layers.decode(x, cfg, cos, sin, cache, full, window)
+        return L.unembed(rms_norm(x, self.norm[...], cfg.rms_norm_eps), self.unembedding()), cache
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from mia_jax.models import layers as L
-from mia_jax.models.llama import ConfigError
+from mia_jax.models.layers import ConfigError
 
 MODEL_TYPE = "opt"
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: row = position + 2
@@ -88,14 +88,17 @@ class OPTConfig:
         )
 
 
-def _layer(cfg: OPTConfig, p, x):
+def _attention_inputs(cfg: OPTConfig, p, x):
+    """q (already scaled, as transformers does before the product), k, v [B, T, H, Dh] of one layer."""
+    h = L.layer_norm(x, p["ln1"], p["ln1_b"], LAYER_NORM_EPS) if cfg.do_layer_norm_before else x
+    proj = lambda name: jnp.einsum("btd,dhk->bthk", h, p[f"w_{name}"]) + p[f"b_{name}"]  # noqa: E731
+    return proj("q") * jnp.asarray(cfg.head_dim ** -0.5, h.dtype), proj("k"), proj("v")
+
+
+def _attention_output(cfg: OPTConfig, p, x, attn):
     pre = cfg.do_layer_norm_before
     ln1 = lambda t: L.layer_norm(t, p["ln1"], p["ln1_b"], LAYER_NORM_EPS)  # noqa: E731
     ln2 = lambda t: L.layer_norm(t, p["ln2"], p["ln2_b"], LAYER_NORM_EPS)  # noqa: E731
-    h = ln1(x) if pre else x
-    proj = lambda name: jnp.einsum("btd,dhk->bthk", h, p[f"w_{name}"]) + p[f"b_{name}"]  # noqa: E731
-    q = proj("q") * jnp.asarray(cfg.head_dim ** -0.5, h.dtype)  # transformers scales q before the product
-    attn = L.causal_attention(q, proj("k"), proj("v"), 1.0)
     x = x + jnp.einsum("bthk,hkd->btd", attn, p["w_o"]) + p["b_o"]
     x = x if pre else ln1(x)
     h = ln2(x) if pre else x
@@ -104,9 +107,15 @@ def _layer(cfg: OPTConfig, p, x):
     return x if pre else ln2(x)
 
 
+def _layer(cfg: OPTConfig, p, x):
+    q, k, v = _attention_inputs(cfg, p, x)
+    return _attention_output(cfg, p, x, L.causal_attention(q, k, v, 1.0))
+
+
 class OPT(nnx.Module):
-    """OPT causal LM. No attention mask: batches are right-padded (no left padding), attention is causal,
-    positions are arange(T) + 2 as transformers computes them for an all-ones attention mask."""
+    """OPT causal LM. `__call__` / `hidden_states` take no attention mask: batches are right-padded, attention is
+    causal, positions are arange(T) + 2 as transformers computes them for an all-ones attention mask. `decode`
+    runs new tokens against a KV cache (left-padded generation; positions from each row's first real token)."""
 
     def __init__(self, config: OPTConfig, dtype: str = "float32", rngs: nnx.Rngs | None = None):
         dt = L.check_dtype(dtype)
@@ -127,20 +136,25 @@ class OPT(nnx.Module):
         self.project_out = L.normal_param(rngs, (D, E), dt) if config.projected else None
         self.lm_head = None if config.tie_word_embeddings else L.normal_param(rngs, (V, E), dt)
 
-    def hidden_states(self, input_ids):
-        """int [B, T] -> hidden states [B, T, word_embed_proj_dim] after the final norm and project_out."""
-        cfg, T = self.config, input_ids.shape[1]
-        L.check_length(T, cfg.max_position_embeddings, "OPT")
+    def _embed(self, input_ids, positions):
         x = jnp.take(self.embed[...], input_ids, axis=0)
         if self.project_in is not None:
             x = x @ self.project_in[...]
-        x = x + self.pos_embed[...][POSITION_OFFSET:POSITION_OFFSET + T][None]
-        x = self.layers.scan(lambda p, h, _: _layer(cfg, p, h), x)
+        return x + L.learned_positions(self.pos_embed[...], positions, POSITION_OFFSET)
+
+    def _head(self, x):
         if self.final_norm is not None:
             x = L.layer_norm(x, self.final_norm[...], self.final_norm_b[...], LAYER_NORM_EPS)
         if self.project_out is not None:
             x = x @ self.project_out[...]
         return x
+
+    def hidden_states(self, input_ids):
+        """int [B, T] -> hidden states [B, T, word_embed_proj_dim] after the final norm and project_out."""
+        cfg, T = self.config, input_ids.shape[1]
+        L.check_length(T, cfg.max_position_embeddings, "OPT")
+        x = self._embed(input_ids, jnp.arange(T)[None])
+        return self._head(self.layers.scan(lambda p, h, _: _layer(cfg, p, h), x))
 
     def unembedding(self):
         """[V, word_embed_proj_dim]: embed_tokens when tied (the OPT default), else lm_head."""
@@ -149,6 +163,26 @@ class OPT(nnx.Module):
     def __call__(self, input_ids):
         """int [B, T] -> float32 logits [B, T, V]."""
         return L.unembed(self.hidden_states(input_ids), self.unembedding())
+
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        """An empty KV cache for `decode`: k, v [L, B, max_len, H, Dh] and the next slot, `index`."""
+        cfg = self.config
+        return L.init_cache(cfg.num_hidden_layers, batch, max_len, cfg.num_attention_heads, cfg.head_dim,
+                            self.embed[...].dtype)
+
+    def decode(self, input_ids, cache: dict, positions, key_mask):
+        """Incremental forward (see `Llama.decode`): ids [B, T], positions [B, T] (0 at a row's first real token;
+        the table row is position + 2, as transformers computes it from an attention mask), key_mask [B, S]
+        -> (float32 logits [B, T, V], cache)."""
+        cfg = self.config
+        mask, _ = L.cache_masks(cache, input_ids.shape[1], key_mask)
+
+        def layer(p, h, _):
+            q, k, v = _attention_inputs(cfg, p, h)
+            return q, k, v, mask, 1.0, lambda attn: _attention_output(cfg, p, h, attn)
+
+        x, cache = self.layers.scan_cached(layer, self._embed(input_ids, positions), None, cache)
+        return L.unembed(self._head(x), self.unembedding()), cache
 
 
 def params_from_hf(cfg: OPTConfig, tensors: Mapping[str, np.ndarray]) -> dict:

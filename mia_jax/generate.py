@@ -1,0 +1,216 @@
+"""Text generation with a KV cache, for every architecture in `mia_jax.models`.
+
+Prompts are tokenized with the model's own tokenizer (its default special tokens, as the runner does),
+left-padded to one length, prefilled with one `model.decode` call, then extended one token at a time by a
+`jax.lax.while_loop` of single-token `decode` steps. The whole loop is one jit-compiled function with fixed
+shapes: the cache holds prompt + max_new_tokens slots, each row's positions count from its first real token
+(arange - n_pad) and its pad slots are masked. Sampling is greedy (temperature 0) or from
+softmax(logits / temperature), optionally restricted to the top-k tokens and/or the top-p nucleus, with a
+`jax.random` key split once per step. A row stops at EOS and then emits pad; the loop ends when every row has
+stopped or max_new_tokens were generated.
+
+    >>> from mia_jax import models, generate
+    >>> loaded = models.load("smollm2")
+    >>> generate.generate(loaded, ["The capital of France is"], max_new_tokens=20)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from mia_jax.errors import UserError
+
+PROMPT_MULTIPLE = 8  # padded prompt lengths are rounded up to this (fewer compiled shapes across calls)
+
+
+@dataclasses.dataclass
+class Generation:
+    """The result of `generate_ids`.
+
+    tokens: int32 [B, max_new_tokens] as emitted (a stopped row's EOS, then pad); n_generated [B]: tokens
+    emitted per row (its EOS included); finished [B]: the row stopped at EOS; prompt_ids: the prompt tokens
+    the model saw (after truncation); truncated: whether a prompt lost tokens to fit the context;
+    logits: float32 [B, max_new_tokens, V], the logits each token was drawn from (only with return_logits).
+    """
+
+    tokens: np.ndarray
+    n_generated: np.ndarray
+    finished: np.ndarray
+    prompt_ids: list[list[int]]
+    truncated: list[bool]
+    logits: np.ndarray | None = None
+
+    def completion_ids(self, row: int) -> list[int]:
+        """The generated tokens of a row, without its EOS."""
+        n = int(self.n_generated[row]) - int(self.finished[row])
+        return [int(t) for t in self.tokens[row, :n]]
+
+
+def sample_logits(logits, key, *, temperature=1.0, top_k=None, top_p=None):
+    """Token ids [B] from float32 logits [B, V], drawn from softmax(logits / temperature) restricted to the top_k
+    largest logits and to the smallest set of most likely tokens whose probability reaches top_p (the most
+    likely token is always kept; logits of -inf are never drawn). top_k / top_p may be traced (one sort of the
+    vocabulary serves both); None leaves that filter out. Greedy decoding is `argmax`, not this function."""
+    logits = logits.astype(jnp.float32) / temperature
+    if top_k is None and top_p is None:
+        return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+    neg = jnp.finfo(jnp.float32).min
+    rank = jnp.arange(logits.shape[-1])
+    desc = -jnp.sort(-logits, axis=-1)
+    keep = rank < (logits.shape[-1] if top_k is None else top_k)
+    if top_p is not None:
+        probs = jax.nn.softmax(jnp.where(keep, desc, -jnp.inf), axis=-1)
+        keep &= jnp.cumsum(probs, axis=-1) - probs < top_p  # the mass of the more likely tokens is below top_p
+    threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+    return jax.random.categorical(key, jnp.where(logits < threshold, neg, logits), axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "filtered", "return_logits"))
+def _generate_loop(graphdef, state, ids, n_pad, key, temperature, top_k, top_p, eos_token_id, pad_token_id,
+                   vocab_limit, *, max_new_tokens: int, greedy: bool, filtered: bool, return_logits: bool):
+    """Prefill + while_loop of single-token decode steps. Traced (no recompilation when they change): the
+    sampling parameters, EOS (-1: none), pad and the vocabulary limit; static: the model structure, the number
+    of new tokens, greedy vs sampling vs filtered sampling, and whether to return the logits."""
+    model = nnx.merge(graphdef, state)
+    B, P = ids.shape
+    N = max_new_tokens
+    cache = model.init_cache(B, P + N)
+    key_mask = jnp.arange(P + N)[None, :] >= n_pad[:, None]
+    logits, cache = model.decode(ids, cache, jnp.arange(P)[None, :] - n_pad[:, None], key_mask)
+    last = logits[:, -1]
+    valid = jnp.arange(last.shape[-1]) < vocab_limit  # padded vocabulary rows are never drawn
+
+    def body(carry):
+        i, tokens, cache, last, done, key, seen = carry
+        key, sub = jax.random.split(key)
+        masked = jnp.where(valid, last, -jnp.inf)
+        if greedy:
+            tok = jnp.argmax(masked, axis=-1).astype(jnp.int32)
+        else:
+            tok = sample_logits(masked, sub, temperature=temperature, top_k=top_k if filtered else None,
+                                top_p=top_p if filtered else None)
+        tok = jnp.where(done, pad_token_id, tok)
+        tokens = tokens.at[:, i].set(tok)
+        if return_logits:
+            seen = seen.at[:, i].set(last)
+        done = done | (tok == eos_token_id)
+        step_logits, cache = model.decode(tok[:, None], cache, (P + i - n_pad)[:, None], key_mask)
+        return i + 1, tokens, cache, step_logits[:, 0], done, key, seen
+
+    def cond(carry):
+        return (carry[0] < N) & ~jnp.all(carry[4])
+
+    tokens = jnp.full((B, N), pad_token_id, jnp.int32)
+    seen = jnp.zeros((B, N, last.shape[-1]) if return_logits else (), jnp.float32)
+    carry = (jnp.int32(0), tokens, cache, last, jnp.zeros((B,), bool), key, seen)
+    _, tokens, _, _, done, _, seen = jax.lax.while_loop(cond, body, carry)
+    return tokens, done, (seen if return_logits else None)
+
+
+def generate_tokens(model, ids, n_pad, *, max_new_tokens: int = 20, temperature: float = 0.0,
+                    top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                    eos_token_id: int | None = None, pad_token_id: int = 0, vocab_limit: int | None = None,
+                    return_logits: bool = False):
+    """The jit-compiled sampling loop on arrays: left-padded ids int [B, P] with n_pad [B] pad tokens per row
+    -> (tokens int32 [B, max_new_tokens], stopped-at-EOS bool [B], logits [B, max_new_tokens, V] or None).
+    Greedy when temperature is 0 (top_k / top_p then ignored); tokens >= vocab_limit are never drawn."""
+    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    graphdef, state = nnx.split(model)
+    filtered = top_k is not None or top_p is not None
+    i32 = lambda v: jnp.int32(v)  # noqa: E731
+    return _generate_loop(
+        graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(n_pad, jnp.int32), jax.random.key(seed),
+        jnp.float32(temperature or 1.0), i32(2**31 - 1 if top_k is None else top_k),
+        jnp.float32(2.0 if top_p is None else top_p), i32(-1 if eos_token_id is None else eos_token_id),
+        i32(pad_token_id), i32(2**31 - 1 if vocab_limit is None else vocab_limit),
+        max_new_tokens=max_new_tokens, greedy=temperature == 0, filtered=filtered, return_logits=return_logits)
+
+
+def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise UserError(f"the number of new tokens must be a positive integer, got {max_new_tokens!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise UserError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"top_k must be at least 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UserError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def encode_prompts(loaded, prompts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each prompt with the model's default special tokens; an empty prompt starts from BOS
+    (or EOS, GPT-2's document separator) when the model has one."""
+    if isinstance(prompts, str):
+        raise UserError("prompts must be a list of strings, not one string")
+    if not prompts:
+        raise UserError("no prompts given")
+    out = []
+    for i, enc in enumerate(loaded.tokenizer.encode_batch(list(prompts))):
+        ids = list(enc.ids)
+        start = loaded.bos_token_id if loaded.bos_token_id is not None else loaded.eos_token_id
+        if not ids and start is None:
+            raise UserError(f"prompt {i} is empty after tokenization and the model has no BOS/EOS token to "
+                            "start from; give some text")
+        out.append(ids or [start])
+    return out
+
+
+def _fit(ids: list[int], keep: int, bos: int | None) -> list[int]:
+    """The last `keep` tokens (a leading BOS stays in front)."""
+    if len(ids) <= keep:
+        return ids
+    if bos is not None and ids[0] == bos and keep > 1:
+        return [bos] + ids[len(ids) - keep + 1:]
+    return ids[len(ids) - keep:]
+
+
+def generate_ids(loaded, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int = 20, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0, stop_at_eos: bool = True,
+                 return_logits: bool = False) -> Generation:
+    """Generate from token-id prompts (a `LoadedModel`). Prompts longer than the context minus max_new_tokens
+    keep their last tokens (and a leading BOS)."""
+    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    context = loaded.max_length
+    if max_new_tokens >= context:
+        raise UserError(f"{max_new_tokens} new tokens do not fit the model's context of {context} tokens "
+                        "together with a prompt; ask for fewer")
+    bos = loaded.bos_token_id if loaded.add_bos else None
+    fitted = [_fit([int(t) for t in p], context - max_new_tokens, bos) for p in prompt_ids]
+    if any(not p for p in fitted):
+        raise UserError("a prompt has no tokens")
+    truncated = [len(f) < len(p) for f, p in zip(fitted, prompt_ids)]
+    P = -(-max(len(p) for p in fitted) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
+    pad = loaded.pad_token_id if loaded.pad_token_id is not None else (loaded.eos_token_id or 0)
+    ids = np.full((len(fitted), P), pad, np.int32)
+    n_pad = np.array([P - len(p) for p in fitted], np.int32)
+    for r, p in enumerate(fitted):
+        ids[r, n_pad[r]:] = p
+    vocab = loaded.tokenizer.get_vocab_size()
+    tokens, finished, logits = generate_tokens(
+        loaded.model, ids, n_pad, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+        top_p=top_p, seed=seed, eos_token_id=loaded.eos_token_id if stop_at_eos else None, pad_token_id=pad,
+        vocab_limit=vocab, return_logits=return_logits)
+    tokens, finished = np.asarray(tokens), np.asarray(finished)
+    n_generated = np.full(len(fitted), max_new_tokens, np.int64)
+    if stop_at_eos and loaded.eos_token_id is not None:
+        for r in np.flatnonzero(finished):
+            n_generated[r] = int(np.argmax(tokens[r] == loaded.eos_token_id)) + 1
+    return Generation(tokens=tokens, n_generated=n_generated, finished=finished, prompt_ids=fitted,
+                      truncated=truncated, logits=None if logits is None else np.asarray(logits))
+
+
+def generate(loaded, prompts: Sequence[str], *, max_new_tokens: int = 20, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+             stop_at_eos: bool = True) -> list[str]:
+    """The completion of each prompt (the new text only, EOS and special tokens dropped)."""
+    gen = generate_ids(loaded, encode_prompts(loaded, prompts), max_new_tokens=max_new_tokens,
+                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos)
+    return [loaded.tokenizer.decode(gen.completion_ids(r), skip_special_tokens=True) for r in range(len(prompts))]

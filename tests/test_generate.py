@@ -1,0 +1,264 @@
+"""mia_jax.generate and the models' KV-cache `decode`: cached logits equal a full forward over the final
+sequence for every architecture (left-padded batches, sliding windows), seeded sampling, top-k / top-p,
+EOS, truncation, the CLI; transformers' own generate as a reference for the learned-position models."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mia_jax import generate as G
+from mia_jax.cli import main
+from mia_jax.errors import UserError
+from mia_jax.models import checkpoint, gemma3, gpt2, gpt_neox, llama, opt
+from mia_jax.models.layers import build_module
+
+V = 64
+SW = 4  # sliding window, shorter than the sequences so it matters
+CONFIGS = {  # name -> (module class, config)
+    "llama_qwen2_mixed_window": (llama.Llama, llama.LlamaConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, attention_bias=True, model_type="qwen2", sliding_window=SW,
+        layer_types=("full_attention", "sliding_attention", "full_attention"))),
+    "mistral": (llama.Llama, llama.LlamaConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, sliding_window=SW, model_type="mistral")),
+    "gemma3": (gemma3.Gemma3, gemma3.Gemma3Config(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=SW,
+        layer_types=("sliding_attention", "full_attention", "sliding_attention"))),
+    "gpt_neox": (gpt_neox.GPTNeoX, gpt_neox.GPTNeoXConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        rotary_pct=0.5, max_position_embeddings=64)),
+    "gpt2": (gpt2.GPT2, gpt2.GPT2Config(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=32)),
+    "opt_post_ln_projected": (opt.OPT, opt.OPTConfig(
+        vocab_size=V, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=32, do_layer_norm_before=False, word_embed_proj_dim=16)),
+}
+PROMPT_LENS = (9, 4, 1)  # left-padded to 9
+N_NEW = 8
+
+
+def make(name, seed=0):
+    """A tiny model with random parameters of scale 0.3 (norm scales 1 + that), built from numpy arrays
+    (no per-parameter jax initialisation), so logits and attention are far from uniform."""
+    cls, cfg = CONFIGS[name]
+    rng = np.random.default_rng(seed)
+    shapes = nnx.to_pure_dict(nnx.split(nnx.eval_shape(lambda: cls(cfg)))[1])
+    norm_one = not isinstance(cfg, gemma3.Gemma3Config)  # Gemma stores its norm scales as 1 + weight
+
+    def init(path, spec):
+        name = str(getattr(path[-1], "key", path[-1]))
+        one = norm_one and (name.startswith("ln") or "norm" in name) and not name.endswith("_b")
+        return (one + rng.normal(0, 0.3, spec.shape)).astype(np.float32)
+
+    return build_module(cls, cfg, jax.tree_util.tree_map_with_path(init, shapes))
+
+
+def forward(model, ids):
+    """Full-forward logits (jit-compiled: one compilation instead of one per eager op)."""
+    graphdef, state = nnx.split(model)
+    return np.asarray(jax.jit(lambda st, x: nnx.merge(graphdef, st)(x))(state, jnp.asarray(ids, jnp.int32)))
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def family_model(request):
+    return request.param, make(request.param)
+
+
+def left_padded(lengths, seed=0, pad=0):
+    rng = np.random.default_rng(seed)
+    P = max(lengths)
+    ids = np.full((len(lengths), P), pad, np.int32)
+    for r, n in enumerate(lengths):
+        ids[r, P - n:] = rng.integers(0, V, n)
+    return ids, np.array([P - n for n in lengths], np.int32)
+
+
+def test_cached_generation_logits_equal_full_forward(family_model):
+    """Sampled generation (temperature 1) over a left-padded batch: the logits each token was drawn from equal
+    the full forward over that row's unpadded prompt + generated tokens."""
+    name, model = family_model
+    ids, n_pad = left_padded(PROMPT_LENS)
+    tokens, finished, logits = G.generate_tokens(model, ids, n_pad, max_new_tokens=N_NEW, temperature=1.0, seed=3,
+                                                 return_logits=True)
+    tokens, logits = np.asarray(tokens), np.asarray(logits)
+    assert tokens.shape == (3, N_NEW) and logits.shape == (3, N_NEW, V) and not np.asarray(finished).any()
+    # one full forward over the right-padded final sequences (causal: right padding changes no earlier logit)
+    seqs = [np.concatenate([ids[r, n_pad[r]:], tokens[r]]) for r in range(3)]
+    full = np.zeros((3, max(map(len, seqs))), np.int32)
+    for r, s in enumerate(seqs):
+        full[r, :len(s)] = s
+    ref = forward(model, full)
+    worst = 0.0
+    for r, n in enumerate(PROMPT_LENS):
+        worst = max(worst, float(np.abs(logits[r] - ref[r, n - 1:n - 1 + N_NEW]).max()))
+    print(f"{name}: max |cached - full| logit difference {worst:.2e} (max |logit| {np.abs(ref).max():.1f})")
+    assert worst < 1e-4
+    # the tokens were really sampled, not all argmax
+    assert (tokens != logits.argmax(-1)).any()
+
+
+def test_decode_chunks_and_init_cache():
+    """Prefill in two chunks then single tokens, over a cache longer than needed: same logits as a full forward."""
+    model = make("gemma3")
+    graphdef, state = nnx.split(model)
+    decode = jax.jit(lambda st, *args: nnx.merge(graphdef, st).decode(*args))
+    ids, n_pad = left_padded((10, 6), seed=1)
+    S = 16
+    cache = model.init_cache(2, S)
+    assert cache["k"].shape[:3] == (model.config.num_hidden_layers, 2, S) and int(cache["index"]) == 0
+    key_mask = jnp.arange(S)[None] >= n_pad[:, None]
+    pos = jnp.arange(10)[None] - n_pad[:, None]
+    out = []
+    for a, b in ((0, 5), (5, 9), (9, 10)):
+        lg, cache = decode(state, jnp.asarray(ids[:, a:b]), cache, pos[:, a:b], key_mask)
+        out.append(np.asarray(lg))
+    assert int(cache["index"]) == 10
+    got = np.concatenate(out, axis=1)
+    ref = forward(model, np.stack([np.roll(row, -n) for row, n in zip(ids, n_pad)]))  # right-padded rows
+    for r in range(2):
+        np.testing.assert_allclose(got[r, n_pad[r]:], ref[r, :10 - n_pad[r]], atol=1e-4)
+
+
+# ---- sampling, seeds, EOS: on the Llama model
+
+@pytest.fixture(scope="module")
+def model():
+    return make("llama_qwen2_mixed_window", seed=1)
+
+
+def run(model, **kw):
+    ids, n_pad = left_padded(PROMPT_LENS, seed=2)
+    tokens, finished, _ = G.generate_tokens(model, ids, n_pad, max_new_tokens=N_NEW, **kw)
+    return np.asarray(tokens), np.asarray(finished)
+
+
+def test_seeds_top_k_top_p(model):
+    greedy, _ = run(model)
+    a, _ = run(model, temperature=1.0, seed=0)
+    b, _ = run(model, temperature=1.0, seed=0)
+    c, _ = run(model, temperature=1.0, seed=1)
+    np.testing.assert_array_equal(a, b)
+    assert (a != c).any() and (a != greedy).any()
+    np.testing.assert_array_equal(run(model, temperature=1.0, top_k=1, seed=5)[0], greedy)
+    np.testing.assert_array_equal(run(model, temperature=0.7, top_p=1e-6, seed=5)[0], greedy)
+    assert (run(model, temperature=1.0, top_k=5, top_p=0.9, seed=0)[0] < V).all()
+
+
+def test_sample_logits_support():
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05, 0.0]]))  # last token impossible
+    keys = jax.random.split(jax.random.key(0), 2000)
+
+    def draw(keys, **kw):
+        return jax.vmap(lambda k: G.sample_logits(logits, k, **kw)[0])(keys)
+
+    freq = lambda toks: np.bincount(np.asarray(toks), minlength=5) / len(toks)  # noqa: E731
+    assert set(np.unique(draw(keys, temperature=1.0, top_k=2))) == {0, 1}
+    assert set(np.unique(draw(keys, temperature=1.0, top_p=0.7))) == {0, 1}  # 0.5 < 0.7 <= 0.8
+    f = freq(draw(keys, temperature=1.0))
+    assert f[4] == 0 and abs(f[0] - 0.5) < 0.05 and abs(f[3] - 0.05) < 0.02
+    f = freq(draw(keys, temperature=0.5, top_k=jnp.int32(3), top_p=jnp.float32(0.99)))  # traced filters
+    assert f[3] == f[4] == 0 and abs(f[0] - 0.25 / 0.3625) < 0.05  # p^2 renormalised over the top 3
+
+
+def test_eos_stops_a_row(model):
+    greedy, finished = run(model)
+    assert not finished.any()
+    eos, step = int(greedy[0, 3]), int(np.argmax(greedy[0] == greedy[0, 3]))  # row 0 emits eos at `step`
+    tokens, finished = run(model, eos_token_id=eos, pad_token_id=V - 1)
+    assert finished[0]
+    np.testing.assert_array_equal(tokens[0, :step + 1], greedy[0, :step + 1])
+    assert (tokens[0, step + 1:] == V - 1).all()
+    for r in (1, 2):  # other rows go on until their own eos (if any)
+        stop = np.flatnonzero(greedy[r] == eos)
+        n = stop[0] + 1 if len(stop) else N_NEW
+        assert finished[r] == bool(len(stop))
+        np.testing.assert_array_equal(tokens[r, :n], greedy[r, :n])
+
+
+# ---- text level: LoadedModel with a tokenizer
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama_dir):
+    return checkpoint.load(str(tiny_llama_dir))
+
+
+def test_generate_text(loaded):
+    prompts = ["The film was released in", "He was born in the city of", "A"]
+    out = G.generate(loaded, prompts, max_new_tokens=6)
+    assert len(out) == 3 and all(isinstance(t, str) and t for t in out)
+    assert G.generate(loaded, prompts, max_new_tokens=6) == out
+    # each row alone gives the same greedy text as in the left-padded batch
+    assert [G.generate(loaded, [p], max_new_tokens=6)[0] for p in prompts] == out
+
+
+def test_generate_ids_eos_and_truncation(loaded):
+    prompt = G.encode_prompts(loaded, ["The film was released in"])
+    gen = G.generate_ids(loaded, prompt, max_new_tokens=6)
+    eos = int(gen.tokens[0, 2])
+    stopped = G.generate_ids(dataclasses.replace(loaded, eos_token_id=eos), prompt, max_new_tokens=6)
+    first = int(np.argmax(gen.tokens[0] == eos))
+    assert stopped.finished[0] and stopped.n_generated[0] == first + 1
+    assert stopped.completion_ids(0) == [int(t) for t in gen.tokens[0, :first]]
+    no_stop = G.generate_ids(dataclasses.replace(loaded, eos_token_id=eos), prompt, max_new_tokens=6,
+                             stop_at_eos=False)
+    np.testing.assert_array_equal(no_stop.tokens, gen.tokens)
+    # context 64: a 70-token prompt keeps its last 64 - 6 tokens
+    long_prompt = [list(range(1, 71))]
+    gen = G.generate_ids(loaded, long_prompt, max_new_tokens=6, return_logits=True)
+    assert gen.truncated == [True] and gen.prompt_ids == [list(range(13, 71))]
+    ref = forward(loaded.model, [gen.prompt_ids[0] + list(gen.tokens[0])])[0, 57:63]
+    np.testing.assert_allclose(gen.logits[0], ref, atol=1e-4)
+    with pytest.raises(UserError, match="context"):
+        G.generate_ids(loaded, prompt, max_new_tokens=64)
+    for bad in (dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0), dict(max_new_tokens=0)):
+        with pytest.raises(UserError):
+            G.generate_ids(loaded, prompt, **{"max_new_tokens": 4, **bad})
+
+
+def test_cli_generate(tiny_llama_dir, capsys):
+    assert main(["generate", "--model", str(tiny_llama_dir), "--prompt", "The film was", "--prompt", "A",
+                 "--n", "5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("The film was") and "\n---\nA" in out
+    assert main(["generate", "--model", str(tiny_llama_dir), "--prompt", "A", "--top-p", "1.5"]) == 2
+    assert "top_p" in capsys.readouterr().err
+
+
+# ---- transformers' generate with left padding (learned-position models: position ids from the attention mask)
+
+@pytest.mark.parity
+@pytest.mark.parametrize("family", ["gpt2", "opt"])
+def test_left_padded_greedy_matches_transformers(tmp_path, family):
+    from test_models_zoo import CONFIGS as ZOO_CONFIGS, TINY, hf_reference
+
+    torch = pytest.importorskip("torch")
+    ref_model, config, tensors = hf_reference(tmp_path, family)
+    mod = TINY[family][2]
+    cfg = ZOO_CONFIGS[family].from_hf(config)
+    model = mod.from_params(cfg, mod.params_from_hf(cfg, tensors))
+    ids, n_pad = left_padded((7, 3), seed=4, pad=1)
+    tokens, _, logits = G.generate_tokens(model, ids, n_pad, max_new_tokens=6, return_logits=True, pad_token_id=1)
+    mask = (np.arange(ids.shape[1])[None] >= n_pad[:, None]).astype(np.int64)
+    with torch.no_grad():
+        out = ref_model.generate(torch.as_tensor(ids, dtype=torch.long), attention_mask=torch.as_tensor(mask),
+                                 max_new_tokens=6, do_sample=False, pad_token_id=1, eos_token_id=None,
+                                 output_logits=True, return_dict_in_generate=True)
+    np.testing.assert_array_equal(np.asarray(tokens), out.sequences[:, ids.shape[1]:].numpy())
+    np.testing.assert_allclose(np.asarray(logits), torch.stack(out.logits, 1).float().numpy(), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_smollm2_cli_capital_of_france(capsys):
+    try:
+        checkpoint.resolve_model("smollm2")
+    except UserError as e:
+        pytest.skip(str(e))
+    assert main(["generate", "--model", "smollm2", "--prompt", "The capital of France is", "--n", "20"]) == 0
+    out = capsys.readouterr().out
+    print(out)
+    assert "Paris" in out
