@@ -42,6 +42,15 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
     p.add_argument("--k", nargs="+", type=float, default=list(DEFAULT_K), help="fractions for Min-K%% methods")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--mesh", metavar="SPEC",
+                   help="shard the model and the batches over a device mesh: comma-separated axis=size over the axes "
+                        "data, fsdp, model (e.g. data=4,model=2; an axis left out is 1, except data, which takes the "
+                        "remaining devices; 'auto' = every device on data). Default: one device (on several "
+                        "processes: auto)")
+    p.add_argument("--distributed", action="store_true",
+                   help="multi-host: call jax.distributed.initialize() first (also when $MIA_JAX_DISTRIBUTED=1); "
+                        "the coordinator comes from $MIA_JAX_COORDINATOR, $MIA_JAX_NUM_PROCESSES, $MIA_JAX_PROCESS_ID "
+                        "or JAX's cluster detection (TPU pods, SLURM, Open MPI). Run the same command on every host")
     p.add_argument("--limit", type=int, help="score only the first N texts")
     p.add_argument("--out", help="output folder (default: runs/<data>-<model>); an interrupted run in it resumes")
     p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a run")
@@ -59,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip the model-free bag-of-words baseline that is otherwise reported beside the detectors")
     sc = sub.add_parser("score", help="score unlabeled texts (no metrics)")
     _common(sc, labeled=False)
+    _add_generate(sub)
     return parser
 
 
@@ -95,7 +105,10 @@ def _prepare_out(out: Path, fingerprint: dict, overwrite: bool) -> bool:
                             "use another --out, or --overwrite to replace them")
         print(f"resuming the run in {out}", file=sys.stderr)
         return True
-    config.write_text(json.dumps(fingerprint, indent=2))
+    from mia_jax.sharding import is_main_process
+
+    if is_main_process():
+        config.write_text(json.dumps(fingerprint, indent=2))
     return False
 
 
@@ -140,8 +153,9 @@ def _neighbor_meta(generator, records) -> dict:
 def run(args, labeled: bool) -> Path:
     import jax
 
-    from mia_jax import __version__, metrics, models, report, runner
+    from mia_jax import __version__, metrics, models, report, runner, sharding
 
+    sharding.initialize_distributed(args.distributed)  # before anything touches a device
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     blind_asked = blind.NAME in args.methods
@@ -154,8 +168,12 @@ def run(args, labeled: bool) -> Path:
     ds = _load_data(args, labeled)
     if "ref" in methods and not args.ref_model:
         raise UserError("method 'ref' needs a reference model: add --ref-model PATH_OR_NAME")
-    loaded = models.load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer)
-    ref = models.load(args.ref_model, dtype=args.dtype) if args.ref_model and "ref" in methods else None
+    mesh = sharding.make_mesh(args.mesh) if args.mesh or jax.process_count() > 1 else None
+    if jax.process_count() > 1 and "neighbor" in methods:
+        raise UserError("the 'neighbor' method is not supported on several processes yet; run it on one host")
+    load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa: E731
+    loaded = load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer)
+    ref = load(args.ref_model, dtype=args.dtype) if args.ref_model and "ref" in methods else None
     generator = _neighbor_generator(args, loaded) if "neighbor" in methods else None
     out = Path(args.out or f"runs/{ds.name}-{loaded.name}")
     fingerprint = {
@@ -165,13 +183,15 @@ def run(args, labeled: bool) -> Path:
         "package_version": __version__}
     if generator is not None:  # a changed neighbour generator is a different run, never silently resumed
         fingerprint["neighbors"] = {"name": generator.name, "config": generator.config}
+    if mesh is not None:
+        fingerprint["mesh"] = sharding.mesh_str(mesh)
     resume = _prepare_out(out, fingerprint, args.overwrite)
     print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
           file=sys.stderr)
     t0 = time.perf_counter()
     records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=generator, labels=ds.labels,
                                    out_dir=out, resume=resume, batch_size=args.batch_size, chunk_size=args.chunk_size,
-                                   progress=not args.no_progress)
+                                   progress=not args.no_progress, mesh=mesh)
     seconds = time.perf_counter() - t0
     n_tokens = sum(r["n_tokens"] for r in records)
     skipped = [r for r in records if "skip_reason" in r]
@@ -182,6 +202,8 @@ def run(args, labeled: bool) -> Path:
         "package_version": __version__,
         "jax_version": jax.__version__,
         "device": str(jax.devices()[0]),
+        "mesh": sharding.mesh_str(mesh) if mesh is not None else None,
+        "n_processes": jax.process_count(),
         "platform": platform.platform(),
         "model": {"name": loaded.name, "source": loaded.source, "dtype": loaded.dtype, "files": loaded.files,
                   "add_bos": loaded.add_bos, "max_length": loaded.max_length,
@@ -201,6 +223,8 @@ def run(args, labeled: bool) -> Path:
         nm = meta["neighbors"]
         print(f"neighbor ({generator.name}): {nm['n_neighbors_scored']} neighbours scored, "
               f"{nm['n_identical_neighbors']} identical to their text dropped", file=sys.stderr)
+    if not sharding.is_main_process():  # every process holds all records; process 0 writes the outputs
+        return out
     if labeled:
         scores = runner.scores_by_method(records, methods)
         labels = [r["label"] for r in records]
@@ -228,10 +252,46 @@ def run(args, labeled: bool) -> Path:
     return out
 
 
+def _add_generate(sub) -> None:
+    g = sub.add_parser("generate", help="generate text from prompts with a KV cache (greedy by default)")
+    g.add_argument("--model", default="smollm2",
+                   help="a Hugging Face folder, a .gguf file, or an offline name (smollm2). Default: smollm2")
+    g.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
+    g.add_argument("--n", type=int, default=20, help="new tokens per prompt (default: 20)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, help="sample from the k most likely tokens")
+    g.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with probability >= p")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
+    g.add_argument("--no-stop", action="store_true", help="do not stop a prompt at the model's EOS token")
+
+
+def generate_command(args) -> None:
+    """`mia-jax generate`: print each prompt followed by its completion."""
+    from mia_jax import generate, models
+
+    if args.n < 1:
+        raise UserError(f"--n must be at least 1, got {args.n}")
+    loaded = models.load(args.model, dtype=args.dtype)
+    gen = generate.generate_ids(loaded, generate.encode_prompts(loaded, args.prompt), max_new_tokens=args.n,
+                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                stop_at_eos=not args.no_stop)
+    for i, prompt in enumerate(args.prompt):
+        if gen.truncated[i]:
+            print(f"mia-jax: prompt {i + 1} was cut to its last {len(gen.prompt_ids[i])} tokens to fit the "
+                  f"context of {loaded.max_length}", file=sys.stderr)
+        if i:
+            print("---")
+        print(prompt + loaded.tokenizer.decode(gen.completion_ids(i), skip_special_tokens=True))
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        run(args, labeled=args.command == "eval")
+        if args.command == "generate":
+            generate_command(args)
+        else:
+            run(args, labeled=args.command == "eval")
     except UserError as e:
         print(f"mia-jax: error: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,15 @@ Batches are right-padded to a fixed set of bucket lengths (16, 24, 32, 48, 64, 9
 context length) with a fixed batch size (a bucket's last short batch is filled with dummy rows up
 to a power of two), so a whole dataset compiles a handful of programs, not one per length. Attention is causal, so right padding never changes the
 real tokens' logits.
+
+With a ``mesh`` (``sharding.make_mesh``) the parameters are placed by the architecture's partition
+rules, each batch's rows are padded to a multiple of the batch shards (``data`` x ``fsdp``) and split
+over them, and the forward is fused with the vocabulary-sharded statistics
+(``stats.token_stats_from_hidden_sharded``). On several processes (``sharding.initialize_distributed``)
+each process tokenizes and scores its own contiguous slice of the texts; the batches run in lockstep
+(the same (rows, length) shapes on every process, a process with fewer texts in a bucket feeding
+dummy rows), and the records are gathered so that every process returns all of them and process 0
+writes the files.
 """
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ import math
 import os
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -27,10 +37,11 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from mia_jax import sharding as shd
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
 from mia_jax.scorers import REGISTRY, TokenBatch, parse_method, score_batch
-from mia_jax.stats import DEFAULT_CHUNK, token_stats_from_hidden
+from mia_jax.stats import DEFAULT_CHUNK, TokenStats, token_stats_from_hidden, token_stats_from_hidden_sharded
 
 MIN_BUCKET = 16
 
@@ -75,33 +86,45 @@ def real_vocab_size(loaded) -> int:
     return min(loaded.config.vocab_size, loaded.tokenizer.get_vocab_size(with_added_tokens=True))
 
 
-def make_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK):
-    """A jitted ``(state, ids [B, T]) -> TokenStats [B, T-1]``: the forward pass fused with the statistics."""
-    return _stats_fn(nnx.split(loaded.model)[0], real_vocab_size(loaded), chunk_size)
+def make_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK, mesh=None):
+    """A jitted ``(state, ids [B, T]) -> TokenStats [B, T-1]``: the forward pass fused with the statistics.
+    With ``mesh``: ids and outputs are batch-sharded and the statistics run per vocabulary shard."""
+    return _stats_fn(nnx.split(loaded.model)[0], real_vocab_size(loaded), chunk_size, mesh)
 
 
 _SHARED: "weakref.WeakKeyDictionary[nnx.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def shared_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK):
-    """``make_stats_fn`` made once per (model, vocabulary, chunk size) and reused by every pass over the same
-    model (main, lowercase, neighbour texts), so a bucket shape compiles once per model, not once per pass."""
+def shared_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK, mesh=None):
+    """``make_stats_fn`` made once per (model, vocabulary, chunk size, mesh) and reused by every pass over the
+    same model (main, lowercase, neighbour texts), so a bucket shape compiles once per model, not once per pass."""
     vocab = real_vocab_size(loaded)
     fns = _SHARED.setdefault(loaded.model, {})
-    if (vocab, chunk_size) not in fns:
-        fns[vocab, chunk_size] = make_stats_fn(loaded, chunk_size)
-    return fns[vocab, chunk_size]
+    if (vocab, chunk_size, mesh) not in fns:
+        fns[vocab, chunk_size, mesh] = make_stats_fn(loaded, chunk_size, mesh)
+    return fns[vocab, chunk_size, mesh]
 
 
-def _stats_fn(graphdef, vocab: int, chunk_size: int):
-    @jax.jit
-    def fn(state, ids):
+def _stats_fn(graphdef, vocab: int, chunk_size: int, mesh=None):
+    if mesh is None:
+        @jax.jit
+        def fn(state, ids):
+            model = nnx.merge(graphdef, state)
+            hidden = model.hidden_states(ids)
+            return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:],
+                                           vocab_size=vocab, chunk_size=chunk_size)
+
+        return fn
+
+    @partial(jax.jit, out_shardings=shd.batch_sharding(mesh, 2))
+    def sharded_fn(state, ids):
         model = nnx.merge(graphdef, state)
-        hidden = model.hidden_states(ids)
-        return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:],
-                                       vocab_size=vocab, chunk_size=chunk_size)
+        hidden = jax.lax.with_sharding_constraint(model.hidden_states(ids), shd.batch_sharding(mesh, 3))
+        return token_stats_from_hidden_sharded(hidden[:, :-1], model.unembedding(), ids[:, 1:], mesh=mesh,
+                                               vocab_size=vocab, chunk_size=chunk_size, vocab_axis=shd.VOCAB_AXIS,
+                                               batch_axes=shd.BATCH_AXES)
 
-    return fn
+    return sharded_fn
 
 
 def _skip_reason(text: str, n_tokens: int) -> str | None:
@@ -157,9 +180,37 @@ def read_done(path: str | os.PathLike, n_texts: int, methods: Sequence[str]) -> 
     return done
 
 
+def _schedule(plan: Sequence[tuple[int, list[int]]], buckets: Sequence[int], batch_size: int, row_multiple: int,
+              done, multi: bool = False) -> list[tuple[int, int, list[int]]]:
+    """The steps every process runs, in the same order with the same shapes: (length, rows, this process's
+    indices, possibly none). Per bucket, as many steps as the process with the most batches there; a step's
+    rows fit the largest of the processes' batches (``batch_rows``, rounded up to ``row_multiple``). Steps
+    complete on every process (``done(indices)``, e.g. after a resume) are dropped."""
+    gather = shd.allgather_ints if multi else (lambda v: np.asarray(v, np.int64).reshape(1, -1))  # noqa: E731
+    mine: dict[int, list[list[int]]] = {}
+    for t, idx in plan:
+        mine.setdefault(t, []).append(idx)
+    counts = gather([sum(len(b) for b in mine.get(t, [])) for t in buckets])  # [processes, buckets]
+    steps = []
+    for j, t in enumerate(buckets):
+        n_max = int(counts[:, j].max())
+        for s in range(-(-n_max // batch_size)):
+            biggest = int(np.clip(counts[:, j] - s * batch_size, 0, batch_size).max())
+            rows = -(-batch_rows(biggest, batch_size) // row_multiple) * row_multiple
+            own = mine.get(t, [])
+            steps.append((t, rows, own[s] if s < len(own) else []))
+    finished = gather([int(not idx or done(idx)) for _, _, idx in steps]).all(axis=0)
+    return [step for step, fin in zip(steps, finished) if not fin]
+
+
+def _part_path(out_path) -> Path:
+    """This process's own records file in a multi-process run (merged into ``out_path`` at the end)."""
+    return Path(f"{out_path}.process{jax.process_index()}-of-{jax.process_count()}")
+
+
 def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels: Sequence[int] | None = None,
                 batch_size: int = 8, chunk_size: int = DEFAULT_CHUNK, out_path: str | os.PathLike | None = None,
-                resume: bool = False, progress: bool = True, desc: str = "scoring") -> list[dict]:
+                resume: bool = False, progress: bool = True, desc: str = "scoring", mesh=None) -> list[dict]:
     """Score every text with every method; returns records in input order.
 
     When ``out_path`` is given, records are appended to it as each batch finishes (so a crash
@@ -167,40 +218,62 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     ``resume=True`` the records already in ``out_path`` are kept and only the batches that are not
     complete there are computed; batches are planned over the whole dataset either way, so a resumed
     run computes every batch exactly as an uninterrupted one and writes a byte-identical file.
+
+    ``mesh`` (a ``jax.sharding.Mesh`` from ``sharding.make_mesh``): shard the parameters (``loaded.model`` is
+    placed on the mesh in place) and the batches over it (see the module docstring). On several processes every process must call this with the same
+    arguments; each appends its own records to ``<out_path>.process<i>-of-<n>`` as it goes, and process 0
+    writes ``out_path`` at the end (the part files are then removed).
     """
     for m in methods:
         parse_method(m)
-    encoded = encode(loaded, texts)
+    multi = mesh is not None and jax.process_count() > 1
+    mine = shd.process_slice(len(texts)) if multi else range(len(texts))
+    encoded = dict(zip(mine, encode(loaded, [texts[i] for i in mine])))
     label = (lambda i: labels[i]) if labels is not None else (lambda i: None)  # noqa: E731
-    records = read_done(out_path, len(texts), methods) if (out_path and resume) else {}
-    skips = {i: _skip_reason(t, len(e.ids)) for i, (t, e) in enumerate(zip(texts, encoded))}
+    sink_path = _part_path(out_path) if (multi and out_path) else out_path
+    records: dict[int, dict] = {}
+    if out_path and resume:
+        records = read_done(out_path, len(texts), methods)
+        if multi:
+            records.update(read_done(sink_path, len(texts), methods))
+        records = {i: r for i, r in records.items() if i in mine}
+    skips = {i: _skip_reason(texts[i], len(encoded[i].ids)) for i in mine}
     for i, reason in skips.items():
         if reason is not None:
             records[i] = _record(i, label(i), encoded[i], {m: None for m in methods}, reason)
-    todo = [i for i in range(len(texts)) if skips[i] is None]
-    plan = [(t, [todo[j] for j in local])
-            for t, local in _plan([encoded[i] for i in todo], bucket_lengths(loaded.max_length), batch_size)]
-    remaining = [(t, idx) for t, idx in plan if not all(i in records for i in idx)]
+    todo = [i for i in mine if skips[i] is None]
+    buckets = bucket_lengths(loaded.max_length)
+    plan = [(t, [todo[j] for j in local]) for t, local in _plan([encoded[i] for i in todo], buckets, batch_size)]
+    if mesh is not None:
+        shd.shard_model(loaded.model, mesh)
+    row_multiple = shd.local_batch_shards(mesh) if mesh is not None else 1
+    steps = _schedule(plan, buckets, batch_size, row_multiple, lambda idx: all(i in records for i in idx), multi)
 
     sink = None
-    if out_path:  # start from a clean file holding exactly the records kept so far
-        write_jsonl(out_path, [records[i] for i in sorted(records)])
-        sink = open(out_path, "a", encoding="utf-8")
+    if sink_path:  # start from a clean file holding exactly the records kept so far
+        write_jsonl(sink_path, [records[i] for i in sorted(records)])
+        sink = open(sink_path, "a", encoding="utf-8")
     try:
-        stats_fn = shared_stats_fn(loaded, chunk_size)
+        stats_fn = shared_stats_fn(loaded, chunk_size, mesh)
         _, state = nnx.split(loaded.model)
         pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
-        bar = tqdm(total=len(todo), initial=len(todo) - sum(len(idx) for _, idx in remaining), desc=desc,
-                   unit="text", disable=not progress)
-        for t, idx in remaining:
-            rows = batch_rows(len(idx), batch_size)
+        remaining = sum(len(idx) for _, _, idx in steps if not all(i in records for i in idx))
+        bar = tqdm(total=len(todo), initial=len(todo) - remaining, desc=desc, unit="text",
+                   disable=not progress or not shd.is_main_process())
+        for t, rows, idx in steps:
             ids = np.full((rows, t), pad, np.int32)
             mask = np.zeros((rows, t - 1), bool)
             for r, i in enumerate(idx):
                 n = len(encoded[i].ids)
                 ids[r, :n] = encoded[i].ids
                 mask[r, : n - 1] = True
-            stats = jax.device_get(stats_fn(state, jnp.asarray(ids)))
+            if mesh is None:
+                stats = jax.device_get(stats_fn(state, jnp.asarray(ids)))
+            else:
+                out = stats_fn(state, shd.global_batch(mesh, ids))
+                stats = TokenStats(*(shd.host_local_rows(x, mesh) for x in out))
+            if not idx or all(i in records for i in idx):
+                continue  # only here to keep the processes in step
             real = slice(0, len(idx))
             batch = TokenBatch(type(stats)(*(x[real] for x in stats)), mask[real], [texts[i] for i in idx])
             scores = score_batch(batch, methods)
@@ -214,9 +287,14 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     finally:
         if sink:
             sink.close()
+    if multi:
+        records = {r["index"]: r for part in shd.allgather_json([records[i] for i in mine]) for r in part}
     ordered = [records[i] for i in range(len(texts))]
-    if out_path:
+    if out_path and shd.is_main_process():
         write_jsonl(out_path, ordered)
+    if multi and out_path:
+        shd.sync(f"score_texts:{out_path}")
+        Path(sink_path).unlink(missing_ok=True)
     return ordered
 
 
@@ -270,7 +348,7 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
             rec["nan_reasons"] = nan_reasons
         rec.update({k: v[i] for k, v in counts.items()})
         records.append(rec)
-    if out_dir:
+    if out_dir and shd.is_main_process():
         write_jsonl(Path(out_dir, "results.jsonl"), records)
     return records
 
@@ -294,7 +372,9 @@ def _neighbor_pass(loaded, texts: Sequence[str], generator, out_path, out_dir, r
         digest = Path(out_path).with_suffix(".sha256")
         h = hashlib.sha256(json.dumps(flat, ensure_ascii=False).encode("utf-8")).hexdigest()
         resume = resume and digest.exists() and digest.read_text().strip() == h
-        digest.write_text(h + "\n")
+        shd.sync(f"neighbor digest read:{out_path}")
+        if shd.is_main_process():
+            digest.write_text(h + "\n")
     recs = score_texts(loaded, flat, ["loss"], out_path=out_path, resume=resume, desc="scoring (neighbor pass)",
                        **kwargs)
     losses = scores_by_method(recs, ["loss"])["loss"] if recs else np.zeros(0)

@@ -21,14 +21,22 @@ for a 50277-token tokenizer) and logits equal to -inf get zero probability.
 ``[..., D]`` and an unembedding matrix ``[V, D]`` and never forms the full ``[..., V]`` logits:
 each chunk's logits are a ``[..., C]`` matmul that lives only inside the scan.
 Both are jit-able; ``vocab_size`` and ``chunk_size`` are static.
+
+``token_stats_from_hidden_sharded`` is the same computation with the unembedding sharded over the
+vocabulary on a mesh axis (tensor parallelism of the LM head): under ``jax.shard_map`` each shard runs
+the online accumulator over its own rows (global ids, so padding rows and the target's rank
+exclusion are handled exactly), and the shards' accumulators are combined with ``pmax`` / ``psum``
+(rescaled to the global max: the multi-way form of ``_merge``). Nothing larger than a
+``[B/data, T, chunk]`` block of logits exists on any device.
 """
 from __future__ import annotations
 
 from functools import partial
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 VAR_FLOOR = 1e-12
 DEFAULT_CHUNK = 8192
@@ -96,28 +104,35 @@ def _finish(acc: _Acc, target_logit) -> TokenStats:
     )
 
 
-def _scan_vocab(chunk_logits, n_vocab_rows, vocab_size, chunk_size, target_logit, targets):
-    """Run the online accumulator over ``chunk_logits(start) -> [..., C]`` for C-wide chunks.
+def _scan_acc(chunk_logits, n_vocab_rows, limit, chunk_size, target_logit, targets, id_offset=0) -> _Acc:
+    """Run the online accumulator over ``chunk_logits(start, c) -> [..., c]`` for c-wide chunks of
+    ``n_vocab_rows`` rows whose global vocabulary ids start at ``id_offset`` (a vocabulary shard's first
+    id; may be traced); ids at or beyond ``limit`` are padding.
 
-    The last chunk is clamped to end at ``n_vocab_rows`` (no padding copy of the input); ids that
+    The last chunk is clamped to end at ``n_vocab_rows`` (no padding copy of the input); rows that
     an earlier chunk already covered are masked out.
     """
     c = min(chunk_size, n_vocab_rows)
     n_chunks = -(-n_vocab_rows // c)
-    limit = n_vocab_rows if vocab_size is None else min(vocab_size, n_vocab_rows)
 
     def chunk(i):
         nominal = i * c
         start = jnp.minimum(nominal, n_vocab_rows - c)
         x = chunk_logits(start, c).astype(jnp.float32)
-        ids = start + jnp.arange(c)
-        valid = (ids >= nominal) & (ids < limit) & (x > -jnp.inf)
+        rows = start + jnp.arange(c)
+        ids = id_offset + rows
+        valid = (rows >= nominal) & (ids < limit) & (x > -jnp.inf)
         return _chunk_acc(x, ids, valid, target_logit, targets)
 
     acc = chunk(0)
     if n_chunks > 1:
         acc = jax.lax.fori_loop(1, n_chunks, lambda i, a: _merge(a, chunk(i)), acc)
-    return _finish(acc, target_logit)
+    return acc
+
+
+def _scan_vocab(chunk_logits, n_vocab_rows, vocab_size, chunk_size, target_logit, targets):
+    limit = n_vocab_rows if vocab_size is None else min(vocab_size, n_vocab_rows)
+    return _finish(_scan_acc(chunk_logits, n_vocab_rows, limit, chunk_size, target_logit, targets), target_logit)
 
 
 @partial(jax.jit, static_argnames=("vocab_size", "chunk_size"))
@@ -166,3 +181,79 @@ def token_stats_from_hidden(
         return logits_of(rows, b)
 
     return _scan_vocab(chunk_logits, n_rows, vocab_size, chunk_size, target_logit, targets)
+
+
+def _combine_shards(acc: _Acc, axis) -> _Acc:
+    """The accumulators of all shards along mesh ``axis`` merged into one (inside ``shard_map``).
+
+    Each shard's weight, mean offset and M2 are rescaled to the global max (``pmax``) and summed
+    (``psum``): W = sum w_i s_i, D = sum w_i s_i d_i / W, M2 = sum (m2_i s_i + w_i s_i (d_i - D)^2),
+    with s_i = exp(m_i - m) and d_i relative to the global max, which is ``_merge`` applied to all
+    shards at once.
+    """
+    m = jax.lax.pmax(acc.m, axis)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    mi = jnp.where(acc.w > 0, acc.m, m_safe)  # an empty shard sits at the max with zero weight
+    s = jnp.exp(mi - m_safe)
+    ws = acc.w * s
+    di = acc.d + (mi - m_safe)
+    w = jax.lax.psum(ws, axis)
+    w_safe = jnp.where(w > 0, w, 1.0)
+    d = jax.lax.psum(ws * di, axis) / w_safe
+    m2 = jax.lax.psum(acc.m2 * s + ws * jnp.square(di - d), axis)
+    return _Acc(m, w, d, m2, jax.lax.psum(acc.above, axis))
+
+
+def token_stats_from_hidden_sharded(
+    hidden, unembedding, targets, *, mesh, bias=None, vocab_size: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK, vocab_axis: str = "model", batch_axes: Sequence[str] = ("data", "fsdp"),
+) -> TokenStats:
+    """``token_stats_from_hidden`` with the vocabulary sharded over ``vocab_axis`` of ``mesh``.
+
+    ``hidden [B, ...rest, D]`` and ``targets [B, ...rest]`` are split over ``batch_axes`` on their first
+    axis (B must be a multiple of their total size); the unembedding ``[V, D]`` (and ``bias [V]``) over
+    ``vocab_axis`` on their first axis (when V is not a multiple of that axis's size the rows are
+    zero-padded, and the padding rows are masked like any row at or beyond ``vocab_size``). Whatever
+    sharding the arguments have, ``shard_map`` re-lays them out to these specs (e.g. gathers an
+    fsdp-sharded D). Outputs are sharded over ``batch_axes`` and equal the unsharded kernel's (to
+    float32 rounding of the sums; ``rank`` exactly). Call it inside ``jax.jit``, or alone (it is
+    jit-compatible; ``mesh``, ``vocab_size``, ``chunk_size`` and the axis names are static).
+    """
+    targets = targets.astype(jnp.int32)
+    n_rows = unembedding.shape[0]
+    limit = n_rows if vocab_size is None else min(vocab_size, n_rows)
+    n_shards = mesh.shape[vocab_axis]
+    pad = -n_rows % n_shards
+    if pad:
+        unembedding = jnp.pad(unembedding, ((0, pad), (0, 0)))
+        bias = None if bias is None else jnp.pad(bias, (0, pad))
+    batch = tuple(batch_axes) if len(batch_axes) != 1 else batch_axes[0]
+    rest = (None,) * (hidden.ndim - 2)
+    in_specs = (P(batch, *rest, None), P(vocab_axis, None), P(batch, *rest))
+    out_spec = P(batch, *rest)  # a prefix of the whole TokenStats
+
+    def local(h, w, y, *b):
+        b = b[0] if b else None
+        n_local = w.shape[0]
+        offset = jax.lax.axis_index(vocab_axis) * n_local
+        h = h.astype(jnp.float32)
+        # the target's row lives on exactly one shard: the others contribute an exact 0 to the psum
+        row = y - offset
+        mine = (row >= 0) & (row < n_local)
+        row = jnp.clip(row, 0, n_local - 1)
+        t_logit = jnp.sum(h * jnp.take(w, row, axis=0).astype(jnp.float32), axis=-1)
+        if b is not None:
+            t_logit = t_logit + jnp.take(b, row).astype(jnp.float32)
+        t_logit = jax.lax.psum(jnp.where(mine, t_logit, 0.0), vocab_axis)
+
+        def chunk_logits(start, c):
+            rows = jax.lax.dynamic_slice_in_dim(w, start, c, axis=0)
+            x = jnp.einsum("...d,vd->...v", h, rows.astype(jnp.float32), preferred_element_type=jnp.float32)
+            return x if b is None else x + jax.lax.dynamic_slice_in_dim(b, start, c, axis=0).astype(jnp.float32)
+
+        acc = _scan_acc(chunk_logits, n_local, limit, chunk_size, t_logit, y, id_offset=offset)
+        return _finish(_combine_shards(acc, vocab_axis), t_logit)
+
+    args = (hidden, unembedding, targets) + (() if bias is None else (bias,))
+    specs = in_specs + (() if bias is None else (P(vocab_axis),))
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_spec)(*args)

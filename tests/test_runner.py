@@ -115,3 +115,33 @@ def test_resume_refuses_a_file_of_another_run(tiny, tmp_path):
     with pytest.raises(UserError, match="does not belong to this run"):
         runner.score_texts(tiny, ["one two three", "four five six"], ["zlib"], out_path=out, resume=True,
                            progress=False)
+
+
+def test_a_one_device_mesh_gives_the_same_records(tiny_llama_dir, tmp_path):
+    """The sharded path (placed parameters, batch-sharded ids, vocabulary-sharded statistics) on the one
+    device of this process; 8 devices and 2 processes are in test_sharding.py."""
+    import jax
+
+    from mia_jax import sharding
+
+    loaded = models.load(str(tiny_llama_dir))  # its own copy: score_texts places the parameters in place
+    texts = wikimia(32).texts[:7] + [""]
+    want = runner.score_texts(loaded, texts, METHODS, batch_size=3, chunk_size=100, progress=False)
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    got = runner.score_texts(loaded, texts, METHODS, batch_size=3, chunk_size=100, progress=False, mesh=mesh,
+                             out_path=tmp_path / "r.jsonl")
+    assert [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()] == got
+    for a, b in zip(want, got):
+        assert {k: v for k, v in a.items() if k != "scores"} == {k: v for k, v in b.items() if k != "scores"}
+        for m in METHODS:
+            if a["scores"][m] is None:
+                assert b["scores"][m] is None
+            else:
+                np.testing.assert_allclose(b["scores"][m], a["scores"][m], rtol=1e-5, err_msg=m)
+
+
+def test_schedule_pads_rows_to_the_batch_shards():
+    steps = runner._schedule([(16, [0, 1, 2]), (16, [3]), (32, [4, 5])], [16, 32], 3, 4, lambda idx: False)
+    assert steps == [(16, 4, [0, 1, 2]), (16, 4, [3]), (32, 4, [4, 5])]
+    steps = runner._schedule([(16, [0, 1, 2]), (16, [3])], [16, 32], 3, 1, lambda idx: idx == [0, 1, 2])
+    assert steps == [(16, 1, [3])]  # a finished batch is not run again

@@ -118,3 +118,21 @@ def test_jit_and_vmap_compose():
     f = jax.vmap(lambda l, y: token_stats(l, y, chunk_size=16).logprob)
     got = f(jnp.asarray(logits), jnp.asarray(targets))
     np.testing.assert_allclose(got, reference(logits, targets)["logprob"], rtol=1e-5)
+
+
+def test_vocabulary_sharded_variant_on_one_device_equals_the_kernel():
+    """The shard_map path (global ids, psum/pmax combination) on a 1-device mesh; 8-device meshes are
+    checked in test_sharding.py."""
+    from mia_jax.sharding import make_mesh
+    from mia_jax.stats import token_stats_from_hidden_sharded
+
+    rng = np.random.default_rng(7)
+    hidden = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    w = rng.standard_normal((503, 16)).astype(np.float32)
+    bias = rng.standard_normal(503).astype(np.float32)
+    targets = rng.integers(0, 500, size=(2, 5))
+    want = token_stats_from_hidden(hidden, w, targets, bias=bias, vocab_size=500, chunk_size=64)
+    got = token_stats_from_hidden_sharded(hidden, w, targets, bias=bias, vocab_size=500, chunk_size=64,
+                                          mesh=make_mesh(devices=jax.devices()[:1]))
+    for name in want._fields:
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-6, atol=1e-6, err_msg=name)

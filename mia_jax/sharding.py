@@ -1,0 +1,368 @@
+"""Device meshes, partition rules per architecture, sharded loading and multi-host helpers.
+
+A mesh has three named axes (`AXES`):
+
+- ``data``:  the batch is split over it (data parallelism); parameters are replicated over it.
+- ``fsdp``:  the batch is split over it too, and every large parameter is sharded over it on its
+  model-dimension side (ZeRO-3 / FSDP: parameters are all-gathered layer by layer inside the jitted
+  forward, by XLA's SPMD partitioner).
+- ``model``: tensor parallelism: the vocabulary of the embedding and the LM head, attention heads
+  and the MLP hidden dimension are sharded over it; the token statistics then run per vocabulary
+  shard (``stats.token_stats_from_hidden_sharded``).
+
+``make_mesh("data=4,model=2")`` builds one (default: every device on ``data``). ``PARTITION_RULES``
+maps each architecture (the model module's name: llama, gemma3, gpt_neox, gpt2, opt) to an ordered
+table of (regex over the nnx state path, e.g. ``layers/wq``, -> PartitionSpec); the first match
+wins. A dimension that is not divisible by its mesh axes is left unsharded (``fit_spec``), so every
+rule works with every mesh (e.g. 2 key/value heads on model=4), only less sharded.
+
+Loading: ``load_sharded`` loads the checkpoint into *host* memory (the CPU backend), then places
+every tensor on its sharding (``jax.make_array_from_callback``: each device receives only its slice)
+and drops the host copy. The whole model is therefore held once in host RAM while loading (not on
+one accelerator); streaming each tensor from safetensors/GGUF straight to its sharding would need
+the per-family name/layout conversion (``params_from_hf``) to work tensor by tensor, which it does
+not do yet.
+
+Multi-host (one process per host, all devices in one global mesh): ``initialize_distributed`` calls
+``jax.distributed.initialize()`` when asked (``--distributed`` or ``MIA_JAX_DISTRIBUTED=1``). With
+no further settings JAX detects the cluster itself (Cloud TPU pods, SLURM, Open MPI); otherwise set
+``MIA_JAX_COORDINATOR`` (host:port of process 0), ``MIA_JAX_NUM_PROCESSES`` and
+``MIA_JAX_PROCESS_ID`` (optionally ``MIA_JAX_LOCAL_DEVICE_IDS``, comma-separated). Every process
+runs the same command; ``runner.score_texts`` gives each process a contiguous slice of the texts,
+runs the batches in lockstep (same shapes on every process, shorter slices padded with dummy rows),
+and gathers the records (``allgather_json``) so that every process holds all of them and process 0
+writes the files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Iterable, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from mia_jax.errors import UserError
+
+AXES = ("data", "fsdp", "model")
+BATCH_AXES = ("data", "fsdp")  # the batch is split over both (fsdp shards parameters *and* data)
+VOCAB_AXIS = "model"
+
+DISTRIBUTED_ENV = "MIA_JAX_DISTRIBUTED"
+COORDINATOR_ENV = "MIA_JAX_COORDINATOR"
+NUM_PROCESSES_ENV = "MIA_JAX_NUM_PROCESSES"
+PROCESS_ID_ENV = "MIA_JAX_PROCESS_ID"
+LOCAL_DEVICES_ENV = "MIA_JAX_LOCAL_DEVICE_IDS"
+
+# ----------------------------------------------------------------------------- partition rules
+
+_V = P("model", "fsdp")  # [V, D] embedding / LM head: vocabulary over model, hidden over fsdp
+_REPLICATED = (r".*", P())  # norms, [D] biases, anything small
+_LLAMA_RULES = (  # also Gemma 3 (same names; q_norm / k_norm fall through to replicated)
+    (r"^(embed|lm_head)$", _V),
+    (r"^layers/w[qkv]$", P(None, "fsdp", "model", None)),  # [L, D, H, Dh]
+    (r"^layers/b[qkv]$", P(None, "model", None)),  # [L, H, Dh]
+    (r"^layers/wo$", P(None, "model", None, "fsdp")),  # [L, H, Dh, D]
+    (r"^layers/w_(gate|up)$", P(None, "fsdp", "model")),  # [L, D, F]
+    (r"^layers/w_down$", P(None, "model", "fsdp")),  # [L, F, D]
+    _REPLICATED,
+)
+_MLP_RULES = (  # GPT-NeoX w_up/w_down, GPT-2 w_fc/w_proj, OPT w_fc1/w_fc2: [L, D, F], [L, F], [L, F, D]
+    (r"^layers/w_(up|fc|fc1)$", P(None, "fsdp", "model")),
+    (r"^layers/b_(up|fc|fc1)$", P(None, "model")),
+    (r"^layers/w_(down|proj|fc2)$", P(None, "model", "fsdp")),
+    (r"^layers/w_o$", P(None, "model", None, "fsdp")),  # [L, H, Dh, D]
+)
+PARTITION_RULES: dict[str, tuple[tuple[str, P], ...]] = {
+    "llama": _LLAMA_RULES,
+    "gemma3": _LLAMA_RULES,
+    "gpt_neox": (
+        (r"^(embed|lm_head)$", _V),
+        (r"^layers/w_qkv$", P(None, "fsdp", "model", None, None)),  # [L, D, H, 3, Dh]
+        (r"^layers/b_qkv$", P(None, "model", None, None)),  # [L, H, 3, Dh]
+        *_MLP_RULES, _REPLICATED),
+    "gpt2": (
+        (r"^(embed|lm_head)$", _V),
+        (r"^pos_embed$", P(None, "fsdp")),
+        (r"^layers/w_qkv$", P(None, "fsdp", None, "model", None)),  # [L, D, 3, H, Dh]
+        (r"^layers/b_qkv$", P(None, None, "model", None)),  # [L, 3, H, Dh]
+        *_MLP_RULES, _REPLICATED),
+    "opt": (
+        (r"^(embed|lm_head)$", _V),
+        (r"^pos_embed$", P(None, "fsdp")),
+        (r"^project_in$", P(None, "fsdp")),  # [E, D]
+        (r"^project_out$", P("fsdp", None)),  # [D, E]
+        (r"^layers/w_[qkv]$", P(None, "fsdp", "model", None)),  # [L, D, H, Dh]
+        (r"^layers/b_[qkv]$", P(None, "model", None)),  # [L, H, Dh]
+        *_MLP_RULES, _REPLICATED),
+}
+
+
+def architecture_of(model: nnx.Module) -> str:
+    """The PARTITION_RULES key of a model: the name of the module that defines its class."""
+    return type(model).__module__.rsplit(".", 1)[-1]
+
+
+def path_str(path: Iterable) -> str:
+    """'layers/wq' from an nnx state / pytree path (the trailing Variable '.value' dropped)."""
+    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    return "/".join(k for k in keys if k != "value")
+
+
+def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
+    """``spec`` for an array of ``shape``: trailing dims padded with None, mesh axes of size 1 dropped,
+    and any dimension not divisible by its mesh axes' total size left unsharded."""
+    out = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = tuple(a for a in ((axes,) if isinstance(axes, str) else (axes or ())) if mesh.shape[a] > 1)
+        size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
+        out.append(None if not names or dim % size else (names[0] if len(names) == 1 else names))
+    return P(*out)
+
+
+def spec_for(arch: str, path: str, shape: Sequence[int], mesh: Mesh) -> P:
+    rules = PARTITION_RULES.get(arch)
+    if rules is None:
+        raise UserError(f"no partition rules for architecture {arch!r}; known: {', '.join(sorted(PARTITION_RULES))}")
+    rule = next(spec for pattern, spec in rules if re.search(pattern, path))
+    return fit_spec(rule, shape, mesh)
+
+
+def state_specs(model: nnx.Module, mesh: Mesh) -> dict[str, P]:
+    """{state path: PartitionSpec} for every parameter of ``model`` on ``mesh``."""
+    arch = architecture_of(model)
+    leaves = jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]
+    return {path_str(p): spec_for(arch, path_str(p), tuple(getattr(v, "shape", np.shape(v))), mesh) for p, v in leaves}
+
+
+# ----------------------------------------------------------------------------- meshes
+
+
+def parse_mesh(spec: str | Mapping[str, int] | None, n_devices: int) -> dict[str, int]:
+    """{'data': .., 'fsdp': .., 'model': ..} from 'data=4,model=2' (axes not named are 1, except that
+    ``data`` takes whatever the others leave when it is not named or is -1). Must use every device."""
+    if spec is None or spec == "" or spec == "auto":
+        given: dict[str, int] = {}
+    elif isinstance(spec, Mapping):
+        given = dict(spec)
+    else:
+        given = {}
+        for part in str(spec).split(","):
+            name, _, value = part.partition("=")
+            name = name.strip()
+            try:
+                given[name] = int(value)
+            except ValueError:
+                raise UserError(f"--mesh {spec!r}: expected comma-separated axis=size, e.g. data=4,model=2") from None
+    unknown = sorted(set(given) - set(AXES))
+    if unknown:
+        raise UserError(f"--mesh {spec!r}: unknown axis {', '.join(unknown)}; axes are {', '.join(AXES)}")
+    sizes = {a: given.get(a, 1) for a in AXES}
+    if any(v == 0 or v < -1 for v in sizes.values()) or list(sizes.values()).count(-1) > 1:
+        raise UserError(f"--mesh {spec!r}: sizes must be positive (one axis may be -1: the rest of the devices)")
+    free = next((a for a, v in sizes.items() if v == -1), None)
+    if free is None and "data" not in given:
+        free = "data"
+    if free is not None:
+        rest = int(np.prod([v for a, v in sizes.items() if a != free]))
+        if n_devices % rest:
+            raise UserError(f"--mesh {spec!r}: {n_devices} devices are not divisible by {rest}")
+        sizes[free] = n_devices // rest
+    if int(np.prod(list(sizes.values()))) != n_devices:
+        raise UserError(f"--mesh {spec!r} has {int(np.prod(list(sizes.values())))} devices, "
+                        f"but {n_devices} are available ({', '.join(f'{a}={v}' for a, v in sizes.items())})")
+    return sizes
+
+
+def make_mesh(spec: str | Mapping[str, int] | None = None, devices: Sequence | None = None) -> Mesh:
+    """A ``Mesh`` over ``devices`` (default: all devices of all processes) with axes ``AXES``.
+
+    Devices are ordered by (process, id) and laid out with ``model`` fastest, then ``fsdp``, then
+    ``data``, so that tensor-parallel groups are neighbours and, on several hosts, every process owns
+    a contiguous block of the batch (required by the runner's multi-host path, which checks it).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    devices.sort(key=lambda d: (d.process_index, d.id))
+    sizes = parse_mesh(spec, len(devices))
+    return Mesh(np.array(devices, dtype=object).reshape([sizes[a] for a in AXES]), AXES)
+
+
+def mesh_str(mesh: Mesh) -> str:
+    return ",".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)
+
+
+def batch_spec(ndim: int = 2) -> P:
+    return P(BATCH_AXES, *(None,) * (ndim - 1))
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    return NamedSharding(mesh, batch_spec(ndim))
+
+
+def batch_shards(mesh: Mesh) -> int:
+    """Number of batch shards: a batch's rows must be a multiple of it."""
+    return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+
+
+def local_batch_shards(mesh: Mesh) -> int:
+    """Batch shards held by this process (all of them on one host). Raises UserError when the mesh does
+    not give every process its own contiguous block of the batch (e.g. a model axis spanning hosts)."""
+    n_proc = jax.process_count()
+    if n_proc == 1:
+        return batch_shards(mesh)
+    grid = mesh.devices.reshape(batch_shards(mesh), -1)  # [batch shard, model]
+    owners = np.vectorize(lambda d: d.process_index)(grid)
+    per = grid.shape[0] // n_proc if grid.shape[0] % n_proc == 0 else 0
+    ok = per > 0 and all((owners[i * per:(i + 1) * per] == p).all() for i, p in enumerate(range(n_proc)))
+    if not ok:
+        raise UserError(f"mesh {mesh_str(mesh)} on {n_proc} processes: every process must own whole batch shards "
+                        "(the model axis must fit within one host's devices, and data x fsdp must be a multiple of "
+                        "the number of processes)")
+    return per
+
+
+# ----------------------------------------------------------------------------- placing parameters
+
+
+def shard_model(model: nnx.Module, mesh: Mesh) -> dict[str, P]:
+    """Place every parameter of ``model`` (in place) on ``NamedSharding(mesh, spec)`` from
+    ``PARTITION_RULES``; returns the specs. Each device receives only its own slices
+    (``make_array_from_callback`` over the host value), so it also works across processes when every
+    process holds the same host values. Already-placed parameters are left as they are."""
+    specs = state_specs(model, mesh)
+    graphdef, state = nnx.split(model)
+    placed_any = False
+
+    def place(path, value):
+        nonlocal placed_any
+        sharding = NamedSharding(mesh, specs[path_str(path)])
+        if isinstance(value, jax.Array) and value.sharding == sharding:
+            return value
+        if isinstance(value, jax.Array) and value.sharding.is_equivalent_to(sharding, value.ndim):
+            return value
+        placed_any = True
+        host = np.asarray(jax.device_get(value))
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    new = jax.tree_util.tree_map_with_path(place, state)
+    if placed_any:
+        nnx.update(model, new)
+    return specs
+
+
+def load_sharded(name_or_path: str, mesh: Mesh, **kwargs):
+    """``models.load`` into host memory (the CPU backend), then ``shard_model`` onto ``mesh``."""
+    from mia_jax import models
+
+    try:
+        cpu = jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        cpu = None
+    if cpu is None:
+        loaded = models.load(name_or_path, **kwargs)
+    else:
+        with jax.default_device(cpu):
+            loaded = models.load(name_or_path, **kwargs)
+    shard_model(loaded.model, mesh)
+    return loaded
+
+
+def replicate(mesh: Mesh, x):
+    return jax.device_put(x, NamedSharding(mesh, P()))
+
+
+# ----------------------------------------------------------------------------- multi-host
+
+
+def distributed_requested(flag: bool = False) -> bool:
+    return flag or os.environ.get(DISTRIBUTED_ENV, "").lower() in ("1", "true", "yes")
+
+
+def initialize_distributed(flag: bool = False) -> bool:
+    """``jax.distributed.initialize()`` when ``flag`` or ``$MIA_JAX_DISTRIBUTED`` asks for it (call it
+    before any other JAX call). Coordinator, process count and id come from ``$MIA_JAX_COORDINATOR``,
+    ``$MIA_JAX_NUM_PROCESSES``, ``$MIA_JAX_PROCESS_ID`` (and ``$MIA_JAX_LOCAL_DEVICE_IDS``) when set,
+    else JAX's own cluster detection. True when initialised here."""
+    if not distributed_requested(flag):
+        return False
+    if jax.distributed.is_initialized():
+        return False
+    env = os.environ
+    kwargs = {}
+    if env.get(COORDINATOR_ENV):
+        kwargs["coordinator_address"] = env[COORDINATOR_ENV]
+    if env.get(NUM_PROCESSES_ENV):
+        kwargs["num_processes"] = int(env[NUM_PROCESSES_ENV])
+    if env.get(PROCESS_ID_ENV):
+        kwargs["process_id"] = int(env[PROCESS_ID_ENV])
+    if env.get(LOCAL_DEVICES_ENV):
+        kwargs["local_device_ids"] = [int(x) for x in env[LOCAL_DEVICES_ENV].split(",")]
+    try:
+        jax.distributed.initialize(**kwargs)
+    except (RuntimeError, ValueError) as e:
+        raise UserError(f"jax.distributed.initialize() failed ({e}); set {COORDINATOR_ENV}, {NUM_PROCESSES_ENV} "
+                        f"and {PROCESS_ID_ENV}, or run under a cluster JAX detects (TPU pod, SLURM, Open MPI)") from e
+    return True
+
+
+def is_main_process() -> bool:
+    return jax.process_index() == 0
+
+
+def process_slice(n: int) -> range:
+    """The contiguous block of ``range(n)`` this process handles."""
+    p, k = jax.process_index(), jax.process_count()
+    return range(p * n // k, (p + 1) * n // k)
+
+
+def allgather_ints(values: Sequence[int]) -> np.ndarray:
+    """int64 [processes, len(values)]: every process's ``values`` (the same length on every process)."""
+    a = np.asarray(values, np.int64).reshape(1, -1)
+    if jax.process_count() == 1:
+        return a
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(a[0])).reshape(jax.process_count(), -1)
+
+
+def allgather_json(obj) -> list:
+    """Every process's JSON-serialisable ``obj``, in process order (a plain list on one process)."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(obj).encode("utf-8"), np.uint8)
+    sizes = allgather_ints([data.size])[:, 0]
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[: data.size] = data
+    gathered = np.asarray(multihost_utils.process_allgather(buf)).reshape(len(sizes), -1)
+    return [json.loads(bytes(gathered[i, : sizes[i]]).decode("utf-8")) for i in range(len(sizes))]
+
+
+def sync(name: str) -> None:
+    """A barrier across processes (no-op on one)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def host_local_rows(x: jax.Array, mesh: Mesh) -> np.ndarray:
+    """This process's rows of a batch-sharded global array, as NumPy (the whole array on one host)."""
+    if jax.process_count() == 1:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, batch_spec(x.ndim)))
+
+
+def global_batch(mesh: Mesh, local: np.ndarray) -> jax.Array:
+    """A batch-sharded global array from this process's rows (all rows on one host)."""
+    sharding = batch_sharding(mesh, local.ndim)
+    if jax.process_count() == 1:
+        return jax.device_put(local, sharding)
+    return jax.make_array_from_process_local_data(sharding, local)
+

@@ -1,0 +1,408 @@
+"""Side-by-side scoring benchmark: the toolkit's batched path vs the published per-example approach.
+
+    python scripts/benchmark.py --model smollm2 --length 32 --limit 128
+    python scripts/benchmark.py --model gemma3-270m --length 32 --limit 32 --approaches a b
+
+Approaches, on the same model, texts and token ids:
+
+(a) the toolkit: ``runner.score_texts`` (length buckets, fixed batch shapes, forward fused with the
+    vocabulary-chunked statistics computed from hidden states);
+(b) the published approach re-created in JAX: one text per forward pass (each length its own shape,
+    so its own compilation), full float32 logits, full ``log_softmax``, ``probs * log_probs`` for
+    Min-K%++, scores in NumPy per text;
+(c) the published approach in transformers + torch (when installed): the same per-example loop in
+    eager PyTorch, weights loaded from the same GGUF with transformers' ``load_gguf_checkpoint``.
+
+Each approach runs in its own subprocess (so peak memory and compilation counts are its own). It
+scores the texts twice: the first pass includes compilation (JAX), the second is the steady state.
+Compile time and the number of compilations come from JAX's monitoring events (backend compiles).
+Peak memory is the process RSS sampled every 5 ms while scoring (above the RSS after loading).
+The machine's float32 matmul rate is measured in the same run (XLA: a jitted 2048^3 matmul; NumPy
+for comparison), and model FLOP utilisation (MFU) is model FLOPs over time against it: per token
+2 x (every per-layer weight matrix) + 2 x V x D for the LM head, plus 4 x n x H x Dh per layer for
+attention over a text of n tokens; real tokens only (padding is not counted as useful work).
+"Batched forward" is the jitted forward pass alone (hidden states and full logits) on the most
+common (batch, bucket) shape of (a), counted with its padding (what the device executes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+METHODS = ["loss", "min_k@0.2", "min_k_pp@0.2"]
+K = 0.2
+
+
+# ----------------------------------------------------------------------------- measuring helpers
+
+
+class PeakRSS:
+    """Peak resident memory of this process, sampled every ``interval`` seconds while active."""
+
+    def __init__(self, interval=0.005):
+        import psutil
+
+        self.proc, self.interval, self.peak, self._stop = psutil.Process(), interval, 0, threading.Event()
+
+    def rss(self):
+        return self.proc.memory_info().rss
+
+    def __enter__(self):
+        self.base = self.peak = self.rss()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss())
+
+
+class Compiles:
+    """Counts XLA backend compilations and sums tracing + lowering + compile seconds (JAX monitoring)."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self):
+        import jax
+
+        self.count, self.seconds, self.active = 0, 0.0, False
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, *args, **kwargs):
+        if self.active and event in self.EVENTS:
+            self.seconds += duration
+            self.count += event == self.EVENTS[-1]
+
+    def __enter__(self):
+        self.count, self.seconds, self.active = 0, 0.0, True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+
+def matmul_rate(n=2048, repeats=5):
+    """float32 GFLOP/s of an n x n x n matmul: through XLA (jitted) and through NumPy."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    f = jax.jit(jnp.matmul)
+    xa, xb = jnp.asarray(a), jnp.asarray(b)
+    f(xa, xb).block_until_ready()
+    rates = {}
+    for name, call in (("xla", lambda: f(xa, xb).block_until_ready()), ("numpy", lambda: a @ b)):
+        call()
+        best = min(_timed(call) for _ in range(repeats))
+        rates[name] = 2 * n**3 / best / 1e9
+    return rates
+
+
+def _timed(call):
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- model facts
+
+
+def model_flops(loaded, n_tokens_per_text):
+    """Model FLOPs of the forward pass over texts of the given lengths (see the module docstring)."""
+    import jax
+    from flax import nnx
+
+    from mia_jax import sharding
+
+    state = nnx.state(loaded.model)
+    layer_matmul = sum(int(np.prod(np.shape(v))) for p, v in jax.tree_util.tree_flatten_with_path(state)[0]
+                       if sharding.path_str(p).startswith("layers/w"))
+    v, d = loaded.model.unembedding().shape
+    cfg = loaded.config
+    n_layers = cfg.num_hidden_layers
+    attn_width = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    per_token = 2 * layer_matmul + 2 * v * d
+    return sum(n * per_token + 4 * n * n * n_layers * attn_width for n in n_tokens_per_text)
+
+
+def reference_scores(lp, mu, var, text_len):
+    """Scores (higher = member) from per-token arrays, the way the published code computes them
+    (sorted lists), with the toolkit's count max(1, floor(k n)) so that the three approaches are comparable."""
+    n = len(lp)
+    count = max(1, int(round(K * 10**6)) * n // 10**6)
+    z = (lp - mu) / np.sqrt(var)
+    return {"loss": float(lp.mean()), "min_k@0.2": float(np.mean(np.sort(lp)[:count])),
+            "min_k_pp@0.2": float(np.mean(np.sort(z)[:count]))}
+
+
+def load_texts(args):
+    from mia_jax.data import wikimia
+
+    return wikimia(args.length).texts[: args.limit]
+
+
+# ----------------------------------------------------------------------------- the approaches (workers)
+
+
+def worker_a(args, loaded, encoded, texts, result):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from mia_jax import runner
+
+    compiles = Compiles()
+    with PeakRSS() as mem:
+        passes = []
+        for _ in range(2):
+            with compiles:
+                t0 = time.perf_counter()
+                recs = runner.score_texts(loaded, texts, METHODS, batch_size=args.batch_size,
+                                          chunk_size=args.chunk_size, progress=False)
+                passes.append((time.perf_counter() - t0, compiles.count, compiles.seconds))
+    fn = runner.shared_stats_fn(loaded, args.chunk_size)
+    result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=fn._cache_size(),
+                  scores=[r["scores"] for r in recs])
+    # the batched forward alone on the most common (rows, bucket) shape of the plan
+    buckets = runner.bucket_lengths(loaded.max_length)
+    plan = runner._plan(encoded, buckets, args.batch_size)
+    shapes = [(runner.batch_rows(len(idx), args.batch_size), t) for t, idx in plan]
+    rows, t = max(set(shapes), key=shapes.count)
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 1000, (rows, t)), jnp.int32)
+    graphdef, state = nnx.split(loaded.model)
+    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    for name, f in (("forward", forward), ("fused_stats_step", fn)):
+        f(state, ids)
+        f(state, ids)
+        best = min(_timed(lambda: jax.block_until_ready(f(state, ids))) for _ in range(args.repeats))
+        result[name] = {"shape": [rows, t], "seconds": best, "flops": model_flops(loaded, [t] * rows)}
+
+
+def worker_b(args, loaded, encoded, texts, result):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, state = nnx.split(loaded.model)
+    vocab = min(loaded.config.vocab_size, loaded.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    @jax.jit
+    def published(state, ids):  # [1, n]: full logits, full log_softmax, probs * log_probs
+        logits = nnx.merge(graphdef, state)(ids)[0, :-1, :vocab].astype(jnp.float32)
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        probs = jax.nn.softmax(logits, axis=-1)
+        lp = jnp.take_along_axis(log_probs, ids[0, 1:, None], axis=-1)[:, 0]
+        mu = (probs * log_probs).sum(-1)
+        var = (probs * jnp.square(log_probs)).sum(-1) - jnp.square(mu)
+        return lp, mu, var
+
+    compiles = Compiles()
+    with PeakRSS() as mem:
+        passes = []
+        for _ in range(2):
+            with compiles:
+                t0 = time.perf_counter()
+                scores = []
+                for e in encoded:
+                    if len(e.ids) < 2:
+                        scores.append(None)
+                        continue
+                    out = [np.asarray(x, np.float64) for x in published(state, jnp.asarray([e.ids], jnp.int32))]
+                    scores.append(reference_scores(*out, len(e.ids)))
+                passes.append((time.perf_counter() - t0, compiles.count, compiles.seconds))
+    result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=published._cache_size(),
+                  scores=scores)
+
+
+def worker_c(args, loaded, encoded, texts, result):
+    import torch
+    import transformers
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = loaded.source
+    if not path.endswith(".gguf"):
+        raise SystemExit("(c) needs a GGUF model (the transformers model is built from the same file)")
+    folder, fname = path.rsplit("/", 1)
+    arch = type(loaded.model).__name__
+    cls = {"Llama": transformers.LlamaForCausalLM, "Gemma3": transformers.Gemma3ForCausalLM}.get(arch)
+    if cls is None:
+        raise SystemExit(f"(c): no transformers class mapped for {arch}")
+    import transformers.utils.logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    t0 = time.perf_counter()
+    model = cls(transformers.AutoConfig.from_pretrained(folder, gguf_file=fname)).eval()
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    del tensors
+    result["torch_load_seconds"] = time.perf_counter() - t0
+    result["torch_threads"] = torch.get_num_threads()
+    vocab = min(loaded.config.vocab_size, loaded.tokenizer.get_vocab_size(with_added_tokens=True))
+    F = torch.nn.functional
+    with PeakRSS() as mem, torch.no_grad():
+        passes = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            scores = []
+            for e in encoded:
+                if len(e.ids) < 2:
+                    scores.append(None)
+                    continue
+                ids = torch.tensor([e.ids])
+                logits = model(ids).logits[0, :-1, :vocab].float()
+                log_probs = F.log_softmax(logits, dim=-1)
+                probs = F.softmax(logits, dim=-1)
+                lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
+                mu = (probs * log_probs).sum(-1)
+                var = (probs * torch.square(log_probs)).sum(-1) - torch.square(mu)
+                scores.append(reference_scores(lp.double().numpy(), mu.double().numpy(), var.double().numpy(),
+                                               len(e.ids)))
+            passes.append((time.perf_counter() - t0, 0, 0.0))
+    result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=0, scores=scores)
+
+
+def _passes(passes):
+    (first, n1, c1), (steady, n2, c2) = passes
+    return {"first_pass": first, "steady": steady, "compiles_first": n1, "compile_seconds_first": c1,
+            "compiles_steady": n2}
+
+
+def run_worker(args):
+    import jax
+
+    from mia_jax import models, runner
+
+    t0 = time.perf_counter()
+    loaded = models.load(args.model)
+    load_seconds = time.perf_counter() - t0
+    texts = load_texts(args)
+    encoded = runner.encode(loaded, texts)
+    result = {"approach": args.worker, "load_seconds": load_seconds, "device": str(jax.devices()[0]),
+              "n_texts": len(texts), "n_tokens": sum(len(e.ids) for e in encoded)}
+    if args.worker == "matmul":
+        result["matmul_gflops"] = matmul_rate()
+    else:
+        {"a": worker_a, "b": worker_b, "c": worker_c}[args.worker](args, loaded, encoded, texts, result)
+        result["model_flops"] = model_flops(loaded, [len(e.ids) for e in encoded])
+    Path(args.json).write_text(json.dumps(result))
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--length", type=int, default=32, help="WikiMIA length: 32, 64, 128 or 256")
+    ap.add_argument("--limit", type=int, help="first N texts only")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--chunk-size", type=int, default=8192)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--approaches", nargs="+", default=["a", "b", "c"], choices=["a", "b", "c"])
+    ap.add_argument("--json", help="write every figure here (default: print only)")
+    ap.add_argument("--omp-wait-policy", default="PASSIVE",
+                    help="OMP_WAIT_POLICY for (c)'s torch (default PASSIVE: on a machine shared with other jobs, "
+                         "OpenMP's spinning threads make small torch matmuls over 10x slower; 'default' keeps "
+                         "torch's own setting)")
+    ap.add_argument("--worker", choices=["a", "b", "c", "matmul"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return run_worker(args)
+    approaches = list(args.approaches)
+    if "c" in approaches:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+            print("torch / transformers not installed: skipping (c)", file=sys.stderr)
+            approaches.remove("c")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ["matmul", *approaches]:
+            out = Path(tmp, f"{name}.json")
+            cmd = [sys.executable, __file__, "--worker", name, "--json", str(out), "--model", args.model,
+                   "--length", str(args.length), "--batch-size", str(args.batch_size),
+                   "--chunk-size", str(args.chunk_size), "--repeats", str(args.repeats)]
+            if args.limit:
+                cmd += ["--limit", str(args.limit)]
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+            if name == "c" and args.omp_wait_policy != "default":
+                env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+            subprocess.run(cmd, check=True, env=env)
+            results[name] = json.loads(out.read_text())
+    report(args, results)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+
+
+def report(args, results):
+    mm = results["matmul"]["matmul_gflops"]
+    rate = mm["xla"] * 1e9
+    first = next(r for k, r in results.items() if k != "matmul")
+    n_tok, n_texts = first["n_tokens"], first["n_texts"]
+    label = {"a": "(a) toolkit, batched + bucketed", "b": "(b) published approach in JAX (per text, full log_softmax)",
+             "c": "(c) published approach, transformers + torch (per text)"}
+    print(f"\nmodel {args.model}, WikiMIA-{args.length}: {n_texts} texts, {n_tok} tokens, methods {' '.join(METHODS)}; "
+          f"device {results['matmul']['device']}; batch size {args.batch_size} for (a)")
+    print(f"float32 matmul 2048^3 measured in this run: XLA {mm['xla']:.0f} GFLOP/s, NumPy {mm['numpy']:.0f} GFLOP/s")
+    if "c" in results:
+        print(f"(c): torch {results['c']['torch_threads']} threads, OMP_WAIT_POLICY={args.omp_wait_policy}")
+    print()
+    print("| approach | first pass (compiles) | compile time / compilations | steady state | tokens/s (steady) | "
+          "x (c) | x (b) | MFU (steady, vs XLA matmul) | peak RSS (above loaded) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for k in ("a", "b", "c"):
+        if k not in results:
+            continue
+        r = results[k]
+        tps = n_tok / r["steady"]
+        ratio = lambda o: f"{tps / (n_tok / results[o]['steady']):.2f}" if o in results else "-"  # noqa: E731
+        mfu = r["model_flops"] / r["steady"] / rate
+        comp = f"{r['compile_seconds_first']:.1f} s / {r['compiles_first']}" if k != "c" else "-"
+        print(f"| {label[k]} | {r['first_pass']:.1f} s | {comp} | {r['steady']:.1f} s | {tps:.0f} | {ratio('c')} | "
+              f"{ratio('b')} | {100 * mfu:.0f}% | {r['peak_rss'] / 2**20:.0f} MiB ({(r['peak_rss'] - r['rss_after_load']) / 2**20:+.0f}) |")
+    if "a" in results:
+        a = results["a"]
+        print(f"\n(a): {a['programs']} compiled (batch, bucket) programs; steady-state pass compiled "
+              f"{a['compiles_steady']} more")
+        for name in ("forward", "fused_stats_step"):
+            f = a[name]
+            g = f["flops"] / f["seconds"] / 1e9
+            print(f"(a) {name.replace('_', ' ')} on [{f['shape'][0]}, {f['shape'][1]}] (with padding): {f['seconds'] * 1e3:.1f} ms, "
+                  f"{g:.0f} GFLOP/s = {100 * g / mm['xla']:.0f}% of the XLA matmul rate "
+                  f"({100 * g / mm['numpy']:.0f}% of NumPy's)")
+    # identical scores
+    keys = [k for k in ("a", "b", "c") if k in results]
+    for i, x in enumerate(keys):
+        for y in keys[i + 1:]:
+            worst = {}
+            for sx, sy in zip(results[x]["scores"], results[y]["scores"]):
+                if sx is None or sy is None:
+                    continue
+                for m in METHODS:
+                    u, v = sx[m], sy[m]
+                    if u is None or v is None:
+                        continue
+                    worst[m] = max(worst.get(m, 0.0), abs(u - v) / max(abs(u), 1e-6))
+            print(f"max relative score difference ({x}) vs ({y}): " + ", ".join(f"{m} {w:.1e}" for m, w in worst.items()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

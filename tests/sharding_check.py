@@ -1,0 +1,145 @@
+"""Helper of test_sharding.py, run in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=N set
+before JAX starts (the flag cannot be changed once JAX is imported).
+
+    python tests/sharding_check.py meshes OUT_DIR           # 8 devices: every mesh vs one device
+    python tests/sharding_check.py process I N PORT OUT_DIR  # process I of N (multi-process on one host)
+
+``meshes`` writes OUT_DIR/meshes.json and OUT_DIR/single/results.jsonl (score_dataset on one device);
+``process`` writes OUT_DIR/multi/results.jsonl (the same job on N processes, mesh data=2,model=2).
+"""
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+T0 = time.perf_counter()
+
+
+def tiny_models(tmp):
+    """The tiny Llama of conftest (untied head, 320 rows, 2 KV heads) and a random GPT-NeoX with an odd
+    vocabulary (330 rows: not divisible by the model axis) on the same tokenizer."""
+    import jax
+    from flax import nnx
+
+    from conftest import write_tiny_llama
+    from mia_jax import models
+    from mia_jax.models import gpt_neox
+
+    write_tiny_llama(tmp / "llama", tie=False)
+    llama = models.load(str(tmp / "llama"))
+    cfg = gpt_neox.GPTNeoXConfig(vocab_size=330, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, max_position_embeddings=64)
+    neox = gpt_neox.GPTNeoX(cfg, rngs=nnx.Rngs(1))
+    for name in ("embed", "lm_head"):  # std 0.02 would give near-uniform predictions
+        getattr(neox, name)[...] = getattr(neox, name)[...] * 40
+    neox_loaded = dataclasses.replace(llama, model=neox, config=cfg, name="tiny-neox")
+    assert len(jax.devices()) >= 1
+    return {"llama": llama, "gpt_neox": neox_loaded}
+
+
+def texts():
+    from mia_jax.data import wikimia
+
+    return wikimia(32).texts[:10] + ["x", wikimia(64).texts[0], wikimia(128).texts[0]]  # 13: uneven last batch
+
+
+METHODS = ["loss", "zlib", "min_k@0.2", "max_k@0.2", "min_k_pp@0.2", "entropy", "rank"]
+MESHES = ["data=8", "fsdp=8", "data=2,model=4", "data=2,fsdp=2,model=2", "model=8"]
+
+
+DATASET_METHODS = METHODS + ["lowercase"]
+
+
+def meshes(out_dir):
+    import jax
+    import numpy as np
+
+    from mia_jax import runner, sharding
+    from mia_jax.stats import token_stats_from_hidden, token_stats_from_hidden_sharded
+
+    report = {"devices": len(jax.devices()), "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        loaded = tiny_models(Path(tmp))
+        for family, lm in loaded.items():
+            ref = runner.score_texts(lm, texts(), METHODS, batch_size=5, chunk_size=96, progress=False)
+            for spec in MESHES:
+                if (family == "gpt_neox") != (spec in ("data=2,fsdp=2,model=2", "model=8")) and spec != "data=2,fsdp=2,model=2":
+                    continue  # Llama: every mesh but model=8; GPT-NeoX: model=8 and the 3-axis mesh
+                mesh = sharding.make_mesh(spec)
+                fresh = dataclasses.replace(lm, model=_copy(lm.model))  # shard a copy: the reference stays put
+                got = runner.score_texts(fresh, texts(), METHODS, batch_size=5, chunk_size=96, progress=False,
+                                         mesh=mesh)
+                specs = sharding.state_specs(fresh.model, mesh)
+                report["cases"][f"{family} {spec}"] = {
+                    "max_rel": _max_rel(ref, got),
+                    "same_fields": all({k: v for k, v in a.items() if k != "scores"} ==
+                                       {k: v for k, v in b.items() if k != "scores"} for a, b in zip(ref, got)),
+                    "null_same": all((a["scores"][m] is None) == (b["scores"][m] is None)
+                                     for a, b in zip(ref, got) for m in METHODS),
+                    "n": len(got),
+                    "param_sharded": {k: str(v) for k, v in specs.items()},
+                    "actual": {sharding.path_str(p): str(x.sharding.spec) for p, x in
+                               jax.tree_util.tree_flatten_with_path(__import__("flax").nnx.state(fresh.model))[0]},
+                }
+        # the kernel alone: a vocabulary not divisible by the model axis, a bias, padded rows
+        rng = np.random.default_rng(0)
+        h = rng.standard_normal((8, 5, 16)).astype(np.float32)
+        w = rng.standard_normal((1003, 16)).astype(np.float32)
+        b = rng.standard_normal(1003).astype(np.float32)
+        y = rng.integers(0, 1000, (8, 5))
+        y[0] = 999
+        want = token_stats_from_hidden(h, w, y, bias=b, vocab_size=1000, chunk_size=128)
+        mesh = sharding.make_mesh("data=2,model=4")
+        got = jax.jit(lambda h, w, y, b: token_stats_from_hidden_sharded(
+            h, w, y, bias=b, mesh=mesh, vocab_size=1000, chunk_size=128))(h, w, y, b)
+        report["kernel"] = {f: float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(g, np.float64))
+                                            / np.maximum(np.abs(np.asarray(a, np.float64)), 1e-3)))
+                            for f, a, g in zip(want._fields, want, got)}
+        report["kernel_rank_equal"] = bool(np.array_equal(want.rank, got.rank))
+        runner.score_dataset(loaded["llama"], texts(), DATASET_METHODS, out_dir=Path(out_dir) / "single",
+                             batch_size=5, chunk_size=96, progress=False)
+    report["seconds"] = time.perf_counter() - T0
+    Path(out_dir, "meshes.json").write_text(json.dumps(report, indent=1))
+
+
+def process(index, count, port, out_dir):
+    import jax
+
+    jax.distributed.initialize(f"127.0.0.1:{port}", int(count), int(index))
+    from mia_jax import runner, sharding
+
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        lm = tiny_models(Path(tmp))["llama"]
+        mesh = sharding.make_mesh("data=2,model=2")
+        runner.score_dataset(lm, texts(), DATASET_METHODS, out_dir=out_dir / "multi", batch_size=3, chunk_size=96,
+                             progress=False, mesh=mesh)
+        if jax.process_index() == 0:
+            Path(out_dir, "process.json").write_text(json.dumps({"seconds": time.perf_counter() - T0}))
+        sharding.sync("done")
+
+
+def _copy(model):
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, state)
+
+
+def _max_rel(ref, got):
+    worst = 0.0
+    for a, b in zip(ref, got):
+        for m, x in a["scores"].items():
+            y = b["scores"][m]
+            if x is None or y is None:
+                worst = max(worst, 0.0 if x is y else float("inf"))
+            else:
+                worst = max(worst, abs(x - y) / max(abs(x), 1e-6))
+    return worst
+
+
+if __name__ == "__main__":
+    {"meshes": meshes, "process": process}[sys.argv[1]](*sys.argv[2:])

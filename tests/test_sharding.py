@@ -1,0 +1,181 @@
+"""Sharded scoring on 8 CPU devices and on 2 processes, each against single-device scores.
+
+JAX fixes its device count when it starts, so the checks run in subprocesses (tests/sharding_check.py)
+started with XLA_FLAGS=--xla_force_host_platform_device_count=N; this module only launches them (all at
+once, to share the wall-clock) and asserts on what they write.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+SCRIPT = HERE / "sharding_check.py"
+TIMEOUT = 300
+RTOL = 1e-5
+
+
+def _env(n_devices):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}", JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), str(HERE), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharding")
+    port = str(_free_port())
+    procs = {"meshes": subprocess.Popen([sys.executable, str(SCRIPT), "meshes", str(out)], env=_env(8),
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)}
+    for i in range(2):
+        procs[f"process{i}"] = subprocess.Popen([sys.executable, str(SCRIPT), "process", str(i), "2", port, str(out)],
+                                                env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                text=True)
+    logs = {}
+    for name, p in procs.items():
+        try:
+            logs[name] = p.communicate(timeout=TIMEOUT)[0]
+        except subprocess.TimeoutExpired:
+            for q in procs.values():
+                q.kill()
+            pytest.fail(f"{name} did not finish in {TIMEOUT} s")
+        logs[name] = (p.returncode, logs[name])
+    return out, logs
+
+
+def _ok(runs, name):
+    rc, log = runs[1][name]
+    assert rc == 0, f"{name} failed:\n{log[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def report(runs):
+    _ok(runs, "meshes")
+    return json.loads((runs[0] / "meshes.json").read_text())
+
+
+def test_eight_devices(report):
+    assert report["devices"] == 8
+
+
+@pytest.mark.parametrize("case", [
+    "llama data=8",  # data parallel
+    "llama fsdp=8",  # parameters and batch over fsdp
+    "llama data=2,model=4",  # tensor parallel + vocabulary-sharded statistics (2 KV heads: not split over 4)
+    "llama data=2,fsdp=2,model=2",
+    "gpt_neox model=8",  # 330 vocabulary rows over 8 shards (padded), 4 heads over 8 (replicated)
+    "gpt_neox data=2,fsdp=2,model=2",
+])
+def test_sharded_scores_equal_single_device(report, case):
+    r = report["cases"][case]
+    assert r["n"] == 13 and r["same_fields"] and r["null_same"]
+    assert r["max_rel"] < RTOL, r["max_rel"]
+
+
+def test_parameters_are_sharded_by_the_rules(report):
+    tp = report["cases"]["llama data=2,fsdp=2,model=2"]["actual"]
+    assert tp["lm_head"] == "P('model', 'fsdp')" and tp["embed"] == "P('model', 'fsdp')"
+    assert tp["layers/wq"] == "P(None, 'fsdp', 'model', None)"
+    assert tp["layers/w_down"] == "P(None, 'model', 'fsdp')"
+    assert tp["norm"] == "P(None,)"
+    # 2 KV heads cannot be split 4 ways: replicated over model instead of failing
+    assert report["cases"]["llama data=2,model=4"]["actual"]["layers/wk"] == "P(None, None, None, None)"
+    assert report["cases"]["gpt_neox model=8"]["actual"]["lm_head"] == "P(None, None)"  # 330 % 8 != 0
+
+
+def test_vocabulary_sharded_kernel(report):
+    """Bias, padded rows (vocab_size < rows) and 1003 rows over 4 shards."""
+    assert report["kernel_rank_equal"]
+    assert max(report["kernel"].values()) < RTOL, report["kernel"]
+
+
+def test_two_processes_give_the_single_host_results(runs):
+    out, _ = runs
+    _ok(runs, "process0")
+    _ok(runs, "process1")
+    _ok(runs, "meshes")  # writes the single-device reference
+    single = [json.loads(line) for line in (out / "single" / "results.jsonl").read_text().splitlines()]
+    multi = [json.loads(line) for line in (out / "multi" / "results.jsonl").read_text().splitlines()]
+    assert len(multi) == len(single) == 13
+    assert not list((out / "multi" / "passes").glob("*.process*"))  # the per-process parts were merged
+    for a, b in zip(single, multi):
+        assert {k: v for k, v in a.items() if k != "scores"} == {k: v for k, v in b.items() if k != "scores"}
+        for m, x in a["scores"].items():
+            y = b["scores"][m]
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert abs(x - y) <= RTOL * max(abs(x), 1e-6), (a["index"], m, x, y)
+
+
+# ----------------------------------------------------------------------------- in this process (no devices needed)
+
+
+def test_mesh_spec_parsing():
+    from mia_jax.errors import UserError
+    from mia_jax.sharding import parse_mesh
+
+    assert parse_mesh(None, 8) == {"data": 8, "fsdp": 1, "model": 1}
+    assert parse_mesh("model=2", 8) == {"data": 4, "fsdp": 1, "model": 2}
+    assert parse_mesh("data=2,fsdp=2,model=2", 8) == {"data": 2, "fsdp": 2, "model": 2}
+    assert parse_mesh("data=1,fsdp=-1", 8) == {"data": 1, "fsdp": 8, "model": 1}
+    for bad, msg in [("data=3", "has 3 devices"), ("model=3", "not divisible"), ("tensor=2", "unknown axis"),
+                     ("data=x", "axis=size"), ("data=0", "positive")]:
+        with pytest.raises(UserError, match=msg):
+            parse_mesh(bad, 8)
+
+
+def test_fit_spec_leaves_indivisible_dimensions_unsharded():
+    from jax.sharding import PartitionSpec as P
+
+    from mia_jax.sharding import PARTITION_RULES, fit_spec
+
+    class FakeMesh:
+        shape = {"data": 2, "fsdp": 2, "model": 4}
+
+    assert fit_spec(P("model", "fsdp"), (320, 32), FakeMesh) == P("model", "fsdp")
+    assert fit_spec(P("model", "fsdp"), (330, 32), FakeMesh) == P(None, "fsdp")
+    assert fit_spec(P(None, "fsdp", "model", None), (2, 32, 2, 8), FakeMesh) == P(None, "fsdp", None, None)
+    assert fit_spec(P(("data", "fsdp")), (8, 5), FakeMesh) == P(("data", "fsdp"), None)
+    assert set(PARTITION_RULES) >= {"llama", "gemma3", "gpt_neox", "gpt2", "opt"}
+
+
+def test_every_architecture_shards_its_large_matrices():
+    """Each family's rule table on an abstract tiny model: the vocabulary on model, every per-layer weight
+    matrix on both fsdp and model, norms replicated."""
+    from flax import nnx
+
+    from mia_jax.models import gemma3, gpt2, gpt_neox, llama, opt
+    from mia_jax.sharding import state_specs
+
+    class FakeMesh:
+        shape = {"data": 1, "fsdp": 2, "model": 2}
+
+    small = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    configs = [
+        (llama.Llama, llama.LlamaConfig(intermediate_size=32, num_key_value_heads=2, attention_bias=True, **small)),
+        (gemma3.Gemma3, gemma3.Gemma3Config(intermediate_size=32, num_key_value_heads=2, head_dim=4, **small)),
+        (gpt_neox.GPTNeoX, gpt_neox.GPTNeoXConfig(intermediate_size=32, **small)),
+        (gpt2.GPT2, gpt2.GPT2Config(max_position_embeddings=32, **small)),
+        (opt.OPT, opt.OPTConfig(ffn_dim=32, word_embed_proj_dim=16, **small)),
+    ]
+    for cls, cfg in configs:
+        model = nnx.eval_shape(lambda: cls(cfg))  # shapes only
+        specs = state_specs(model, FakeMesh)
+        name = type(model).__name__
+        assert specs["embed"][0] == "model", name
+        for path, spec in specs.items():
+            flat = [a for a in spec if a]
+            if path.startswith("layers/w"):
+                assert "model" in flat and "fsdp" in flat, (name, path, spec)
+            if "norm" in path or path.startswith("layers/ln"):
+                assert not flat, (name, path, spec)
