@@ -1,0 +1,120 @@
+"""train/contaminate.py end to end on the `tiny` config: tables, figures, resume, refusals, every ablation."""
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from mia_jax import models
+from train import contaminate
+from train.config import TinyModelConfig
+from train.tiny import write_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs" / "contamination" / "tiny.yaml")
+# smaller than the tiny config itself, to keep the sweeps quick
+SMALL = ["corpus.background_tokens=8000", "corpus.n_positives=8", "corpus.n_negatives=8", "score.n_bootstrap=20",
+         "train.epochs=1"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    """The JAX compilation cache (and any model cache) goes to a temporary folder, not ~/.cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MIA_JAX_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """One tiny base model for the sweeps (the main test builds its own through model.path=tiny)."""
+    return str(write_tiny_model(tmp_path_factory.mktemp("tiny_base"), TinyModelConfig()))
+
+
+def run(out, *args) -> int:
+    return contaminate.main(["--config", TINY, "--out", str(out), "--no-progress", *args])
+
+
+def test_tiny_experiment(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(out, "score.n_bootstrap=50") == 0
+    for name in ("table3.md", "table3.csv", "table7.md", "table7.csv", "metrics.json", "run.json",
+                 "roc.png", "corpus/manifest.json", "corpus/eval.jsonl", "train/metrics.jsonl",
+                 "scores/trained/results.jsonl", "model/model.safetensors", "base_model/config.json"):
+        assert (out / name).exists(), name
+    table3 = (out / "table3.md").read_text()
+    for text in ("BoolQ", "CommonsenseQA", "IMDB", "TruthfulQA", "Avg.", "Min-K% Prob (k=20%)", "Min-K%++",
+                 "PPL", "Zlib", "Lowercase", "Ref (base model as reference)", "base model, before training",
+                 "gain over the base model"):
+        assert text in table3, text
+    assert "TPR@5%FPR" in (out / "table7.md").read_text()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics) == {"trained", "base"}
+    assert set(metrics["trained"]) == {"boolq", "commonsenseqa", "imdb", "truthfulqa"}
+    r = metrics["trained"]["imdb"]["min_k@0.2"]
+    assert r["n_members"] == r["n_nonmembers"] == 16 and 0 <= r["auroc"] <= 1
+    assert "ref" in metrics["trained"]["boolq"] and "ref" not in metrics["base"]["boolq"]
+    rows = list(csv.DictReader((out / "table3.csv").open()))
+    assert {row["model"] for row in rows} == {"trained", "base"}
+    info = json.loads((out / "run.json").read_text())
+    assert info["train"]["tokens_per_second"] > 0 and info["train"]["steps"] > 1
+    assert info["corpus"]["contamination_rate"] > 0
+    manifest = json.loads((out / "corpus" / "manifest.json").read_text())
+    assert manifest["tokens"]["total"] == info["corpus"]["tokens"]["total"]
+    # the exported model loads with the library loader
+    assert models.load(str(out / "model")).config.vocab_size == 512
+    first = (out / "table3.md").read_text()
+    capsys.readouterr()
+
+    # the same command again resumes: nothing is retrained, the same tables come out
+    assert run(out, "score.n_bootstrap=50") == 0
+    assert (out / "table3.md").read_text() == first
+    # a changed config in the same folder is refused with a clear message
+    assert run(out, "score.n_bootstrap=50", "train.lr=1e-5") == 2
+    err = capsys.readouterr().err
+    assert "different config" in err and "train.lr" in err
+
+
+def test_ablation_lr(tmp_path, tiny_model):
+    out = tmp_path / "lr"
+    assert run(out, "--ablation", "lr", f"model.path={tiny_model}", *SMALL, "ablation.lrs=[1e-4,3e-3]") == 0
+    table4 = (out / "table4.md").read_text()
+    assert "Learning rate" in table4 and "| 0.0001 |" in table4 and "| 0.003 |" in table4
+    rows = list(csv.DictReader((out / "table4.csv").open()))
+    assert {float(r["lr"]) for r in rows} == {1e-4, 3e-3} and len(rows) == 2 * 4 * 3
+    for sub in ("lr_0.0001", "lr_0.003"):
+        assert (out / sub / "table3.md").exists()
+    # both runs scored the same texts with the same base model: the base scores are computed once
+    assert len(list((out / "base_scores").iterdir())) == 1
+
+
+def test_ablation_occurrence(tmp_path, tiny_model):
+    out = tmp_path / "occ"
+    assert run(out, "--ablation", "occurrence", f"model.path={tiny_model}", *SMALL) == 0
+    rows = list(csv.DictReader((out / "fig5c.csv").open()))
+    assert rows and {"dataset", "occurrences", "n_members", "min_k@0.2"} <= set(rows[0])
+    assert any(r["dataset"] == "all" for r in rows) and (out / "fig5c.png").exists()
+    occ = json.loads((out / "occurrence" / "corpus" / "manifest.json").read_text())["datasets"]["imdb"]["occurrences"]
+    assert min(occ) >= 1 and max(occ) > 1
+
+
+@pytest.mark.parametrize("ablation, figure, extra", [
+    ("size", "fig5a", ["ablation.background_tokens=[4000,8000]"]),
+    ("news", "fig5b", ["ablation.news_background=[10,30]", "corpus.news.n_positives=8",
+                       "corpus.news.n_negatives=8"]),
+])
+def test_ablation_size_and_news(tmp_path, tiny_model, ablation, figure, extra):
+    out = tmp_path / ablation
+    assert run(out, "--ablation", ablation, f"model.path={tiny_model}", *SMALL, *extra) == 0
+    rows = list(csv.DictReader((out / f"{figure}.csv").open()))
+    rates = sorted({float(r["contamination_pct"]) for r in rows})
+    assert len(rates) == 2 and (out / f"{figure}.png").exists() and (out / f"{figure}.md").exists()
+    if ablation == "news":
+        assert {r["dataset"] for r in rows} == {"news"}
+
+
+def test_bad_config(tmp_path, capsys):
+    assert run(tmp_path / "x", "train.nope=1") == 2
+    assert "unknown key 'train.nope'" in capsys.readouterr().err
+    assert run(tmp_path / "y", "corpus.n_positives=1000") == 2
+    assert "requested but only" in capsys.readouterr().err

@@ -1,0 +1,145 @@
+"""Controlled contamination experiments (Shi et al. 2023, section 6): continued pretraining on a corpus with
+inserted downstream examples, then detection of the inserted examples.
+
+    python train/contaminate.py --config configs/contamination/tiny.yaml --out runs/contam-tiny
+    python train/contaminate.py --config configs/contamination/cpu.yaml --out runs/contam-cpu train.lr=1e-5
+    python train/contaminate.py --config configs/contamination/cpu.yaml --out runs/contam-cpu-lr --ablation lr
+
+Without ``--ablation``: one run (Table 3, Table 7; Figure 5c too when ``corpus.occurrence=poisson``).
+``--ablation lr``: one run per ``ablation.lrs`` -> Table 4. ``size``: one run per ``ablation.background_tokens``
+-> Figure 5a. ``news``: in-distribution news contaminants, one run per ``ablation.news_background`` -> Figure
+5b. ``occurrence``: Poisson occurrence counts (``ablation.poisson_lambda``) -> Figure 5c. Each run has its own
+sub-folder of ``--out``; re-running the same command resumes where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mia_jax.errors import UserError
+from train.config import ExperimentConfig, load_config
+
+ABLATIONS = ("lr", "size", "occurrence", "news")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python train/contaminate.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config (configs/contamination/{tiny,cpu,paper}.yaml); defaults if omitted")
+    p.add_argument("--out", required=True, help="output folder (an interrupted run in it resumes)")
+    p.add_argument("--ablation", choices=ABLATIONS, help="run a sweep instead of a single run")
+    p.add_argument("--overwrite", action="store_true", help="delete --out first and start afresh")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.lr=1e-5 corpus.n_positives=50")
+    return p
+
+
+def _with(cfg: ExperimentConfig, **changes) -> ExperimentConfig:
+    """A copy of ``cfg`` with changes named by path, ``train__lr=1e-5`` for ``train.lr``."""
+    cfg = copy.deepcopy(cfg)
+    for key, value in changes.items():
+        *path, last = key.split("__")
+        node = cfg
+        for part in path:
+            node = getattr(node, part)
+        setattr(node, last, value)
+    return cfg
+
+
+def plan(cfg: ExperimentConfig, ablation: str | None) -> list[tuple[str, ExperimentConfig]]:
+    """(sub-folder, config) of every run of the sweep ('' = the output folder itself)."""
+    a = cfg.ablation
+    if ablation is None:
+        return [("", cfg)]
+    if ablation == "lr":
+        return [(f"lr_{lr:g}", _with(cfg, train__lr=float(lr))) for lr in a.lrs]
+    if ablation == "size":
+        return [(f"size_{n}", _with(cfg, corpus__background_tokens=int(n))) for n in a.background_tokens]
+    if ablation == "news":
+        return [(f"news_{n}", _with(cfg, corpus__variant="news", corpus__news__n_background=int(n)))
+                for n in a.news_background]
+    return [("occurrence", _with(cfg, corpus__occurrence="poisson", corpus__poisson_lambda=a.poisson_lambda))]
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except UserError as e:
+        print(f"contaminate: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("contaminate: interrupted; run the same command again to resume from the last checkpoint",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+def enable_compilation_cache() -> None:
+    """JAX's persistent compilation cache ($MIA_JAX_CACHE/jax, else ~/.cache/mia_jax/jax), unless one is set
+    already: the scoring passes (base, trained, lowercase, reference) and the runs of a sweep compile identical
+    programs, which are then compiled once (and once across runs of the command)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from mia_jax.models.checkpoint import cache_dir
+
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        compilation_cache.reset_cache()  # take effect even if this process compiled something before
+
+
+def run(args) -> Path:
+    from mia_jax.scorers import expand_methods
+    from train import tables
+    from train.corpus import load_eval
+    from train.experiment import prepare_out, run_experiment
+
+    cfg = load_config(args.config, args.overrides)
+    enable_compilation_cache()
+    if args.no_progress:
+        cfg.train.progress = False
+    methods = expand_methods(cfg.score.methods, cfg.score.k)  # validated before any work
+    out = Path(args.out)
+    prepare_out(out, args.overwrite)
+    (out / "config.json").write_text(json.dumps({"config_file": args.config, "overrides": args.overrides,
+                                                 "ablation": args.ablation, "resolved": dataclasses.asdict(cfg)},
+                                                indent=2) + "\n")
+    runs = []
+    for sub, run_cfg in plan(cfg, args.ablation):
+        folder = out / sub if sub else out
+        print(f"== run {sub or out} ==", file=sys.stderr, flush=True)
+        runs.append((sub, run_cfg, folder, run_experiment(run_cfg, folder, cache=out)))
+
+    if args.ablation == "lr":
+        text = tables.write_table4(out, {rc.train.lr: res for _, rc, _, res in runs}, methods)
+    elif args.ablation in ("size", "news"):
+        manifests = [json.loads((f / "corpus" / "manifest.json").read_text()) for _, _, f, _ in runs]
+        name, title = (("fig5a", "Figure 5a: outlier contaminants (downstream examples) vs corpus size")
+                       if args.ablation == "size" else
+                       ("fig5b", "Figure 5b: in-distribution contaminants (2023 news) vs corpus size"))
+        tables.write_size_figure(out, name, list(zip(manifests, (r for *_, r in runs))), methods, title)
+        text = (out / f"{name}.md").read_text()
+    else:
+        folder, run_cfg = runs[0][2], runs[0][1]
+        if run_cfg.corpus.occurrence == "poisson":
+            records = [json.loads(line) for line in (folder / "scores" / "trained" / "results.jsonl").open()]
+            tables.write_occurrence_figure(out, records, load_eval(folder / "corpus"), methods)
+        text = (folder / "table3.md").read_text()
+        if (out / "fig5c.md").exists():
+            text += "\n" + (out / "fig5c.md").read_text()
+    print(text)
+    print(f"wrote {out}/", file=sys.stderr)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""One contamination run: corpus -> base-model scores -> continued pretraining -> trained-model scores -> metrics.
+
+Folder of a run (every step resumes from what is already there; a folder holding a run of another
+config is refused)::
+
+    run_config.json       the resolved config (compared on resume)
+    corpus/               documents.jsonl, eval.jsonl, manifest.json (train/corpus.py)
+    train/                Orbax checkpoints, fingerprint.json, metrics.jsonl (train/trainer.py)
+    model/                the trained model in the Hugging Face layout (loads with mia_jax.models.load)
+    scores/trained/       runner.score_dataset output for the trained model (with `ref` = the base model)
+    metrics.json          {"trained"|"base": {dataset: {method: metrics.evaluate(...)}}}
+    table3.*, table7.*    AUROC / TPR@5%FPR per dataset and method (train/tables.py)
+    run.json              versions, model, corpus summary, training throughput, timings
+
+Base-model scores live in ``<cache>/base_scores/<key>/`` (shared by the runs of an ablation that score the
+same texts with the same base model).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from mia_jax.errors import UserError
+from train.config import ExperimentConfig
+
+NOT_COMPARED = {("train", "progress"), ("train", "checkpoint_every"), ("train", "keep_checkpoints")}
+
+
+def comparable(cfg: ExperimentConfig) -> dict:
+    d = dataclasses.asdict(cfg)
+    d.pop("ablation")
+    d.pop("name")
+    for section, key in NOT_COMPARED:
+        d[section].pop(key)
+    return d
+
+
+def check_run_folder(out: Path, cfg: ExperimentConfig) -> None:
+    """Record the config in ``out``; refuse a folder that holds a run of a different config."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "run_config.json"
+    new = comparable(cfg)
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != new:
+            from train.trainer import _diff
+
+            changes = _diff(old, new)
+            raise UserError(f"{out} holds a run with a different config ({'; '.join(changes[:8])}); refusing to "
+                            "mix them. Use another --out, the original config, or --overwrite to start afresh")
+    else:
+        path.write_text(json.dumps(new, indent=2) + "\n")
+
+
+def base_model_path(cfg: ExperimentConfig, cache: Path) -> str:
+    """The base model to load: ``tiny`` is created once in ``cache/base_model`` (and checked on reuse)."""
+    if cfg.model.path != "tiny":
+        return cfg.model.path
+    from train.tiny import write_tiny_model
+
+    folder = cache / "base_model"
+    want = dataclasses.asdict(cfg.model.tiny)
+    marker = folder / "tiny_config.json"
+    if marker.exists():
+        if json.loads(marker.read_text()) != want:
+            raise UserError(f"{folder} holds a tiny model of another model.tiny config; use another --out or "
+                            "--overwrite")
+        return str(folder)
+    write_tiny_model(folder, cfg.model.tiny)
+    return str(folder)
+
+
+def _eval_key(loaded, texts: list[str], methods: list[str], cfg: ExperimentConfig) -> str:
+    h = hashlib.sha256(json.dumps([sorted(loaded.files.items()), methods, cfg.score.batch_size, loaded.dtype]).encode())
+    for t in texts:
+        h.update(t.encode() + b"\x00")
+    return h.hexdigest()[:16]
+
+
+def score(loaded, texts, labels, methods, out_dir: Path, cfg: ExperimentConfig, ref=None) -> list[dict]:
+    from mia_jax import runner
+
+    return runner.score_dataset(loaded, texts, methods, ref=ref, labels=labels, out_dir=out_dir, resume=True,
+                                batch_size=cfg.score.batch_size, progress=cfg.train.progress)
+
+
+def evaluate_by_dataset(records: list[dict], eval_set: list[dict], methods: list[str], cfg: ExperimentConfig) -> dict:
+    from mia_jax import metrics, runner
+
+    out = {}
+    for name in dict.fromkeys(r["dataset"] for r in eval_set):
+        idx = [i for i, r in enumerate(eval_set) if r["dataset"] == name]
+        recs = [records[i] for i in idx]
+        scores = runner.scores_by_method(recs, methods)
+        labels = [eval_set[i]["label"] for i in idx]
+        out[name] = {m: metrics.evaluate(labels, scores[m], n_bootstrap=cfg.score.n_bootstrap, seed=cfg.score.seed)
+                     for m in methods}
+    return out
+
+
+def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | None = None,
+                   on_step=None) -> dict:
+    """Run (or resume) one contamination run in ``out``; returns its metrics dict (also in metrics.json)."""
+    import jax
+
+    from mia_jax import __version__, models
+    from mia_jax.scorers import expand_methods
+    from train import tables
+    from train.corpus import build_corpus
+    from train.data import Batches, pack, separator_id
+    from train.export import save_hf
+    from train.trainer import apply_params, fingerprint, train
+
+    out = Path(out)
+    cache = Path(cache) if cache is not None else out
+    check_run_folder(out, cfg)
+    timings = {}
+    methods = expand_methods(cfg.score.methods, cfg.score.k)
+    base_methods = [m for m in methods if m != "ref"]
+
+    t0 = time.perf_counter()
+    base = models.load(base_model_path(cfg, cache), dtype=cfg.model.dtype)
+    corpus = build_corpus(cfg.corpus, base.tokenizer)
+    corpus.write(out / "corpus")
+    texts, labels = [r["text"] for r in corpus.eval], [r["label"] for r in corpus.eval]
+    sep = separator_id(base.tokenizer, base.eos_token_id, cfg.train.separator)
+    data = pack(corpus.documents, base.tokenizer, cfg.train.seq_len, sep)
+    timings["corpus_s"] = time.perf_counter() - t0
+    _log(f"corpus: {len(corpus.documents)} documents, {corpus.manifest['tokens']['total']} tokens "
+         f"({100 * corpus.manifest['contamination_rate']:.1f}% contaminant), {data.n_sequences} sequences of "
+         f"{cfg.train.seq_len}")
+
+    t0 = time.perf_counter()
+    base_dir = cache / "base_scores" / _eval_key(base, texts, base_methods, cfg)
+    base_records = score(base, texts, labels, base_methods, base_dir, cfg)
+    timings["score_base_s"] = time.perf_counter() - t0
+
+    batches = Batches(data, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.epochs, cfg.train.shuffle,
+                      cfg.train.seed)
+    run_fp = fingerprint(cfg.train, model_files=base.files, data=data.digest(), separator=sep)
+    done_path = out / "train" / "done.json"
+    model_dir = out / "model"
+    if done_path.exists() and json.loads(done_path.read_text()).get("fingerprint") == run_fp and \
+            (model_dir / "config.json").exists():
+        train_info = json.loads(done_path.read_text())["train"]
+    else:
+        t0 = time.perf_counter()
+        result = train(base.model, batches, cfg.train, out / "train", run_fp, on_step=on_step)
+        trained_model = apply_params(base.model, result.params)
+        save_hf(model_dir, trained_model, base.tokenizer)
+        train_info = {"steps": result.steps, "tokens": int(sum(m["tokens"] for m in result.metrics)),
+                      "sequences": data.n_sequences, "tokens_per_second": result.tokens_per_second,
+                      "seconds": time.perf_counter() - t0, "resumed_from": result.resumed_from,
+                      "first_loss": result.metrics[0]["loss"], "final_loss": result.metrics[-1]["loss"]}
+        done_path.write_text(json.dumps({"fingerprint": run_fp, "train": train_info}, indent=2) + "\n")
+        del trained_model
+    _log(f"training: {train_info['steps']} steps, loss {train_info['first_loss']:.3f} -> "
+         f"{train_info['final_loss']:.3f}, {train_info['tokens_per_second'] or 0:.0f} tokens/s")
+
+    t0 = time.perf_counter()
+    trained = models.load(str(model_dir), dtype=cfg.model.dtype)
+    trained_records = score(trained, texts, labels, methods, out / "scores" / "trained", cfg, ref=base)
+    timings["score_trained_s"] = time.perf_counter() - t0
+
+    results = {"trained": evaluate_by_dataset(trained_records, corpus.eval, methods, cfg),
+               "base": evaluate_by_dataset(base_records, corpus.eval, base_methods, cfg)}
+    (out / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+    tables.write_run_tables(out, results, methods)
+    tables.plot_run_rocs(out, trained_records, corpus.eval, methods)
+    (out / "run.json").write_text(json.dumps({
+        "command": " ".join(sys.argv), "config": dataclasses.asdict(cfg), "package_version": __version__,
+        "jax_version": jax.__version__, "device": str(jax.devices()[0]), "platform": platform.platform(),
+        "base_model": {"name": base.name, "source": base.source, "files": base.files, "add_bos": base.add_bos},
+        "separator_token_id": sep, "methods": methods,
+        "corpus": {k: corpus.manifest[k] for k in ("tokens", "contamination_rate", "n_documents",
+                                                   "n_inserted_segments")},
+        "train": train_info, "timings_s": timings,
+    }, indent=2, default=str) + "\n")
+    return results
+
+
+def prepare_out(out: Path, overwrite: bool) -> None:
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,218 @@
+"""Optax continued pretraining of an NNX causal LM, with Orbax checkpoints and exact resume.
+
+* AdamW (decay on matrices only), constant learning rate by default (as in the paper), optional linear
+  warm-up and cosine decay; global-norm gradient clipping; gradient accumulation over micro-batches
+  (``lax.scan`` inside one jit-compiled step, gradients summed and divided by the step's real token count,
+  so the update equals one big batch's).
+* Master weights and optimizer state are float32; ``compute_dtype="bfloat16"`` casts the parameters to
+  bfloat16 inside the loss (gradients flow back to the float32 copy). Log-softmax and the loss are float32.
+* Checkpoints: an Orbax ``CheckpointManager`` in ``workdir/checkpoints`` every ``checkpoint_every`` steps and
+  at the end, holding the parameters, the optimizer state and the metric history. Orbax writes a step into a
+  temporary folder and renames it when complete, so a write interrupted by a crash or a full disk never
+  replaces the previous checkpoint: the next run resumes from the last complete one.
+* Exact resume: the batches are a pure function of the step (train/data.py) and the step function is
+  deterministic, so a run killed after a checkpoint and resumed ends with the same parameters and the same
+  per-step metrics as an uninterrupted run. Resuming is refused (UserError) when anything that defines the
+  run differs (``fingerprint``: model files, packed-data hash, training config).
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from tqdm.auto import tqdm
+
+from mia_jax.errors import UserError
+from train.config import TrainConfig
+from train.data import Batches
+
+# what may differ between an interrupted run and its resumption without changing the result
+NOT_IN_FINGERPRINT = ("checkpoint_every", "keep_checkpoints", "progress")
+
+
+def learning_rate(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
+    warm = min(cfg.warmup_steps, total_steps)
+    if cfg.schedule == "constant":
+        main = optax.constant_schedule(cfg.lr)
+    else:
+        main = optax.cosine_decay_schedule(cfg.lr, max(1, total_steps - warm), alpha=cfg.min_lr_ratio)
+    if not warm:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warm), main], [warm])
+
+
+def optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransformation:
+    adamw = optax.adamw(learning_rate(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                        weight_decay=cfg.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
+    return adamw if cfg.max_grad_norm is None else optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+
+
+_STEP_CACHE: dict = {}  # (graphdef, optimizer config, steps) -> jitted step: one compilation per process
+OPTIMIZER_FIELDS = ("lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2", "eps",
+                    "max_grad_norm", "compute_dtype")
+
+
+def train_step_for(model: nnx.Module, cfg: TrainConfig, total_steps: int):
+    """``make_train_step`` for this model and config, memoised (a resumed or repeated run reuses the compiled step)."""
+    graphdef, state = nnx.split(model)
+    shapes = tuple((str(p), x.shape, str(x.dtype)) for p, x in jax.tree_util.tree_flatten_with_path(state)[0])
+    # the schedule depends on the number of steps only when it decays
+    steps = total_steps if cfg.schedule == "cosine" else None
+    key = (graphdef, shapes, tuple(getattr(cfg, f) for f in OPTIMIZER_FIELDS), steps)
+    if key not in _STEP_CACHE:
+        _STEP_CACHE.clear()  # keep at most one (a compiled step holds no parameters, but keep memory flat)
+        _STEP_CACHE[key] = make_train_step(model, optimizer(cfg, total_steps), cfg.compute_dtype)
+    return _STEP_CACHE[key]
+
+
+def make_train_step(model: nnx.Module, opt: optax.GradientTransformation, compute_dtype: str):
+    """A jitted ``(params, opt_state, ids, mask) -> (params, opt_state, metrics)``; ids/mask [A, M, T]."""
+    graphdef, abstract = nnx.split(model)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
+    dtype = jnp.bfloat16 if compute_dtype == "bfloat16" else jnp.float32
+
+    def rebuild(params):
+        state = jax.tree.map(lambda x: x, abstract)
+        nnx.replace_by_pure_dict(state, jax.tree.map(lambda x: x.astype(dtype), params))
+        return nnx.merge(graphdef, state)
+
+    def nll_sum(params, ids, mask):
+        m = rebuild(params)
+        hidden = m.hidden_states(ids[:, :-1])
+        logits = jnp.einsum("btd,vd->btv", hidden, m.unembedding(), preferred_element_type=jnp.float32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+        valid = mask[:, 1:]
+        return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid)
+
+    grad_fn = jax.value_and_grad(nll_sum, has_aux=True)
+
+    def step(params, opt_state, ids, mask):
+        def micro(carry, xs):
+            g_acc, l_acc, n_acc = carry
+            (loss, n), g = grad_fn(params, *xs)
+            return (jax.tree.map(jnp.add, g_acc, g), l_acc + loss, n_acc + n), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (g, loss, n), _ = jax.lax.scan(micro, (zeros, jnp.float32(0), jnp.int32(0)), (ids, mask))
+        denom = jnp.maximum(n, 1).astype(jnp.float32)
+        grads = jax.tree.map(lambda x: x / denom, g)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss / denom, "grad_norm": optax.global_norm(grads), "tokens": n}
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+@dataclass
+class TrainResult:
+    params: dict  # float32 nested dict (nnx.to_pure_dict layout)
+    metrics: list[dict]  # per step: step, loss, grad_norm, lr, tokens
+    steps: int
+    resumed_from: int | None  # step of the checkpoint the run resumed from
+    seconds: float  # wall time of the steps run in this process
+    tokens_per_second: float | None  # target tokens per second over those steps (compile excluded)
+
+
+def fingerprint(cfg: TrainConfig, **extra) -> dict:
+    return {"train": {k: v for k, v in asdict(cfg).items() if k not in NOT_IN_FINGERPRINT}, **extra}
+
+
+def _diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
+
+
+def _manager(workdir: Path, cfg: TrainConfig) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(
+        (workdir / "checkpoints").absolute(),
+        options=ocp.CheckpointManagerOptions(max_to_keep=max(1, cfg.keep_checkpoints), create=True,
+                                             enable_async_checkpointing=False),
+        item_names=("state", "meta"))
+
+
+def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | Path, run_fingerprint: dict,
+          on_step: Callable[[int], None] | None = None) -> TrainResult:
+    """Train ``model``'s parameters for ``batches.total_steps`` steps, resuming from ``workdir`` when it holds a
+    checkpoint of the same run. ``on_step(step)`` is called after each step (and its checkpoint, if any)."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    total = batches.total_steps
+    opt = optimizer(cfg, total)
+    params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), nnx.to_pure_dict(nnx.state(model)))
+    opt_state = opt.init(params)
+    schedule = learning_rate(cfg, total)
+    mngr = _manager(workdir, cfg)
+    metrics: list[dict] = []
+    start, resumed_from = 0, None
+    latest = mngr.latest_step()
+    fp_path = workdir / "fingerprint.json"
+    if latest is not None:
+        old = json.loads(fp_path.read_text()) if fp_path.exists() else {}
+        changes = _diff(old, run_fingerprint)
+        if changes:
+            raise UserError(f"{workdir} holds checkpoints of a different training run; refusing to resume with a "
+                            f"changed config ({'; '.join(changes[:8])}). Use another --out, restore the original "
+                            "config, or delete the folder (--overwrite) to start afresh")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state})
+        restored = mngr.restore(latest, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                meta=ocp.args.JsonRestore()))
+        params, opt_state = restored["state"]["params"], restored["state"]["opt_state"]
+        metrics = restored["meta"]["metrics"]
+        start = resumed_from = int(latest)
+    fp_path.write_text(json.dumps(run_fingerprint, indent=2) + "\n")
+
+    step_fn = train_step_for(model, cfg, total)
+    bar = tqdm(total=total, initial=start, desc="training", unit="step", disable=not cfg.progress)
+    t_first, tokens_timed, seconds = None, 0, 0.0
+    for step in range(start, total):
+        ids, mask = batches.batch(step)
+        t0 = time.perf_counter()
+        params, opt_state, m = step_fn(params, opt_state, jnp.asarray(ids), jnp.asarray(mask))
+        m = jax.device_get(m)
+        dt = time.perf_counter() - t0
+        if t_first is None:
+            t_first = dt  # includes compilation: not counted in tokens/s
+        else:
+            tokens_timed += int(m["tokens"])
+            seconds += dt
+        metrics.append({"step": step + 1, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
+                        "lr": float(schedule(step)), "tokens": int(m["tokens"])})
+        bar.set_postfix(loss=f"{metrics[-1]['loss']:.4f}", tok_s=f"{tokens_timed / seconds:.0f}" if seconds else "-")
+        bar.update(1)
+        if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
+            mngr.save(step + 1, args=ocp.args.Composite(
+                state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+                meta=ocp.args.JsonSave({"metrics": metrics, "fingerprint": run_fingerprint})))
+            mngr.wait_until_finished()
+        if on_step is not None:
+            on_step(step + 1)
+    bar.close()
+    mngr.close()
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    return TrainResult(jax.tree.map(np.asarray, jax.device_get(params)), metrics, total, resumed_from,
+                       seconds, tokens_timed / seconds if seconds else None)
+
+
+def apply_params(model: nnx.Module, params: dict) -> nnx.Module:
+    """A copy of ``model`` holding ``params`` (cast to the model's parameter dtype)."""
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(lambda x: x, state)
+    dtypes = jax.tree.map(lambda x: x.dtype, nnx.to_pure_dict(state))
+    nnx.replace_by_pure_dict(state, jax.tree.map(lambda x, d: jnp.asarray(x, d), params, dtypes))
+    return nnx.merge(graphdef, state)
