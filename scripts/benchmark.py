@@ -27,6 +27,7 @@ common (batch, bucket) shape of (a), counted with its padding (what the device e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -168,15 +169,8 @@ def worker_a(args, loaded, encoded, texts, result):
 
     from mia_jax import runner
 
-    compiles = Compiles()
-    with PeakRSS() as mem:
-        passes = []
-        for _ in range(2):
-            with compiles:
-                t0 = time.perf_counter()
-                recs = runner.score_texts(loaded, texts, METHODS, batch_size=args.batch_size,
-                                          chunk_size=args.chunk_size, progress=False)
-                passes.append((time.perf_counter() - t0, compiles.count, compiles.seconds))
+    passes, recs, mem = two_passes(lambda: runner.score_texts(loaded, texts, METHODS, batch_size=args.batch_size,
+                                                              chunk_size=args.chunk_size, progress=False))
     fn = runner.shared_stats_fn(loaded, args.chunk_size)
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=fn._cache_size(),
                   scores=[r["scores"] for r in recs])
@@ -213,20 +207,17 @@ def worker_b(args, loaded, encoded, texts, result):
         var = (probs * jnp.square(log_probs)).sum(-1) - jnp.square(mu)
         return lp, mu, var
 
-    compiles = Compiles()
-    with PeakRSS() as mem:
-        passes = []
-        for _ in range(2):
-            with compiles:
-                t0 = time.perf_counter()
-                scores = []
-                for e in encoded:
-                    if len(e.ids) < 2:
-                        scores.append(None)
-                        continue
-                    out = [np.asarray(x, np.float64) for x in published(state, jnp.asarray([e.ids], jnp.int32))]
-                    scores.append(reference_scores(*out, len(e.ids)))
-                passes.append((time.perf_counter() - t0, compiles.count, compiles.seconds))
+    def score_all():
+        scores = []
+        for e in encoded:
+            if len(e.ids) < 2:
+                scores.append(None)
+                continue
+            out = [np.asarray(x, np.float64) for x in published(state, jnp.asarray([e.ids], jnp.int32))]
+            scores.append(reference_scores(*out, len(e.ids)))
+        return scores
+
+    passes, scores, mem = two_passes(score_all)
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=published._cache_size(),
                   scores=scores)
 
@@ -256,26 +247,41 @@ def worker_c(args, loaded, encoded, texts, result):
     result["torch_threads"] = torch.get_num_threads()
     vocab = min(loaded.config.vocab_size, loaded.tokenizer.get_vocab_size(with_added_tokens=True))
     F = torch.nn.functional
-    with PeakRSS() as mem, torch.no_grad():
-        passes = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            scores = []
-            for e in encoded:
-                if len(e.ids) < 2:
-                    scores.append(None)
-                    continue
-                ids = torch.tensor([e.ids])
-                logits = model(ids).logits[0, :-1, :vocab].float()
-                log_probs = F.log_softmax(logits, dim=-1)
-                probs = F.softmax(logits, dim=-1)
-                lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
-                mu = (probs * log_probs).sum(-1)
-                var = (probs * torch.square(log_probs)).sum(-1) - torch.square(mu)
-                scores.append(reference_scores(lp.double().numpy(), mu.double().numpy(), var.double().numpy(),
-                                               len(e.ids)))
-            passes.append((time.perf_counter() - t0, 0, 0.0))
+    @torch.no_grad()
+    def score_all():
+        scores = []
+        for e in encoded:
+            if len(e.ids) < 2:
+                scores.append(None)
+                continue
+            ids = torch.tensor([e.ids])
+            logits = model(ids).logits[0, :-1, :vocab].float()
+            log_probs = F.log_softmax(logits, dim=-1)
+            probs = F.softmax(logits, dim=-1)
+            lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
+            mu = (probs * log_probs).sum(-1)
+            var = (probs * torch.square(log_probs)).sum(-1) - torch.square(mu)
+            scores.append(reference_scores(lp.double().numpy(), mu.double().numpy(), var.double().numpy(),
+                                           len(e.ids)))
+        return scores
+
+    passes, scores, mem = two_passes(score_all, count_compiles=False)
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=0, scores=scores)
+
+
+def two_passes(score_all, count_compiles=True):
+    """Run ``score_all()`` twice under the peak-memory sampler: ([(seconds, compilations, compile seconds)] per
+    pass, the last pass's result, the PeakRSS)."""
+    compiles = Compiles() if count_compiles else contextlib.nullcontext()
+    passes, out = [], None
+    with PeakRSS() as mem:
+        for _ in range(2):
+            with compiles:
+                t0 = time.perf_counter()
+                out = score_all()
+                seconds = time.perf_counter() - t0
+            passes.append((seconds, compiles.count, compiles.seconds) if count_compiles else (seconds, 0, 0.0))
+    return passes, out, mem
 
 
 def _passes(passes):
