@@ -16,12 +16,13 @@ table of (regex over the nnx state path, e.g. ``layers/wq``, -> PartitionSpec); 
 wins. A dimension that is not divisible by its mesh axes is left unsharded (``fit_spec``), so every
 rule works with every mesh (e.g. 2 key/value heads on model=4), only less sharded.
 
-Loading: ``load_sharded`` loads the checkpoint into *host* memory (the CPU backend), then places
-every tensor on its sharding (``jax.make_array_from_callback``: each device receives only its slice)
-and drops the host copy. The whole model is therefore held once in host RAM while loading (not on
-one accelerator); streaming each tensor from safetensors/GGUF straight to its sharding would need
-the per-family name/layout conversion (``params_from_hf``) to work tensor by tensor, which it does
-not do yet.
+Loading: ``load_sharded`` streams the checkpoint tensor by tensor straight to the shardings. The
+readers return lazy tensors (``layers.Lazy``: safetensors memory-mapped and sliced, GGUF dequantized on
+use), the per-family conversion (``params_from_hf``) composes its transposes and reshapes onto them and
+stacks layers lazily, and ``placer`` builds each parameter with ``jax.make_array_from_callback``: every
+device's callback reads only its own block (the layers and the slice of each that its index selects;
+a safetensors tensor taken whole, such as a vocabulary-sharded embedding, is read as a row slice). The
+host never holds the model: at most one block, plus one layer's tensor while converting it.
 
 Multi-host (one process per host, all devices in one global mesh): ``initialize_distributed`` calls
 ``jax.distributed.initialize()`` when asked (``--distributed`` or ``MIA_JAX_DISTRIBUTED=1``). With
@@ -38,7 +39,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -253,20 +254,33 @@ def shard_model(model: nnx.Module, mesh: Mesh) -> dict[str, P]:
     return specs
 
 
+def placer(mesh: Mesh, on_block: Callable[[str, np.ndarray], None] | None = None) -> Callable:
+    """A ``place`` for ``models.load`` / ``layers.build_module``: each parameter goes to
+    ``NamedSharding(mesh, spec_for(arch, path))``: each local device's block is read from the lazy checkpoint
+    tensor and sent to its device before the next is read (devices holding the same block share one read),
+    so the host holds one block at a time. ``on_block(path, block)`` sees every block read (tests use it)."""
+
+    def place(arch: str, path: str, shape: tuple, value, dtype) -> jax.Array:
+        sharding = NamedSharding(mesh, spec_for(arch, path, shape, mesh))
+        key, host, shards = None, None, []
+        for device, index in sharding.addressable_devices_indices_map(shape).items():
+            if key != (k := tuple((s.start, s.stop, s.step) for s in index)):
+                key, host = k, None
+                host = np.asarray(value[index]).astype(dtype)
+                if on_block is not None:
+                    on_block(path, host)
+            shards.append(jax.device_put(host, device))
+        return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+
+    return place
+
+
 def load_sharded(name_or_path: str, mesh: Mesh, **kwargs):
-    """``models.load`` into host memory (the CPU backend), then ``shard_model`` onto ``mesh``."""
+    """``models.load`` with every tensor streamed from the checkpoint straight to its sharding on ``mesh``."""
     from mia_jax import models
 
-    try:
-        cpu = jax.local_devices(backend="cpu")[0]
-    except RuntimeError:
-        cpu = None
-    if cpu is None:
-        loaded = models.load(name_or_path, **kwargs)
-    else:
-        with jax.default_device(cpu):
-            loaded = models.load(name_or_path, **kwargs)
-    shard_model(loaded.model, mesh)
+    loaded = models.load(name_or_path, place=placer(mesh), **kwargs)
+    shard_model(loaded.model, mesh)  # a no-op unless some state was not placed by the rules
     return loaded
 
 

@@ -101,8 +101,38 @@ def meshes(out_dir):
         report["kernel_rank_equal"] = bool(np.array_equal(want.rank, got.rank))
         runner.score_dataset(loaded["llama"], texts(), DATASET_METHODS, out_dir=Path(out_dir) / "single",
                              batch_size=5, chunk_size=96, progress=False)
+        report["streamed"] = streamed(Path(tmp) / "llama", loaded["llama"])
     report["seconds"] = time.perf_counter() - T0
     Path(out_dir, "meshes.json").write_text(json.dumps(report, indent=1))
+
+
+def streamed(folder, eager):
+    """Load the safetensors folder straight onto a 3-axis mesh (``placer``), recording every host block read:
+    parameters equal the eager load's, each block is one device's shard, and scores equal the unsharded ones."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from mia_jax import models, runner, sharding
+
+    mesh = sharding.make_mesh("data=2,fsdp=2,model=2")
+    blocks = []
+    lm = models.load(str(folder), place=sharding.placer(mesh, lambda path, b: blocks.append((path, b.shape))))
+    want = {sharding.path_str(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(
+        nnx.state(eager.model))[0]}
+    got = {sharding.path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(nnx.state(lm.model))[0]}
+    specs = sharding.state_specs(lm.model, mesh)
+    shard_shapes = {k: x.sharding.shard_shape(x.shape) for k, x in got.items()}
+    ref = runner.score_texts(eager, texts(), METHODS, batch_size=5, chunk_size=96, progress=False)
+    out = runner.score_texts(lm, texts(), METHODS, batch_size=5, chunk_size=96, progress=False, mesh=mesh)
+    return {
+        "params_equal": all(np.array_equal(want[k], np.asarray(x)) for k, x in got.items()) and want.keys() == got.keys(),
+        "placed_by_rules": all(x.sharding.spec == specs[k] for k, x in got.items()),
+        "blocks_are_shards": all(shape == shard_shapes[path] for path, shape in blocks),
+        "paths_read": sorted({path for path, _ in blocks}) == sorted(got),
+        "largest_block_fraction": {k: max(int(np.prod(s)) for p, s in blocks if p == k) / got[k].size for k in got},
+        "max_rel": _max_rel(ref, out),
+    }
 
 
 def process(index, count, port, out_dir):
@@ -113,8 +143,9 @@ def process(index, count, port, out_dir):
 
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        lm = tiny_models(Path(tmp))["llama"]
+        tiny_models(Path(tmp))
         mesh = sharding.make_mesh("data=2,model=2")
+        lm = sharding.load_sharded(str(Path(tmp) / "llama"), mesh)  # each process reads only its own blocks
         runner.score_dataset(lm, texts(), DATASET_METHODS, out_dir=out_dir / "multi", batch_size=3, chunk_size=96,
                              progress=False, mesh=mesh)
         if jax.process_index() == 0:

@@ -93,6 +93,18 @@ def test_parameters_are_sharded_by_the_rules(report):
     assert report["cases"]["gpt_neox model=8"]["actual"]["lm_head"] == "P(None, None)"  # 330 % 8 != 0
 
 
+def test_loading_streams_each_tensor_to_its_sharding(report):
+    """models.load(place=sharding.placer(mesh)) on a safetensors folder: every block read from the checkpoint
+    is one device's shard (the head and embedding over model x fsdp: a quarter each), nothing else is read,
+    and the parameters and scores equal the eager load's."""
+    r = report["streamed"]
+    assert r["params_equal"] and r["placed_by_rules"] and r["paths_read"]
+    assert r["blocks_are_shards"]
+    assert r["largest_block_fraction"]["lm_head"] == 0.25 and r["largest_block_fraction"]["embed"] == 0.25
+    assert r["largest_block_fraction"]["layers/w_down"] == 0.25 and r["largest_block_fraction"]["norm"] == 1.0
+    assert r["max_rel"] < RTOL, r["max_rel"]
+
+
 def test_vocabulary_sharded_kernel(report):
     """Bias, padded rows (vocab_size < rows) and 1003 rows over 4 shards."""
     assert report["kernel_rank_equal"]

@@ -239,8 +239,8 @@ def params_from_hf(cfg: BertConfig, tensors: Mapping[str, np.ndarray]) -> dict:
     return out
 
 
-def from_params(cfg: BertConfig, params: dict, dtype: str = "float32") -> BertMLM:
-    return L.build_module(BertMLM, cfg, params, dtype)
+def from_params(cfg: BertConfig, params: dict, dtype: str = "float32", place=None) -> BertMLM:
+    return L.build_module(BertMLM, cfg, params, dtype, place)
 
 
 _MASK_NAMES = ("[MASK]", "<mask>")

@@ -206,8 +206,9 @@ def _with_special_ids(cfg, ids: dict):
     return dataclasses.replace(cfg, **{f"{k}_token_id": v for k, v in ids.items() if f"{k}_token_id" in fields})
 
 
-def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None = None) -> LoadedModel:
-    """Load a model and its tokenizer from a HF folder, a GGUF file, a packaged short name or a Hub id."""
+def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None = None, place=None) -> LoadedModel:
+    """Load a model and its tokenizer from a HF folder, a GGUF file, a packaged short name or a Hub id.
+    Tensors are read one at a time; `place` (see `layers.build_module`) puts each where it belongs."""
     if dtype not in DTYPES:
         raise UserError(f"unsupported dtype {dtype!r}; supported: {list(DTYPES)}")
     source = Path(resolve_model(name_or_path))
@@ -245,7 +246,7 @@ def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None =
             f"{source}: tokenizer has {tokenizer.get_vocab_size()} tokens but the model only {cfg.vocab_size}"
         )
     cfg = _with_special_ids(cfg, ids)
-    model = module.from_params(cfg, module.params_from_hf(cfg, tensors), dtype)
+    model = module.from_params(cfg, module.params_from_hf(cfg, tensors), dtype, place)
     del tensors
     probe = tokenizer.encode(BOS_PROBE).ids
     return LoadedModel(

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mia_jax.errors import UserError
 from mia_jax.models import layers as L
 from mia_jax.models.layers import (
     DTYPES, ConfigError, apply_rope, build_module, causal_mask, gqa_attention, init_param, inv_freq, rope_at,
@@ -302,22 +301,17 @@ def params_from_hf(cfg: Gemma3Config, tensors: Mapping[str, np.ndarray]) -> dict
         "post_mlp_norm": ("post_feedforward_layernorm.weight", same),
     }
 
-    def get(name):
-        if name not in tensors:
-            raise UserError(f"Gemma 3 checkpoint is missing tensor {name!r}")
-        return np.asarray(tensors[name], np.float32)
-
-    layers = {key: np.stack([conv(get(f"{base}layers.{i}.{hf}")) for i in range(cfg.num_hidden_layers)])
-              for key, (hf, conv) in layer_table.items()}
-    out = {"embed": get(base + "embed_tokens.weight"), "layers": layers, "norm": get(base + "norm.weight")}
+    get = L.Tensors(tensors, ("",), base + "embed_tokens.weight", "Gemma 3")
+    out = {"embed": get.lazy(base + "embed_tokens.weight"), "layers": get.stack(layer_table, cfg.num_hidden_layers,
+           base + "layers.{i}."), "norm": get.lazy(base + "norm.weight")}
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = get(head + "weight")
+        out["lm_head"] = get.lazy(head + "weight")
     return out
 
 
-def from_params(cfg: Gemma3Config, params: dict, dtype: str = "float32") -> Gemma3:
+def from_params(cfg: Gemma3Config, params: dict, dtype: str = "float32", place=None) -> Gemma3:
     """Build a `Gemma3` holding `params` (from `params_from_hf`) without random initialisation."""
-    return build_module(Gemma3, cfg, params, dtype)
+    return build_module(Gemma3, cfg, params, dtype, place)
 
 
 # GGUF tensor name -> Hugging Face name ("{i}" is the layer index), as llama.cpp's Gemma3Model writes them.
@@ -384,4 +378,4 @@ def tensors_from_gguf(cfg: Gemma3Config, arrays: Mapping[str, np.ndarray]) -> di
     from mia_jax.models.gguf_io import rename
 
     tensors = rename(arrays, GGUF_TO_HF, "gemma3")
-    return {name: (a - 1.0 if name.endswith("norm.weight") else a) for name, a in tensors.items()}
+    return {name: (L.apply(a, lambda w: w - 1.0) if name.endswith("norm.weight") else a) for name, a in tensors.items()}

@@ -21,6 +21,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from mia_jax.errors import UserError
+from mia_jax.models.layers import Lazy
 
 # GGUF value types: id -> numpy dtype (arrays) and struct format (scalars)
 _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
@@ -92,25 +93,43 @@ def read_metadata(path: str) -> dict:
         return _parse(buf, path)[0]
 
 
-def read_arrays(path: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """(metadata, {GGUF tensor name: float32 array in the HF [out, in] order}) of a GGUF file."""
+def read_arrays(path: str) -> tuple[dict, dict[str, Lazy]]:
+    """(metadata, {GGUF tensor name: `Lazy` float32 tensor in the HF [out, in] order}) of a GGUF file; each
+    tensor is dequantized from the memory-mapped file when it is used."""
     import gguf
 
     data = np.memmap(path, np.uint8, mode="r")
     meta, infos, start = _parse(data, path)
-    arrays = {}
-    for name, dims, kind, offset in infos:
+
+    def entry(name, dims, kind, offset) -> Lazy:
         qtype = gguf.GGMLQuantizationType(kind)
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         row_bytes = dims[0] // block * type_size
         n_rows = int(np.prod(dims[1:], dtype=np.int64))
-        raw = data[start + offset: start + offset + n_rows * row_bytes].reshape(n_rows, row_bytes)
-        try:
-            a = gguf.quants.dequantize(np.array(raw), qtype)
-        except NotImplementedError as e:
-            raise UserError(f"{path}: tensor {name!r} has type {qtype.name}, which cannot be dequantized: {e}") from e
-        arrays[name] = np.asarray(a, np.float32).reshape(tuple(reversed(dims)))  # GGUF lists dims fastest-first
-    return meta, arrays
+        shape = tuple(reversed(dims))  # GGUF lists dims fastest-first
+
+        def rows(first: int, stop: int) -> np.ndarray:
+            """Dequantized [first:stop] along the first dimension (whole quantization rows of the file)."""
+            per = n_rows // shape[0] if len(shape) > 1 else 1
+            lo, hi = (first * per, stop * per) if len(shape) > 1 else (0, n_rows)
+            raw = data[start + offset + lo * row_bytes: start + offset + hi * row_bytes].reshape(hi - lo, row_bytes)
+            try:
+                a = gguf.quants.dequantize(np.array(raw), qtype)
+            except NotImplementedError as e:
+                raise UserError(f"{path}: tensor {name!r} has type {qtype.name}, which cannot be dequantized: {e}") from e
+            return np.asarray(a, np.float32).reshape((stop - first, *shape[1:]) if len(shape) > 1 else shape)
+
+        def take(index):
+            index = index if isinstance(index, tuple) else (index,)
+            first = index[0] if index else slice(None)
+            if len(shape) < 2 or not isinstance(first, slice) or first.step not in (None, 1):
+                return rows(0, shape[0])[index]
+            lo, hi, _ = first.indices(shape[0])
+            return np.array(rows(lo, max(lo, hi))[(slice(None), *index[1:])])
+
+        return Lazy(shape, lambda: rows(0, shape[0]), take)
+
+    return meta, {info[0]: entry(*info) for info in infos}
 
 
 def rename(arrays: Mapping[str, np.ndarray], table: Mapping[str, str], arch: str) -> dict[str, np.ndarray]:

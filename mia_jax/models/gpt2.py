@@ -186,17 +186,17 @@ def params_from_hf(cfg: GPT2Config, tensors: Mapping[str, np.ndarray]) -> dict:
         "w_proj": ("mlp.c_proj.weight", same),
         "b_proj": ("mlp.c_proj.bias", same),
     }
-    out = {"embed": get("wte.weight"), "pos_embed": get("wpe.weight"),
+    out = {"embed": get.lazy("wte.weight"), "pos_embed": get.lazy("wpe.weight"),
            "layers": get.stack(table, cfg.num_hidden_layers, "h.{i}."),
-           "final_norm": get("ln_f.weight"), "final_norm_b": get("ln_f.bias")}
+           "final_norm": get.lazy("ln_f.weight"), "final_norm_b": get.lazy("ln_f.bias")}
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = get("lm_head.weight", absolute=True)
+        out["lm_head"] = get.lazy("lm_head.weight", absolute=True)
     return out
 
 
-def from_params(cfg: GPT2Config, params: dict, dtype: str = "float32") -> GPT2:
+def from_params(cfg: GPT2Config, params: dict, dtype: str = "float32", place=None) -> GPT2:
     """Build a `GPT2` holding `params` (from `params_from_hf`) without random initialisation."""
-    return L.build_module(GPT2, cfg, params, dtype)
+    return L.build_module(GPT2, cfg, params, dtype, place)
 
 
 # ---- GGUF (llama.cpp architecture "gpt2") ----
@@ -236,5 +236,7 @@ def config_from_gguf(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray] |
 def tensors_from_gguf(cfg: GPT2Config, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF arrays ([out, in] numpy order) -> HF-named tensors; transposes the Conv1D weights back to [in, out]
     (convert_hf_to_gguf.py transposes them to Linear layout)."""
-    out = L.rename_gguf(arrays, GGUF_TO_HF, GGUF_ARCH)
-    return {k: (np.ascontiguousarray(a.T) if k.endswith(_CONV1D) else a) for k, a in out.items()}
+    from mia_jax.models.gguf_io import rename
+
+    out = rename(arrays, GGUF_TO_HF, GGUF_ARCH)
+    return {k: (L.apply(a, lambda w: w.T) if k.endswith(_CONV1D) else a) for k, a in out.items()}

@@ -185,8 +185,8 @@ def params_from_hf(cfg: GPTNeoXConfig, tensors: Mapping[str, np.ndarray]) -> dic
     """A Hugging Face GPT-NeoX state dict (numpy, [out, in] Linear weights) -> nested dict matching `GPTNeoX`."""
     D, H, Dh, F = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.intermediate_size
     get = L.Tensors(tensors, ("gpt_neox.", ""), "embed_in.weight", "GPT-NeoX")
-    bias = (lambda name, shape: get(name).reshape(shape)) if cfg.attention_bias else (
-        lambda name, shape: np.zeros(shape, np.float32))
+    bias = (lambda name, shape: get.lazy(name).then(lambda b: b.reshape(shape))) if cfg.attention_bias else (
+        lambda name, shape: L.lazy(np.zeros(shape, np.float32)))
     table = {  # internal name -> (HF name inside layers.{i}., conversion)
         "ln1": ("input_layernorm.weight", lambda w: w),
         "ln1_b": ("input_layernorm.bias", lambda w: w),
@@ -201,19 +201,20 @@ def params_from_hf(cfg: GPTNeoXConfig, tensors: Mapping[str, np.ndarray]) -> dic
     }
     layers = get.stack(table, cfg.num_hidden_layers, "layers.{i}.")
     fmt = "layers.{i}.attention."
-    layers["b_qkv"] = np.stack([bias(fmt.format(i=i) + "query_key_value.bias", (H, 3, Dh))
-                                for i in range(cfg.num_hidden_layers)])
-    layers["b_o"] = np.stack([bias(fmt.format(i=i) + "dense.bias", (D,)) for i in range(cfg.num_hidden_layers)])
-    out = {"embed": get("embed_in.weight"), "layers": layers,
-           "final_norm": get("final_layer_norm.weight"), "final_norm_b": get("final_layer_norm.bias")}
+    layers["b_qkv"] = L.stack_layers([bias(fmt.format(i=i) + "query_key_value.bias", (H, 3, Dh))
+                                      for i in range(cfg.num_hidden_layers)])
+    layers["b_o"] = L.stack_layers([bias(fmt.format(i=i) + "dense.bias", (D,)) for i in range(cfg.num_hidden_layers)])
+    out = {"embed": get.lazy("embed_in.weight"), "layers": layers,
+           "final_norm": get.lazy("final_layer_norm.weight"), "final_norm_b": get.lazy("final_layer_norm.bias")}
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = get("embed_out.weight" if "embed_out.weight" in tensors else "lm_head.weight", absolute=True)
+        out["lm_head"] = get.lazy("embed_out.weight" if "embed_out.weight" in tensors else "lm_head.weight",
+                                  absolute=True)
     return out
 
 
-def from_params(cfg: GPTNeoXConfig, params: dict, dtype: str = "float32") -> GPTNeoX:
+def from_params(cfg: GPTNeoXConfig, params: dict, dtype: str = "float32", place=None) -> GPTNeoX:
     """Build a `GPTNeoX` holding `params` (from `params_from_hf`) without random initialisation."""
-    return L.build_module(GPTNeoX, cfg, params, dtype)
+    return L.build_module(GPTNeoX, cfg, params, dtype, place)
 
 
 # ---- GGUF (llama.cpp architecture "gptneox") ----
@@ -259,9 +260,10 @@ def tensors_from_gguf(cfg: GPTNeoXConfig, arrays: Mapping[str, np.ndarray]) -> d
     """GGUF arrays ([out, in] numpy order) -> HF-named tensors; undoes convert_hf_to_gguf.py's q/k/v regrouping
     of query_key_value (GGUF rows are [3, H, Dh], HF rows [H, 3, Dh])."""
     H, Dh = cfg.num_attention_heads, cfg.head_dim
-    out = L.rename_gguf(arrays, GGUF_TO_HF, GGUF_ARCH)
+    from mia_jax.models.gguf_io import rename
+
+    out = rename(arrays, GGUF_TO_HF, GGUF_ARCH)
     for name in list(out):
         if name.endswith("query_key_value.weight") or name.endswith("query_key_value.bias"):
-            a = out[name]
-            out[name] = a.reshape(3, H, Dh, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+            out[name] = L.apply(out[name], lambda a: a.reshape(3, H, Dh, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape))
     return out

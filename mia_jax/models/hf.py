@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 from mia_jax.errors import UserError
-
+from mia_jax.models.layers import Lazy
 
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"cannot read {path}: {e}") from e
-
 
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a folder: model.safetensors, or the shards its index lists."""
@@ -33,23 +30,32 @@ def weight_files(folder: Path) -> list[Path]:
         "supported; re-save with safe_serialization=True)"
     )
 
-
-def read_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
-    """All tensors of the given safetensors files as numpy arrays (bf16 as ml_dtypes.bfloat16)."""
+def read_safetensors(files: list[Path]) -> dict[str, Lazy]:
+    """{name: `Lazy` tensor} of the given safetensors files: only the headers are read here; a tensor's bytes
+    are read (memory-mapped; bf16 as ml_dtypes.bfloat16) when it is used, and `x[index]` reads only the slice."""
     from safetensors import safe_open
+
+    def entry(path: str, name: str, shape) -> Lazy:
+        def read():
+            with safe_open(path, framework="np") as st:
+                return st.get_tensor(name)
+
+        def take(index):
+            with safe_open(path, framework="np") as st:
+                return st.get_slice(name)[index]
+
+        return Lazy(shape, read, take)
 
     tensors = {}
     for f in files:
         if f.suffix == ".safetensors":
             with safe_open(str(f), framework="np") as st:
-                tensors.update({k: st.get_tensor(k) for k in st.keys()})
+                tensors.update({k: entry(str(f), k, st.get_slice(k).get_shape()) for k in st.keys()})
     return tensors
-
 
 def _token_content(value) -> str | None:
     """tokenizer_config.json spells special tokens as a string or an AddedToken dict."""
     return value.get("content") if isinstance(value, dict) else value
-
 
 def special_token_ids(folder: Path | None, tokenizer, cfg) -> tuple[dict, list[Path]]:
     """{'bos'|'eos'|'pad': id or None}, preferring tokenizer_config.json over the model config."""

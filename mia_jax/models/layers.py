@@ -1,11 +1,10 @@
 """Pieces shared by the causal LMs: dtypes and config errors, RoPE, float32 norms and activations, causal and
 grouped-query attention, stacked per-layer parameters applied with `jax.lax.scan`, the KV cache used by every
-family's `decode`, checkpoint tensor lookup, GGUF renaming and the generic `from_params`."""
+family's `decode`, lazy checkpoint tensors and their lookup, GGUF renaming and the generic `from_params`."""
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable, Mapping
 
 import jax
@@ -237,6 +236,57 @@ def unembed(hidden, unembedding):
     return jnp.einsum("btd,vd->btv", hidden, unembedding, preferred_element_type=jnp.float32)
 
 
+class Lazy:
+    """A checkpoint tensor that is read (and converted) only when its values are needed. `shape` is known up
+    front; `np.asarray(x)` reads it whole; `x[index]` reads what `index` needs, and only that where the source
+    allows it (a safetensors slice, the selected layers of a `stack_layers`). Checkpoint readers return these,
+    so that `build_module` can place a model tensor by tensor, never holding all of it in host memory."""
+
+    def __init__(self, shape, read: Callable[[], np.ndarray], take: Callable[[tuple], np.ndarray] | None = None):
+        self.shape, self._read, self._take = tuple(int(d) for d in shape), read, take
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __array__(self, dtype=None, copy=None):
+        a = np.asarray(self._read())
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __getitem__(self, index) -> np.ndarray:
+        """A copy (never a view that would keep the whole tensor alive)."""
+        return np.array(self._take(index) if self._take else np.asarray(self._read())[index])
+
+    def then(self, fn: Callable[[np.ndarray], np.ndarray]) -> "Lazy":
+        """`fn` (reshapes, transposes, arithmetic) applied to the float32 values when they are read."""
+        shape = jax.eval_shape(fn, jax.ShapeDtypeStruct(self.shape, jnp.float32)).shape
+        return Lazy(shape, lambda: fn(np.asarray(self, np.float32)))
+
+
+def lazy(a) -> Lazy:
+    return a if isinstance(a, Lazy) else Lazy(np.shape(a), lambda: a)
+
+
+def apply(a, fn: Callable[[np.ndarray], np.ndarray]):
+    """`fn(a)` for an array, deferred to the read for a `Lazy`."""
+    return a.then(fn) if isinstance(a, Lazy) else fn(np.asarray(a, np.float32))
+
+
+def stack_layers(layers: list[Lazy]) -> Lazy:
+    """The [n, ...] stack of per-layer tensors, built when read; `x[index]` builds only the layers and the
+    part of each that `index` selects."""
+    shapes = {x.shape for x in layers}
+    if len(shapes) != 1:
+        raise UserError(f"per-layer tensors of different shapes {sorted(shapes)} cannot be stacked")
+
+    def take(index):
+        index = index if isinstance(index, tuple) else (index,)
+        first, rest = (index[0], index[1:]) if index else (slice(None), ())
+        return np.stack([layers[i][rest] for i in range(len(layers))[first]])
+
+    return Lazy((len(layers), *layers[0].shape), lambda: np.stack([np.asarray(x, np.float32) for x in layers]), take)
+
+
 class Tensors:
     """Checkpoint lookup with the name prefixes a family's checkpoints use (e.g. 'transformer.' or none)."""
 
@@ -244,28 +294,20 @@ class Tensors:
         self.tensors, self.family = tensors, family
         self.prefix = next((p for p in prefixes if p + probe in tensors), prefixes[0])
 
-    def __call__(self, name: str, absolute: bool = False) -> np.ndarray:
+    def lazy(self, name: str, absolute: bool = False) -> Lazy:
+        """The tensor, read when its values are needed."""
         key = name if absolute else self.prefix + name
         if key not in self.tensors:
             raise UserError(f"{self.family} checkpoint is missing tensor {key!r}")
-        return np.asarray(self.tensors[key], np.float32)
+        return lazy(self.tensors[key])
+
+    def __call__(self, name: str, absolute: bool = False) -> np.ndarray:
+        return np.asarray(self.lazy(name, absolute), np.float32)
 
     def stack(self, table: Mapping[str, tuple[str, Callable]], num_layers: int, layer_fmt: str) -> dict:
-        """{internal name: [L, ...] array} from {internal name: (HF suffix, conversion)} per layer."""
-        return {key: np.stack([conv(self(layer_fmt.format(i=i) + hf)) for i in range(num_layers)])
+        """{internal name: lazy [L, ...] stack} from {internal name: (HF suffix, conversion)} per layer."""
+        return {key: stack_layers([self.lazy(layer_fmt.format(i=i) + hf).then(conv) for i in range(num_layers)])
                 for key, (hf, conv) in table.items()}
-
-
-def rename_gguf(arrays: Mapping[str, np.ndarray], table: Mapping[str, str], arch: str) -> dict[str, np.ndarray]:
-    """GGUF-named arrays -> HF-named arrays via a 'blk.{i}.x' -> 'prefix.{i}.y' table (unknown names fail)."""
-    out = {}
-    for name, a in arrays.items():
-        m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-        key, layer = (f"blk.{{i}}.{m.group(2)}", m.group(1)) if m else (name, "")
-        if key not in table:
-            raise UserError(f"unexpected tensor {name!r} for a {arch} GGUF")
-        out[table[key].format(i=layer)] = a
-    return out
 
 
 def gguf_getter(meta: Mapping[str, Any]):
@@ -287,9 +329,12 @@ def gguf_special_ids(meta: Mapping[str, Any]) -> dict:
             for k, g in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))}
 
 
-def build_module(module_cls, cfg, params: dict, dtype: str = "float32"):
-    """A `module_cls(cfg, dtype)` holding `params` (nested dict matching its state), without random init."""
+def build_module(module_cls, cfg, params: dict, dtype: str = "float32", place: Callable | None = None):
+    """A `module_cls(cfg, dtype)` holding `params` (nested dict matching its state; arrays or `Lazy`), without
+    random init. Each tensor is read, converted and placed in turn: by default on the default device; with
+    `place(arch, path, shape, value, dtype) -> jax.Array` wherever that puts it (`sharding.load_sharded`)."""
     dt = check_dtype(dtype)
+    arch = module_cls.__module__.rsplit(".", 1)[-1]
     abstract = nnx.eval_shape(lambda: module_cls(cfg, dtype))
     graphdef, state = nnx.split(abstract)
     expected = nnx.to_pure_dict(state)
@@ -302,9 +347,12 @@ def build_module(module_cls, cfg, params: dict, dtype: str = "float32"):
         raise UserError(f"{module_cls.__name__} params do not match the config: missing {missing}, unexpected {extra}")
 
     def convert(path, spec, value):
-        if tuple(spec.shape) != tuple(np.shape(value)):
-            raise UserError(f"tensor {fmt(path)} has shape {np.shape(value)}, expected {tuple(spec.shape)}")
-        return jnp.asarray(value, dt)
+        shape = tuple(spec.shape)
+        if shape != tuple(np.shape(value)):
+            raise UserError(f"tensor {fmt(path)} has shape {np.shape(value)}, expected {shape}")
+        if place is not None:
+            return place(arch, fmt(path), shape, value, dt)
+        return jnp.asarray(np.asarray(value), dt)
 
     nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(convert, expected, params))
     return nnx.merge(graphdef, state)

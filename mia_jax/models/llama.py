@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mia_jax.errors import UserError
 from mia_jax.models import layers as L
 from mia_jax.models.layers import (  # noqa: F401 - re-exported: gemma3, bert and older code import them from here
     DTYPES, ConfigError, apply_rope, causal_mask, gqa_attention, init_param, inv_freq, rope_at, rope_tables,
@@ -182,9 +181,9 @@ def rms_norm(x, weight, eps):
     return weight * x32.astype(x.dtype)
 
 
-def build_from_params(module_cls, cfg, params: dict, dtype: str = "float32"):
+def build_from_params(module_cls, cfg, params: dict, dtype: str = "float32", place=None):
     """Build `module_cls(cfg, dtype)` holding `params` (a nested dict of its state) without random init."""
-    return L.build_module(module_cls, cfg, params, dtype)
+    return L.build_module(module_cls, cfg, params, dtype, place)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -335,24 +334,17 @@ def params_from_hf(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray]) -> dict:
     if cfg.attention_out_bias:
         layer_table["bo"] = ("self_attn.o_proj.bias", lambda b: b)
 
-    def get(name):
-        if name not in tensors:
-            raise UserError(f"checkpoint is missing tensor {name!r}")
-        return np.asarray(tensors[name], np.float32)
-
-    layers = {
-        key: np.stack([conv(get(f"model.layers.{i}.{hf}")) for i in range(cfg.num_hidden_layers)])
-        for key, (hf, conv) in layer_table.items()
-    }
-    out = {"embed": get("model.embed_tokens.weight"), "layers": layers, "norm": get("model.norm.weight")}
+    get = L.Tensors(tensors, ("",), "model.embed_tokens.weight", "Llama")
+    out = {"embed": get.lazy("model.embed_tokens.weight"), "layers": get.stack(layer_table, cfg.num_hidden_layers,
+           "model.layers.{i}."), "norm": get.lazy("model.norm.weight")}
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = get("lm_head.weight")
+        out["lm_head"] = get.lazy("lm_head.weight")
     return out
 
 
-def from_params(cfg: LlamaConfig, params: dict, dtype: str = "float32") -> Llama:
+def from_params(cfg: LlamaConfig, params: dict, dtype: str = "float32", place=None) -> Llama:
     """Build a `Llama` holding `params` (from `params_from_hf`) without random initialisation."""
-    return build_from_params(Llama, cfg, params, dtype)
+    return build_from_params(Llama, cfg, params, dtype, place)
 
 
 # GGUF tensor name -> Hugging Face name ("{i}" is the layer index); llama and qwen2 files.
@@ -410,7 +402,7 @@ def config_from_gguf(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray] |
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling,
-        rope_freq_factors=None if rope_freqs is None else tuple(float(x) for x in rope_freqs),
+        rope_freq_factors=None if rope_freqs is None else tuple(float(x) for x in np.asarray(rope_freqs)),
         max_position_embeddings=get("context_length", 2048),
         tie_word_embeddings="output.weight" not in arrays if arrays else False,
         sliding_window=get("attention.sliding_window"),
@@ -435,5 +427,5 @@ def tensors_from_gguf(cfg: LlamaConfig, arrays: Mapping[str, np.ndarray]) -> dic
             for proj, heads in (("q", cfg.num_attention_heads), ("k", cfg.num_key_value_heads)):
                 name = f"model.layers.{i}.self_attn.{proj}_proj.weight"
                 if name in tensors:
-                    tensors[name] = unpermute_qk(tensors[name], heads)
+                    tensors[name] = L.apply(tensors[name], lambda w, h=heads: unpermute_qk(w, h))
     return tensors

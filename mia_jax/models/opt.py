@@ -215,18 +215,20 @@ def params_from_hf(cfg: OPTConfig, tensors: Mapping[str, np.ndarray]) -> dict:
         layers.update(get.stack(norms, n, "layers.{i}."))
     else:
         layers.update({k: (np.zeros if k.endswith("_b") else np.ones)((n, D), np.float32) for k in norms})
-    out = {"embed": get("embed_tokens.weight"), "pos_embed": get("embed_positions.weight"), "layers": layers,
-           "project_in": get("project_in.weight").T if cfg.projected else None,
-           "project_out": get("project_out.weight").T if cfg.projected else None,
+    transposed = lambda name: get.lazy(name).then(lambda w: w.T)  # noqa: E731
+    out = {"embed": get.lazy("embed_tokens.weight"), "pos_embed": get.lazy("embed_positions.weight"),
+           "layers": layers,
+           "project_in": transposed("project_in.weight") if cfg.projected else None,
+           "project_out": transposed("project_out.weight") if cfg.projected else None,
            "final_norm": None, "final_norm_b": None, "lm_head": None}
     if cfg.final_layer_norm:
-        out["final_norm"] = get("final_layer_norm.weight") if affine else np.ones(D, np.float32)
-        out["final_norm_b"] = get("final_layer_norm.bias") if affine else np.zeros(D, np.float32)
+        out["final_norm"] = get.lazy("final_layer_norm.weight") if affine else np.ones(D, np.float32)
+        out["final_norm_b"] = get.lazy("final_layer_norm.bias") if affine else np.zeros(D, np.float32)
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = get("lm_head.weight", absolute=True)
+        out["lm_head"] = get.lazy("lm_head.weight", absolute=True)
     return {k: v for k, v in out.items() if v is not None}
 
 
-def from_params(cfg: OPTConfig, params: dict, dtype: str = "float32") -> OPT:
+def from_params(cfg: OPTConfig, params: dict, dtype: str = "float32", place=None) -> OPT:
     """Build an `OPT` holding `params` (from `params_from_hf`) without random initialisation."""
-    return L.build_module(OPT, cfg, params, dtype)
+    return L.build_module(OPT, cfg, params, dtype, place)
