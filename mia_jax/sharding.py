@@ -19,10 +19,11 @@ rule works with every mesh (e.g. 2 key/value heads on model=4), only less sharde
 Loading: ``load_sharded`` streams the checkpoint tensor by tensor straight to the shardings. The
 readers return lazy tensors (``layers.Lazy``: safetensors memory-mapped and sliced, GGUF dequantized on
 use), the per-family conversion (``params_from_hf``) composes its transposes and reshapes onto them and
-stacks layers lazily, and ``placer`` builds each parameter with ``jax.make_array_from_callback``: every
-device's callback reads only its own block (the layers and the slice of each that its index selects;
-a safetensors tensor taken whole, such as a vocabulary-sharded embedding, is read as a row slice). The
-host never holds the model: at most one block, plus one layer's tensor while converting it.
+stacks layers lazily, and ``placer`` builds each parameter from per-device blocks
+(``jax.make_array_from_single_device_arrays``): each local device's block is read (the layers and the
+slice of each that its index selects; a safetensors or GGUF tensor taken as it is, such as a
+vocabulary-sharded embedding, is read as a row slice) and sent to its device before the next is read.
+The host never holds the model: at most one block, plus one layer's tensor while converting it.
 
 Multi-host (one process per host, all devices in one global mesh): ``initialize_distributed`` calls
 ``jax.distributed.initialize()`` when asked (``--distributed`` or ``MIA_JAX_DISTRIBUTED=1``). With
@@ -265,7 +266,7 @@ def placer(mesh: Mesh, on_block: Callable[[str, np.ndarray], None] | None = None
         key, host, shards = None, None, []
         for device, index in sharding.addressable_devices_indices_map(shape).items():
             if key != (k := tuple((s.start, s.stop, s.step) for s in index)):
-                key, host = k, None
+                key, host = k, None  # drop the previous block before reading the next
                 host = np.asarray(value[index]).astype(dtype)
                 if on_block is not None:
                     on_block(path, host)

@@ -6,11 +6,12 @@
 Each load runs in its own subprocess (with XLA_FLAGS=--xla_force_host_platform_device_count=DEVICES), which
 reports its peak RSS (``ru_maxrss``) above the RSS right before loading, the bytes of the loaded
 parameters, and the peak of the host memory that Python and NumPy allocated while loading (``tracemalloc``:
-checkpoint tensors, converted copies and blocks, GGUF metadata; not the device buffers, not the tokenizer). On the CPU backend the "devices" live in host memory, so the loaded parameters are part of the
-RSS; what loading costs beyond them (the transient: checkpoint copies, converted copies) is the figure of
-merit: eager loading used to hold the whole checkpoint and a converted copy at once; streaming holds one
-block at a time. For a GGUF model the transient also includes the tokenizer and the GGUF metadata (for
-Gemma 3's 262k-token vocabulary, some 450 MiB of Python objects); ``--synthetic D,L,V`` writes a random
+checkpoint tensors, converted copies and blocks, GGUF metadata; not the device buffers, not the tokenizer).
+On the CPU backend the "devices" live in host memory, so the loaded parameters are part of the RSS; what
+loading costs beyond them (the transient: checkpoint copies, converted copies) is the figure of merit:
+eager loading used to hold the whole checkpoint and a converted copy at once; streaming holds one block
+at a time. For a GGUF model the transient also includes the tokenizer and the GGUF metadata (for
+Gemma 3's 262k-token vocabulary, some 450 MiB at their peak); ``--synthetic D,L,V`` writes a random
 Llama-shaped safetensors (bfloat16) folder with a two-token tokenizer instead, so the figure is the weights'.
 """
 from __future__ import annotations

@@ -63,8 +63,9 @@ def meshes(out_dir):
     report = {"devices": len(jax.devices()), "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         loaded = tiny_models(Path(tmp))
+        refs = {}
         for family, lm in loaded.items():
-            ref = runner.score_texts(lm, texts(), METHODS, batch_size=5, chunk_size=96, progress=False)
+            ref = refs[family] = runner.score_texts(lm, texts(), METHODS, batch_size=5, chunk_size=96, progress=False)
             for spec in MESHES:
                 if (family == "gpt_neox") != (spec in ("data=2,fsdp=2,model=2", "model=8")) and spec != "data=2,fsdp=2,model=2":
                     continue  # Llama: every mesh but model=8; GPT-NeoX: model=8 and the 3-axis mesh
@@ -101,12 +102,12 @@ def meshes(out_dir):
         report["kernel_rank_equal"] = bool(np.array_equal(want.rank, got.rank))
         runner.score_dataset(loaded["llama"], texts(), DATASET_METHODS, out_dir=Path(out_dir) / "single",
                              batch_size=5, chunk_size=96, progress=False)
-        report["streamed"] = streamed(Path(tmp) / "llama", loaded["llama"])
+        report["streamed"] = streamed(Path(tmp) / "llama", loaded["llama"], refs["llama"])
     report["seconds"] = time.perf_counter() - T0
     Path(out_dir, "meshes.json").write_text(json.dumps(report, indent=1))
 
 
-def streamed(folder, eager):
+def streamed(folder, eager, ref):
     """Load the safetensors folder straight onto a 3-axis mesh (``placer``), recording every host block read:
     parameters equal the eager load's, each block is one device's shard, and scores equal the unsharded ones."""
     import jax
@@ -123,7 +124,6 @@ def streamed(folder, eager):
     got = {sharding.path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(nnx.state(lm.model))[0]}
     specs = sharding.state_specs(lm.model, mesh)
     shard_shapes = {k: x.sharding.shard_shape(x.shape) for k, x in got.items()}
-    ref = runner.score_texts(eager, texts(), METHODS, batch_size=5, chunk_size=96, progress=False)
     out = runner.score_texts(lm, texts(), METHODS, batch_size=5, chunk_size=96, progress=False, mesh=mesh)
     return {
         "params_equal": all(np.array_equal(want[k], np.asarray(x)) for k, x in got.items()) and want.keys() == got.keys(),
@@ -143,7 +143,9 @@ def process(index, count, port, out_dir):
 
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        tiny_models(Path(tmp))
+        from conftest import write_tiny_llama
+
+        write_tiny_llama(Path(tmp) / "llama", tie=False)  # the Llama of tiny_models, not loaded whole here
         mesh = sharding.make_mesh("data=2,model=2")
         lm = sharding.load_sharded(str(Path(tmp) / "llama"), mesh)  # each process reads only its own blocks
         runner.score_dataset(lm, texts(), DATASET_METHODS, out_dir=out_dir / "multi", batch_size=3, chunk_size=96,

@@ -8,11 +8,13 @@ from pathlib import Path
 from mia_jax.errors import UserError
 from mia_jax.models.layers import Lazy
 
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"cannot read {path}: {e}") from e
+
 
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a folder: model.safetensors, or the shards its index lists."""
@@ -29,6 +31,7 @@ def weight_files(folder: Path) -> list[Path]:
         f"{folder}: no model.safetensors or model.safetensors.index.json (PyTorch .bin checkpoints are not "
         "supported; re-save with safe_serialization=True)"
     )
+
 
 def read_safetensors(files: list[Path]) -> dict[str, Lazy]:
     """{name: `Lazy` tensor} of the given safetensors files: only the headers are read here; a tensor's bytes
@@ -53,9 +56,11 @@ def read_safetensors(files: list[Path]) -> dict[str, Lazy]:
                 tensors.update({k: entry(str(f), k, st.get_slice(k).get_shape()) for k in st.keys()})
     return tensors
 
+
 def _token_content(value) -> str | None:
     """tokenizer_config.json spells special tokens as a string or an AddedToken dict."""
     return value.get("content") if isinstance(value, dict) else value
+
 
 def special_token_ids(folder: Path | None, tokenizer, cfg) -> tuple[dict, list[Path]]:
     """{'bos'|'eos'|'pad': id or None}, preferring tokenizer_config.json over the model config."""

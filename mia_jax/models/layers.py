@@ -1,6 +1,6 @@
 """Pieces shared by the causal LMs: dtypes and config errors, RoPE, float32 norms and activations, causal and
 grouped-query attention, stacked per-layer parameters applied with `jax.lax.scan`, the KV cache used by every
-family's `decode`, lazy checkpoint tensors and their lookup, GGUF renaming and the generic `from_params`."""
+family's `decode`, lazy checkpoint tensors and their lookup, GGUF metadata helpers and the generic `from_params`."""
 
 from __future__ import annotations
 
