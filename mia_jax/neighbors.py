@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mia_jax.runner import batch_rows, bucket_lengths, bucket_of, real_vocab_size
+from mia_jax.runner import batch_rows, bucket_lengths, plan_batches, real_vocab_size
 
 ALGORITHM_VERSION = 1  # part of every generator config: changing the algorithm invalidates cached neighbours
 _EXTRA = 16  # candidates fetched beyond top_k, to make up for invalid ones
@@ -158,15 +158,9 @@ def cached_neighbors(generator: NeighborGenerator, texts: Sequence[str], cache_d
 
 
 def _batches(lengths: Sequence[int], max_length: int, batch_size: int):
-    """(bucket length, padded rows, item indices) over items sorted by length, as the runner plans batches."""
-    buckets = bucket_lengths(max_length)
-    by_bucket: dict[int, list[int]] = {}
-    for k in sorted(range(len(lengths)), key=lambda k: lengths[k]):
-        by_bucket.setdefault(bucket_of(lengths[k], buckets), []).append(k)
-    for t, ks in sorted(by_bucket.items()):
-        for s in range(0, len(ks), batch_size):
-            part = ks[s: s + batch_size]
-            yield t, batch_rows(len(part), batch_size), part
+    """(bucket length, padded rows, item indices), planned as the runner plans its batches."""
+    for t, part in plan_batches(lengths, bucket_lengths(max_length), batch_size):
+        yield t, batch_rows(len(part), batch_size), part
 
 
 # ---------------------------------------------------------------------------------------- masked LM

@@ -22,7 +22,9 @@ for comparison), and model FLOP utilisation (MFU) is model FLOPs over time again
 2 x (every per-layer weight matrix) + 2 x V x D for the LM head, plus 4 x n x H x Dh per layer for
 attention over a text of n tokens; real tokens only (padding is not counted as useful work).
 "Batched forward" is the jitted forward pass alone (hidden states and full logits) on the most
-common (batch, bucket) shape of (a), counted with its padding (what the device executes).
+common (batch, bucket) shape of (a), counted with its padding (what the device executes); its weight
+matmuls are also timed alone on the same number of tokens (per-layer matrices, LM head), the rest of
+its time being attention, norms, RoPE, activations and residuals.
 """
 from __future__ import annotations
 
@@ -176,17 +178,56 @@ def worker_a(args, loaded, encoded, texts, result):
                   scores=[r["scores"] for r in recs])
     # the batched forward alone on the most common (rows, bucket) shape of the plan
     buckets = runner.bucket_lengths(loaded.max_length)
-    plan = runner._plan(encoded, buckets, args.batch_size)
+    plan = runner.plan_batches([len(e.ids) for e in encoded], buckets, args.batch_size)
     shapes = [(runner.batch_rows(len(idx), args.batch_size), t) for t, idx in plan]
     rows, t = max(set(shapes), key=shapes.count)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 1000, (rows, t)), jnp.int32)
     graphdef, state = nnx.split(loaded.model)
     forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
     for name, f in (("forward", forward), ("fused_stats_step", fn)):
-        f(state, ids)
-        f(state, ids)
-        best = min(_timed(lambda: jax.block_until_ready(f(state, ids))) for _ in range(args.repeats))
-        result[name] = {"shape": [rows, t], "seconds": best, "flops": model_flops(loaded, [t] * rows)}
+        result[name] = {"shape": [rows, t], "seconds": _best(f, (state, ids), args.repeats),
+                        "flops": model_flops(loaded, [t] * rows)}
+    result["matmuls_alone"] = matmuls_alone(loaded, rows * t, args.repeats)
+
+
+def matmuls_alone(loaded, m, repeats):
+    """The forward's weight matmuls alone on ``m`` token rows, with the model's own weights: every per-layer weight
+    matrix (a ``lax.scan`` over the layers, as in the forward) and the LM head. What the forward would take with
+    attention, norms, RoPE, activations and residuals free: {part: {"seconds", "flops"}}."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from mia_jax import sharding
+
+    state = nnx.state(loaded.model)
+    emb = loaded.model.unembedding()
+    d = emb.shape[1]
+    weights = [v for p, v in jax.tree_util.tree_flatten_with_path(state)[0]
+               if sharding.path_str(p).startswith("layers/w") and np.ndim(v) >= 3]
+    # [L, D, ...] projects from the hidden size; otherwise the last axis is the output (e.g. [L, H, Dh, D])
+    mats = [w.reshape(w.shape[0], d, -1) if w.shape[1] == d else w.reshape(w.shape[0], -1, w.shape[-1])
+            for w in weights]
+    xs = {k: jnp.ones((m, k), jnp.float32) for k in {w.shape[1] for w in mats}}
+
+    @jax.jit
+    def layers(xs, mats):
+        def body(acc, ws):
+            return acc + sum(jnp.sum(xs[w.shape[0]] @ w) for w in ws), None
+        return jax.lax.scan(body, jnp.float32(0), mats)[0]
+
+    head = jax.jit(lambda x, e: x @ e.T)
+    return {"layers": {"seconds": _best(layers, (xs, mats), repeats), "flops": 2 * m * sum(w.size for w in mats)},
+            "lm_head": {"seconds": _best(head, (xs.get(d, jnp.ones((m, d))), emb), repeats), "flops": 2 * m * emb.size}}
+
+
+def _best(f, args, repeats):
+    """Best of ``repeats`` timed calls of ``f(*args)`` (to completion) after two warm-up calls."""
+    import jax
+
+    for _ in range(2):
+        jax.block_until_ready(f(*args))
+    return min(_timed(lambda: jax.block_until_ready(f(*args))) for _ in range(repeats))
 
 
 def worker_b(args, loaded, encoded, texts, result):
@@ -394,6 +435,14 @@ def report(args, results):
             print(f"(a) {name.replace('_', ' ')} on [{f['shape'][0]}, {f['shape'][1]}] (with padding): {f['seconds'] * 1e3:.1f} ms, "
                   f"{g:.0f} GFLOP/s = {100 * g / mm['xla']:.0f}% of the XLA matmul rate "
                   f"({100 * g / mm['numpy']:.0f}% of NumPy's)")
+        parts = a["matmuls_alone"]
+        for name, part in parts.items():
+            g = part["flops"] / part["seconds"] / 1e9
+            print(f"(a) {name.replace('_', ' ')} matmuls alone on the same tokens: {part['seconds'] * 1e3:.1f} ms, "
+                  f"{g:.0f} GFLOP/s = {100 * g / mm['xla']:.0f}% of the XLA matmul rate")
+        rest = a["forward"]["seconds"] - sum(p["seconds"] for p in parts.values())
+        print(f"(a) the rest of the forward (attention, norms, RoPE, activations, residuals): {rest * 1e3:.1f} ms = "
+              f"{100 * rest / a['forward']['seconds']:.0f}% of it")
     # identical scores
     keys = [k for k in ("a", "b", "c") if k in results]
     for i, x in enumerate(keys):

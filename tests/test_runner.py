@@ -57,10 +57,16 @@ def test_skips_and_truncation_are_recorded(tiny):
 
 
 def test_bucket_lengths_are_a_fixed_small_set():
-    assert runner.bucket_lengths(2048) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
-    assert runner.bucket_lengths(100) == [16, 24, 32, 48, 64, 96, 100]
+    assert runner.bucket_lengths(2048, per_octave=2) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+                                                         1536, 2048]
+    assert runner.bucket_lengths(160) == [16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160]
+    assert runner.bucket_lengths(100) == [16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 100]
+    assert len(runner.bucket_lengths(8192)) == 37
     assert runner.bucket_lengths(8) == [8]
     assert runner.bucket_lengths(16) == [16]
+    # no bucket wastes more than a fifth of its length on padding
+    b = runner.bucket_lengths(8192)
+    assert all((hi - lo) / hi <= 1 / 5 for lo, hi in zip(b, b[1:]))
 
 
 def test_short_batches_round_up_to_powers_of_two():
