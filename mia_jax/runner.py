@@ -218,7 +218,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     """Score every text with every method; returns records in input order.
 
     When ``out_path`` is given, records are appended to it as each batch finishes (so a crash
-    loses at most one batch), and the file is rewritten in input order at the end. With
+    loses at most the two batches in flight), and the file is rewritten in input order at the end. With
     ``resume=True`` the records already in ``out_path`` are kept and only the batches that are not
     complete there are computed; batches are planned over the whole dataset either way, so a resumed
     run computes every batch exactly as an uninterrupted one and writes a byte-identical file.
