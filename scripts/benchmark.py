@@ -127,16 +127,20 @@ def _timed(call):
 # ----------------------------------------------------------------------------- model facts
 
 
-def model_flops(loaded, n_tokens_per_text):
-    """Model FLOPs of the forward pass over texts of the given lengths (see the module docstring)."""
+def layer_weights(loaded) -> list:
+    """The stacked per-layer weight matrices (state paths ``layers/w*``, [L, ...]) of the forward's matmuls."""
     import jax
     from flax import nnx
 
     from mia_jax import sharding
 
-    state = nnx.state(loaded.model)
-    layer_matmul = sum(int(np.prod(np.shape(v))) for p, v in jax.tree_util.tree_flatten_with_path(state)[0]
-                       if sharding.path_str(p).startswith("layers/w"))
+    return [v for p, v in jax.tree_util.tree_flatten_with_path(nnx.state(loaded.model))[0]
+            if sharding.path_str(p).startswith("layers/w") and np.ndim(v) >= 3]
+
+
+def model_flops(loaded, n_tokens_per_text):
+    """Model FLOPs of the forward pass over texts of the given lengths (see the module docstring)."""
+    layer_matmul = sum(int(np.prod(np.shape(w))) for w in layer_weights(loaded))
     v, d = loaded.model.unembedding().shape
     cfg = loaded.config
     n_layers = cfg.num_hidden_layers
@@ -196,15 +200,10 @@ def matmuls_alone(loaded, m, repeats):
     attention, norms, RoPE, activations and residuals free: {part: {"seconds", "flops"}}."""
     import jax
     import jax.numpy as jnp
-    from flax import nnx
 
-    from mia_jax import sharding
-
-    state = nnx.state(loaded.model)
     emb = loaded.model.unembedding()
     d = emb.shape[1]
-    weights = [v for p, v in jax.tree_util.tree_flatten_with_path(state)[0]
-               if sharding.path_str(p).startswith("layers/w") and np.ndim(v) >= 3]
+    weights = layer_weights(loaded)
     # [L, D, ...] projects from the hidden size; otherwise the last axis is the output (e.g. [L, H, Dh, D])
     mats = [w.reshape(w.shape[0], d, -1) if w.shape[1] == d else w.reshape(w.shape[0], -1, w.shape[-1])
             for w in weights]

@@ -125,7 +125,7 @@ def read_arrays(path: str) -> tuple[dict, dict[str, Lazy]]:
             if len(shape) < 2 or not isinstance(first, slice) or first.step not in (None, 1):
                 return rows(0, shape[0])[index]
             lo, hi, _ = first.indices(shape[0])
-            return np.array(rows(lo, max(lo, hi))[(slice(None), *index[1:])])
+            return rows(lo, max(lo, hi))[(slice(None), *index[1:])]  # Lazy.__getitem__ copies it
 
         return Lazy(shape, lambda: rows(0, shape[0]), take)
 
