@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from mia_jax import blind
+from mia_jax import blind, rundir
 from mia_jax.errors import UserError
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
@@ -25,6 +25,7 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
                    help="neighbours per text for the 'neighbor' method (default: 10; Mattern et al. use 25)")
     p.add_argument("--neighbor-seed", type=int, default=0, help="seed of the neighbour generator (default: 0)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
+    _allow_download(p)
     src = p.add_mutually_exclusive_group(required=not labeled)
     src.add_argument("--data", help="a .jsonl / .csv / .tsv / .parquet file")
     if labeled:
@@ -33,6 +34,8 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
         p.add_argument("--domain", default="wikipedia_en", help="MIMIR domain (arxiv, github, pile_cc, ...)")
         p.add_argument("--data-dir", help="MIMIR ngram_7_0.2 folder (default: $MIA_JAX_MIMIR or "
                                           "../shared/data/mimir/ngram_7_0.2)")
+    p.add_argument("--encoding", default="utf-8",
+                   help="text encoding of --data (default: utf-8; e.g. latin-1, cp1252, utf-16)")
     p.add_argument("--text-field", default="input")
     if labeled:
         p.add_argument("--label-field", default="label")
@@ -52,9 +55,16 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
                         "the coordinator comes from $MIA_JAX_COORDINATOR, $MIA_JAX_NUM_PROCESSES, $MIA_JAX_PROCESS_ID "
                         "or JAX's cluster detection (TPU pods, SLURM, Open MPI). Run the same command on every host")
     p.add_argument("--limit", type=int, help="score only the first N texts")
-    p.add_argument("--out", help="output folder (default: runs/<data>-<model>); an interrupted run in it resumes")
-    p.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a run")
+    p.add_argument("--out", help="output folder (default: runs/<data>-<model>); an interrupted run of the same "
+                                 "job in it resumes, a different one is refused")
+    p.add_argument("--overwrite", action="store_true", help="empty --out and start afresh even if it holds a run")
     p.add_argument("--no-progress", action="store_true")
+
+
+def _allow_download(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-download", action="store_true",
+                   help="let a --model that is not a local path be fetched from the Hugging Face Hub (also: an "
+                        "hf://org/name model). Default: local paths and packaged names only, no network")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +90,8 @@ def _load_data(args, labeled: bool):
     elif labeled and not args.data:
         ds = data.wikimia(args.length)
     else:
-        ds = data.load_records(args.data, args.text_field, args.label_field if labeled else None)
+        ds = data.load_records(args.data, args.text_field, args.label_field if labeled else None,
+                               encoding=args.encoding)
     if args.limit is not None:
         if args.limit < 1:
             raise UserError(f"--limit must be at least 1, got {args.limit}")
@@ -89,27 +100,42 @@ def _load_data(args, labeled: bool):
     return ds
 
 
-def _prepare_out(out: Path, fingerprint: dict, overwrite: bool) -> bool:
-    """Create the output folder; True when it holds an interrupted run of the same job to resume.
+# Every option of `eval` / `score` either goes into the run's fingerprint (`_fingerprint`) or is listed here
+# with the reason it cannot change a record; tests check that no option is in neither.
+NOT_IN_FINGERPRINT = {
+    "command": "eval and score write different records: `labeled` is in the fingerprint",
+    "model": "identified by its files' SHA-256 (model_files): a name and a path to the same files agree",
+    "tokenizer": "its file is among model_files",
+    "ref_model": "identified by its files' SHA-256 (ref_model_files)",
+    "allow_download": "only how a model is found; the files found are fingerprinted",
+    "neighbor_mlm": "part of the neighbour generator's config (neighbors)",
+    "n_neighbors": "part of the neighbour generator's config (neighbors)",
+    "neighbor_seed": "part of the neighbour generator's config (neighbors)",
+    "data": "a path: the file is fingerprinted by resolved path and SHA-256 (data_files), its texts (texts_sha256)",
+    "benchmark": "chooses the data files (data_files) and texts (texts_sha256)",
+    "length": "chooses the data files (data_files) and texts (texts_sha256)",
+    "domain": "chooses the data files (data_files) and texts (texts_sha256)",
+    "data_dir": "chooses the data files (data_files) and texts (texts_sha256)",
+    "k": "expanded into the method names (methods)",
+    "distributed": "how the processes start; the mesh they form is in the fingerprint",
+    "n_bootstrap": "metrics only: recomputed from the records at the end of every run, resumed or not",
+    "seed": "metrics and blind baseline only: recomputed from the records at the end of every run",
+    "no_blind": "metrics only: the blind baseline never reads or writes a record",
+    "out": "the folder itself",
+    "overwrite": "decides what happens to the folder, not what a record holds",
+    "no_progress": "display only",
+}
 
-    ``config.json`` records what makes a run (methods, model and data file hashes, batch size, ...);
-    a folder holding a different job is refused rather than mixed.
-    """
-    out.mkdir(parents=True, exist_ok=True)
-    config, results = out / "config.json", out / "results.jsonl"
-    if results.exists() and not overwrite:
-        previous = json.loads(config.read_text()) if config.exists() else None
-        if previous != fingerprint:
-            changed = sorted(k for k in fingerprint if (previous or {}).get(k) != fingerprint[k])
-            raise UserError(f"{out} holds results of a different run (differs in: {', '.join(changed)}); "
-                            "use another --out, or --overwrite to replace them")
-        print(f"resuming the run in {out}", file=sys.stderr)
-        return True
-    from mia_jax.sharding import is_main_process
 
-    if is_main_process():
-        config.write_text(json.dumps(fingerprint, indent=2))
-    return False
+def _fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh) -> dict:
+    """What makes a run: every input that can change a record (see NOT_IN_FINGERPRINT for the rest)."""
+    from mia_jax import runner, sharding
+
+    return runner.run_fingerprint(
+        loaded, ds.texts, ds.labels, methods, ref=ref, neighbors=generator, data_files=ds.files, labeled=labeled,
+        encoding=args.encoding, text_field=args.text_field, label_field=args.label_field if labeled else None,
+        limit=args.limit, batch_size=args.batch_size, chunk_size=args.chunk_size, dtype=args.dtype,
+        mesh=sharding.mesh_str(mesh) if mesh is not None else None)
 
 
 def _blind_baseline(ds, args, required: bool):
@@ -153,9 +179,11 @@ def _neighbor_meta(generator, records) -> dict:
 def run(args, labeled: bool) -> Path:
     import jax
 
-    from mia_jax import __version__, metrics, models, report, runner, sharding
+    from mia_jax import models, sharding
 
     sharding.initialize_distributed(args.distributed)  # before anything touches a device
+    if args.out:
+        rundir.check_path(args.out)
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     blind_asked = blind.NAME in args.methods
@@ -172,26 +200,31 @@ def run(args, labeled: bool) -> Path:
     if jax.process_count() > 1 and "neighbor" in methods:
         raise UserError("the 'neighbor' method is not supported on several processes yet; run it on one host")
     load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa: E731
-    loaded = load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer)
-    ref = load(args.ref_model, dtype=args.dtype) if args.ref_model and "ref" in methods else None
+    loaded = load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer, allow_download=args.allow_download)
+    ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
+           if args.ref_model and "ref" in methods else None)
     generator = _neighbor_generator(args, loaded) if "neighbor" in methods else None
-    out = Path(args.out or f"runs/{ds.name}-{loaded.name}")
-    fingerprint = {
-        "methods": methods, "model_files": loaded.files, "ref_model_files": ref.files if ref else None,
-        "data_files": ds.files, "n_texts": len(ds),
-        "batch_size": args.batch_size, "chunk_size": args.chunk_size, "dtype": args.dtype,
-        "package_version": __version__}
-    if generator is not None:  # a changed neighbour generator is a different run, never silently resumed
-        fingerprint["neighbors"] = {"name": generator.name, "config": generator.config}
-    if mesh is not None:
-        fingerprint["mesh"] = sharding.mesh_str(mesh)
-    resume = _prepare_out(out, fingerprint, args.overwrite)
+    out = rundir.check_path(args.out or f"runs/{ds.name}-{loaded.name}")
+    fingerprint = _fingerprint(args, labeled, ds, loaded, ref, generator, methods, mesh)
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite) as resume:
+        if resume:
+            print(f"resuming the run in {out}", file=sys.stderr)
+        _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked)
+    return out
+
+
+def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked) -> None:
+    import jax
+
+    from mia_jax import __version__, data, metrics, report, runner, sharding
+
     print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
           file=sys.stderr)
     t0 = time.perf_counter()
+    passes: dict = {}
     records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=generator, labels=ds.labels,
                                    out_dir=out, resume=resume, batch_size=args.batch_size, chunk_size=args.chunk_size,
-                                   progress=not args.no_progress, mesh=mesh)
+                                   progress=not args.no_progress, mesh=mesh, report=passes)
     seconds = time.perf_counter() - t0
     n_tokens = sum(r["n_tokens"] for r in records)
     skipped = [r for r in records if "skip_reason" in r]
@@ -214,17 +247,22 @@ def run(args, labeled: bool) -> Path:
         "neighbors": _neighbor_meta(generator, records) if generator is not None else None,
         "n_skipped": len(skipped),
         "n_truncated": sum(1 for r in records if r.get("truncated")),
+        "duplicates": data.duplicate_report(ds.texts, ds.labels),
+        "passes": passes,
         "seconds": round(seconds, 2),
         "tokens_per_second": round(n_tokens / seconds, 1) if seconds > 0 else None,
     }
+    counts = _count_lines(meta, loaded.max_length)
     print(f"scored {len(records) - len(skipped)} texts ({n_tokens} tokens) in {seconds:.1f} s; "
           f"skipped {len(skipped)}", file=sys.stderr)
+    for line in counts:
+        print(line, file=sys.stderr)
     if generator is not None:
         nm = meta["neighbors"]
         print(f"neighbor ({generator.name}): {nm['n_neighbors_scored']} neighbours scored, "
               f"{nm['n_identical_neighbors']} identical to their text dropped", file=sys.stderr)
     if not sharding.is_main_process():  # every process holds all records; process 0 writes the outputs
-        return out
+        return
     if labeled:
         scores = runner.scores_by_method(records, methods)
         labels = [r["label"] for r in records]
@@ -232,7 +270,7 @@ def run(args, labeled: bool) -> Path:
                    for m in methods}
         if generator is not None:
             summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
-        notes = []
+        notes = list(counts)
         if blind_asked or not args.no_blind:
             blind_metrics, note = _blind_baseline(ds, args, blind_asked)
             if blind_metrics is not None:
@@ -249,7 +287,17 @@ def run(args, labeled: bool) -> Path:
     else:
         (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     print(f"wrote {out}/", file=sys.stderr)
-    return out
+
+
+def _count_lines(meta: dict, max_length: int) -> list[str]:
+    """What a reader of the table must know about the data: truncation and duplicates (terminal + summary.md)."""
+    lines = [f"Truncated to the model's context of {max_length} tokens: {meta['n_truncated']} texts. "
+             f"Exact duplicates of an earlier text: {meta['duplicates']['n_duplicate_texts']} texts."]
+    conflicting = meta["duplicates"]["n_conflicting_texts"]
+    if conflicting:
+        lines.append(f"Warning: {conflicting} distinct texts appear both as member and as non-member "
+                     "(label 1 and label 0); no detector can separate them, and they lower every AUROC.")
+    return lines
 
 
 def _add_generate(sub) -> None:
@@ -264,6 +312,7 @@ def _add_generate(sub) -> None:
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
     g.add_argument("--no-stop", action="store_true", help="do not stop a prompt at the model's EOS token")
+    _allow_download(g)
 
 
 def generate_command(args) -> None:
@@ -272,7 +321,7 @@ def generate_command(args) -> None:
 
     if args.n < 1:
         raise UserError(f"--n must be at least 1, got {args.n}")
-    loaded = models.load(args.model, dtype=args.dtype)
+    loaded = models.load(args.model, dtype=args.dtype, allow_download=args.allow_download)
     gen = generate.generate_ids(loaded, generate.encode_prompts(loaded, args.prompt), max_new_tokens=args.n,
                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                 stop_at_eos=not args.no_stop)
@@ -296,8 +345,11 @@ def main(argv=None) -> int:
         print(f"mia-jax: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("mia-jax: interrupted; records written so far are in the output folder's results.jsonl",
-              file=sys.stderr)
+        if args.command == "generate":
+            print("mia-jax: interrupted", file=sys.stderr)
+        else:
+            print("mia-jax: interrupted; every finished batch is in the output folder's passes/*.jsonl: run the same "
+                  "command again to resume from them", file=sys.stderr)
         return 130
     return 0
 

@@ -18,9 +18,9 @@ def sha256(path: str | os.PathLike, block: int = 1 << 24) -> str:
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
-    """Write one JSON object per line atomically (temporary file + rename)."""
+    """Write one JSON object per line atomically (a temporary file of this process's own + rename)."""
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec) + "\n")

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mia_jax import blind, data, metrics, runner
+from mia_jax import blind, data, metrics, rundir, runner
 
 K_SWEEP = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # Table 1's rows: (display name, method)
@@ -40,10 +40,17 @@ def paraphrased(length: int, para_dir: str | Path | None):
     return data.load_records(path, "input", "label", name=f"wikimia-{length}-para") if path.exists() else None
 
 
-def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int, **kwargs) -> list[dict]:
-    """Score one dataset with one model; long-format rows {method, auroc, tpr_at_5pct_fpr, ...}."""
-    records = runner.score_dataset(loaded, ds.texts, methods, labels=ds.labels, out_dir=out_dir, resume=True,
-                                   **kwargs)
+def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int, report: dict | None = None,
+             **kwargs) -> list[dict]:
+    """Score one dataset with one model in its own run folder (claimed with the cell's fingerprint, so a killed
+    reproduction resumes each cell where it stopped and a changed one is refused); long-format rows
+    {method, auroc, tpr_at_5pct_fpr, ...}. ``report`` receives the per-pass counts of ``runner.score_dataset``."""
+    options = {k: kwargs[k] for k in ("batch_size", "chunk_size") if k in kwargs}
+    fingerprint = runner.run_fingerprint(loaded, ds.texts, ds.labels, methods, ref=kwargs.get("ref"),
+                                         neighbors=kwargs.get("neighbors"), data_files=ds.files, **options)
+    with rundir.claim(out_dir, fingerprint, hint="use another --out") as resume:
+        records = runner.score_dataset(loaded, ds.texts, methods, labels=ds.labels, out_dir=out_dir, resume=resume,
+                                       report=report, **kwargs)
     scores = runner.scores_by_method(records, methods)
     rows = [{"method": m, **metrics.evaluate(ds.labels, scores[m], n_bootstrap=n_bootstrap, seed=seed)}
             for m in methods]

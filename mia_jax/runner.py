@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import weakref
 from dataclasses import dataclass
 from functools import partial
@@ -214,7 +215,8 @@ def _part_path(out_path) -> Path:
 
 def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels: Sequence[int] | None = None,
                 batch_size: int = 8, chunk_size: int = DEFAULT_CHUNK, out_path: str | os.PathLike | None = None,
-                resume: bool = False, progress: bool = True, desc: str = "scoring", mesh=None) -> list[dict]:
+                resume: bool = False, progress: bool = True, desc: str = "scoring", mesh=None,
+                report: dict | None = None) -> list[dict]:
     """Score every text with every method; returns records in input order.
 
     When ``out_path`` is given, records are appended to it as each batch finishes (so a crash
@@ -227,6 +229,10 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     placed on the mesh in place) and the batches over it (see the module docstring). On several processes every process must call this with the same
     arguments; each appends its own records to ``<out_path>.process<i>-of-<n>`` as it goes, and process 0
     writes ``out_path`` at the end (the part files are then removed).
+
+    ``report`` (a dict, filled in): ``texts`` (this process's), ``reused`` (records taken from ``out_path``),
+    ``computed`` (texts scored by a forward pass here), ``batches_computed``, ``skipped``. A resume that reuses
+    records says so on stderr.
     """
     for m in methods:
         parse_method(m)
@@ -253,6 +259,16 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         shd.shard_model(loaded.model, mesh)
     row_multiple = shd.local_batch_shards(mesh) if mesh is not None else 1
     steps = _schedule(plan, buckets, batch_size, row_multiple, lambda idx: all(i in records for i in idx), multi)
+    pending = {i for _, _, idx in steps for i in idx}  # a batch finished only in part is computed again, whole
+    reused = sum(1 for i in todo if i in records and i not in pending)
+    counts = {"texts": len(mine), "reused": reused, "computed": 0, "batches_computed": 0,
+              "skipped": len(mine) - len(todo)}
+    if report is not None:
+        report.update(counts)
+        counts = report
+    if reused and shd.is_main_process():
+        print(f"{desc}: resuming from {out_path}: {reused} of {len(todo)} texts already scored, "
+              f"{len(todo) - reused} to compute", file=sys.stderr, flush=True)
 
     sink = None
     if sink_path:  # start from a clean file holding exactly the records kept so far
@@ -285,6 +301,8 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
             real = slice(0, len(idx))
             batch = TokenBatch(type(stats)(*(x[real] for x in stats)), mask[real], [texts[i] for i in idx])
             scores = score_batch(batch, methods)
+            counts["computed"] += len(idx)
+            counts["batches_computed"] += 1
             for r, i in enumerate(idx):
                 records[i] = _record(i, label(i), encoded[i], {m: scores[m][r] for m in methods}, None)
             if sink:
@@ -317,7 +335,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
 
 def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None, neighbors=None,
                   labels: Sequence[int] | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
-                  **kwargs) -> list[dict]:
+                  report: dict | None = None, **kwargs) -> list[dict]:
     """All methods, single- and multi-pass: the main pass, then one more pass of the same path per
     multi-pass method (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a
     LoadedModel with its own tokenizer; ``neighbor``: every text's neighbours, flattened, from the
@@ -325,8 +343,10 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
     ``_neighbor_pass``)). Each pass writes ``out_dir/passes/<name>.jsonl`` as it goes
     and resumes from it; ``out_dir/results.jsonl`` holds the final records (``nan_reasons`` says why a
     method's score is null when the text itself was scored; with ``neighbor``, ``n_neighbors`` and
-    ``n_identical_neighbors`` count the neighbours scored and dropped). ``kwargs`` go to ``score_texts``.
+    ``n_identical_neighbors`` count the neighbours scored and dropped). ``report`` (a dict) receives
+    ``score_texts``' counts per pass name. ``kwargs`` go to ``score_texts``.
     """
+    report = {} if report is None else report
     multi = [m for m in methods if parse_method(m)[0].extra_pass]
     if any(REGISTRY[m].extra_pass == "ref" for m in multi) and ref is None:
         raise UserError("method 'ref' needs a reference model (--ref-model)")
@@ -336,7 +356,8 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
     if passes:
         passes.mkdir(parents=True, exist_ok=True)
     path = (lambda name: passes / f"{name}.jsonl") if passes else (lambda name: None)  # noqa: E731
-    main = score_texts(loaded, texts, main_methods, labels=labels, out_path=path("main"), resume=resume, **kwargs)
+    main = score_texts(loaded, texts, main_methods, labels=labels, out_path=path("main"), resume=resume,
+                       report=report.setdefault("main", {}), **kwargs)
     loss = scores_by_method(main, ["loss"])["loss"] if multi else None
     extra: dict[str, tuple[np.ndarray, dict[int, str]]] = {}
     counts: dict[str, list[int]] = {}
@@ -344,14 +365,14 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
         scorer = REGISTRY[m]
         if scorer.extra_pass == "neighbor":
             neighbor_loss, own_reasons, counts = _neighbor_pass(loaded, texts, neighbors, path(m), out_dir, resume,
-                                                                **kwargs)
+                                                                report=report.setdefault(m, {}), **kwargs)
             scores, reasons = scorer.fn(loss, neighbor_loss, texts)
             reasons.update(own_reasons)
             extra[m] = scores, reasons
             continue
         second_model, second_texts = (ref, texts) if scorer.extra_pass == "ref" else (loaded, [t.lower() for t in texts])
         recs = score_texts(second_model, second_texts, ["loss"], out_path=path(m), resume=resume,
-                           desc=f"scoring ({m} pass)", **kwargs)
+                           desc=f"scoring ({m} pass)", report=report.setdefault(m, {}), **kwargs)
         scores, reasons = scorer.fn(loss, scores_by_method(recs, ["loss"])["loss"], texts)
         for i, r in enumerate(recs):
             if "skip_reason" in r and "skip_reason" not in main[i]:
@@ -368,6 +389,26 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
     if out_dir and shd.is_main_process():
         write_jsonl(Path(out_dir, "results.jsonl"), records)
     return records
+
+
+def run_fingerprint(loaded, texts: Sequence[str], labels: Sequence[int] | None, methods: Sequence[str], *,
+                    ref=None, neighbors=None, data_files: dict | None = None, **options) -> dict:
+    """What defines a ``score_dataset`` run, for ``rundir.claim``: the methods, every model file and data file
+    by resolved path and SHA-256, the texts and labels themselves (their SHA-256), the neighbour generator's
+    config, the package version and ``options`` (batch size, chunk size, dtype, ...: anything else that can
+    change a record)."""
+    from mia_jax import __version__
+
+    def resolved(files):
+        return {str(Path(p).resolve()): h for p, h in files.items()} if files is not None else None
+
+    blob = json.dumps([list(texts), list(labels) if labels is not None else None], ensure_ascii=False)
+    return {"methods": list(methods), "model_files": resolved(loaded.files),
+            "ref_model_files": resolved(ref.files) if ref is not None else None,
+            "data_files": resolved(data_files), "texts_sha256": hashlib.sha256(blob.encode("utf-8")).hexdigest(),
+            "n_texts": len(texts),
+            "neighbors": {"name": neighbors.name, "config": neighbors.config} if neighbors is not None else None,
+            **options, "package_version": __version__}
 
 
 def _neighbor_pass(loaded, texts: Sequence[str], generator, out_path, out_dir, resume: bool, **kwargs):

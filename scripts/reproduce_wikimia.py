@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from mia_jax import models, reproduce
+from mia_jax import models, reproduce, rundir
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 
@@ -39,32 +39,39 @@ def main(argv=None) -> int:
         if len(refs) != len(args.models) or None in refs:
             raise UserError(f"no reference model for {[m for m, r in zip(args.models, refs) if r is None]}; "
                             "pass --ref-models")
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         methods = reproduce.methods_for(reproduce.PAPER_METHODS)
-        results = []
-        for name, ref_name in zip(args.models, refs):
-            loaded, ref = models.load(name), models.load(ref_name)
-            label = loaded.name  # a packaged name, or the folder / file name of a path
-            for length in args.lengths:
-                splits = {"Ori.": wikimia(length), "Para.": reproduce.paraphrased(length, args.para_dir)}
-                for setting, ds in splits.items():
-                    if ds is None:
-                        continue
-                    if args.limit:
-                        ds.texts, ds.labels = ds.texts[: args.limit], ds.labels[: args.limit]
-                    print(f"{label} (ref {ref.name}), WikiMIA-{length} {setting}: {len(ds)} texts", file=sys.stderr)
-                    cell = out / "runs" / f"{label}-{length}-{'para' if setting == 'Para.' else 'ori'}"
-                    rows = reproduce.run_cell(loaded, ds, methods, cell, ref=ref, batch_size=args.batch_size,
-                                              n_bootstrap=args.n_bootstrap, seed=args.seed,
-                                              **reproduce.neighbor_kwargs(loaded, args.n_neighbors, args.seed))
-                    results += [dict(r, model=label, length=length, setting=setting) for r in rows]
-        print(reproduce.write_reports(out, results))
-        print(f"wrote {out}/", file=sys.stderr)
+        with rundir.claim(args.out):  # the lock; each cell's folder is claimed with its own fingerprint
+            reproduce_all(args, refs, methods, Path(args.out))
     except UserError as e:
         print(f"reproduce_wikimia: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("reproduce_wikimia: interrupted; every finished batch is kept in its cell's passes/: run the same "
+              "command again to resume", file=sys.stderr)
+        return 130
     return 0
+
+
+def reproduce_all(args, refs, methods, out: Path) -> None:
+    results = []
+    for name, ref_name in zip(args.models, refs):
+        loaded, ref = models.load(name), models.load(ref_name)
+        label = loaded.name  # a packaged name, or the folder / file name of a path
+        for length in args.lengths:
+            splits = {"Ori.": wikimia(length), "Para.": reproduce.paraphrased(length, args.para_dir)}
+            for setting, ds in splits.items():
+                if ds is None:
+                    continue
+                if args.limit:
+                    ds.texts, ds.labels = ds.texts[: args.limit], ds.labels[: args.limit]
+                print(f"{label} (ref {ref.name}), WikiMIA-{length} {setting}: {len(ds)} texts", file=sys.stderr)
+                cell = out / "runs" / f"{label}-{length}-{'para' if setting == 'Para.' else 'ori'}"
+                rows = reproduce.run_cell(loaded, ds, methods, cell, ref=ref, batch_size=args.batch_size,
+                                          n_bootstrap=args.n_bootstrap, seed=args.seed,
+                                          **reproduce.neighbor_kwargs(loaded, args.n_neighbors, args.seed))
+                results += [dict(r, model=label, length=length, setting=setting) for r in rows]
+    print(reproduce.write_reports(out, results))
+    print(f"wrote {out}/", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -135,20 +135,61 @@ def test_readme_example_runs():
     exec(compile(blocks[0], "README.md", "exec"), {})
 
 
-def test_rerun_with_same_out_resumes_and_refuses_another_job(tiny_llama_dir, labeled, tmp_path, capsys):
-    out = tmp_path / "run"
-    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(labeled), "--methods", "loss", "--out", str(out),
+def test_interrupted_run_resumes_and_another_job_is_refused(tiny_llama_dir, labeled, tmp_path, capsys,
+                                                             monkeypatch):
+    from mia_jax import runner
+
+    rows = [json.loads(line) for line in labeled.read_text().splitlines()]
+    data = write_jsonl(tmp_path / "data.jsonl", [dict(r, text=r["input"][::-1], flipped=1 - r["label"]) for r in rows])
+    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(data), "--methods", "loss", "--batch-size", "4",
             "--n-bootstrap", "20", "--no-progress"]
-    assert main(argv) == 0
-    first = (out / "results.jsonl").read_bytes()
+    assert main(argv + ["--out", str(tmp_path / "full")]) == 0
+    out = tmp_path / "run"
+    real, calls = runner.score_batch, []
+
+    def interrupted(*a, **k):  # Ctrl-C while the third batch is being scored
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "score_batch", interrupted)
     capsys.readouterr()
-    assert main(argv) == 0
-    assert "resuming" in capsys.readouterr().err
-    assert (out / "results.jsonl").read_bytes() == first
-    err = run_error(argv[:-6] + ["zlib", "--out", str(out), "--no-progress"], capsys)
-    assert "different run" in err and "methods" in err
-    assert main(argv[:-6] + ["zlib", "--out", str(out), "--overwrite", "--no-progress"]) == 0
+    assert main(argv + ["--out", str(out)]) == 130
+    assert "run the same command again to resume" in capsys.readouterr().err
+    assert not (out / "results.jsonl").exists()
+    kept = len((out / "passes" / "main.jsonl").read_text().splitlines())
+    assert kept == 1 + 2 * 4  # the skipped text and two finished batches
+    monkeypatch.setattr(runner, "score_batch", real)
+    assert main(argv + ["--out", str(out)]) == 0
+    assert "resuming the run" in capsys.readouterr().err
+    passes = json.loads((out / "run.json").read_text())["passes"]
+    assert passes["main"]["reused"] == 8 and passes["main"]["computed"] == 20 - 8
+    assert (out / "results.jsonl").read_bytes() == (tmp_path / "full" / "results.jsonl").read_bytes()
+
+    # the same file by a relative path is the same run; another text field, label field or method is not
+    monkeypatch.chdir(tmp_path)
+    assert main(argv[:4] + [data.name] + argv[5:] + ["--out", "run"]) == 0
+    assert "resuming the run" in capsys.readouterr().err
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    for bad, field in ((["--text-field", "text"], "text_field"), (["--label-field", "flipped"], "label_field"),
+                       (["--methods", "zlib"], "methods")):
+        err = run_error(argv + bad + ["--out", str(out)], capsys)
+        assert "holds a different run" in err and field in err and "--overwrite" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert main(argv + ["--methods", "zlib", "--out", str(out), "--overwrite"]) == 0
     assert list(json.loads((out / "summary.json").read_text())) == ["zlib"]
+
+
+def test_every_option_is_fingerprinted_or_explained():
+    from mia_jax.cli import NOT_IN_FINGERPRINT, build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name in ("eval", "score"):
+        dests = {a.dest for a in sub.choices[name]._actions if a.dest != "help"}
+        in_fingerprint = {"encoding", "text_field", "label_field", "limit", "batch_size", "chunk_size", "dtype",
+                          "mesh", "methods"}
+        assert dests - in_fingerprint - set(NOT_IN_FINGERPRINT) == set(), name
 
 
 def test_blind_baseline_is_reported_beside_the_detectors(tiny_llama_dir, labeled, tmp_path, capsys):

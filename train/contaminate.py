@@ -23,6 +23,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mia_jax import rundir
 from mia_jax.errors import UserError
 from train.config import ExperimentConfig, load_config
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML config (configs/contamination/{tiny,cpu,paper}.yaml); defaults if omitted")
     p.add_argument("--out", required=True, help="output folder (an interrupted run in it resumes)")
     p.add_argument("--ablation", choices=ABLATIONS, help="run a sweep instead of a single run")
-    p.add_argument("--overwrite", action="store_true", help="delete --out first and start afresh")
+    p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.lr=1e-5 corpus.n_positives=50")
     return p
@@ -76,8 +77,8 @@ def main(argv=None) -> int:
         print(f"contaminate: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("contaminate: interrupted; run the same command again to resume from the last checkpoint",
-              file=sys.stderr)
+        print("contaminate: interrupted; run the same command again to resume (training from its last checkpoint, "
+              "scoring from its last finished batch)", file=sys.stderr)
         return 130
     return 0
 
@@ -99,20 +100,27 @@ def enable_compilation_cache() -> None:
 
 def run(args) -> Path:
     from mia_jax.scorers import expand_methods
-    from train import tables
-    from train.corpus import load_eval
-    from train.experiment import prepare_out, run_experiment
+    from train.experiment import HINT, comparable
 
     cfg = load_config(args.config, args.overrides)
-    enable_compilation_cache()
     if args.no_progress:
         cfg.train.progress = False
     methods = expand_methods(cfg.score.methods, cfg.score.k)  # validated before any work
-    out = Path(args.out)
-    prepare_out(out, args.overwrite)
-    (out / "config.json").write_text(json.dumps({"config_file": args.config, "overrides": args.overrides,
-                                                 "ablation": args.ablation, "resolved": dataclasses.asdict(cfg)},
-                                                indent=2) + "\n")
+    out = rundir.check_path(args.out)
+    # what defines the sweep: the config (less display-only keys) and, for a sweep, its ablation settings
+    fingerprint = {"ablation": args.ablation, "config": comparable(cfg)}
+    if args.ablation:
+        fingerprint["sweep"] = dataclasses.asdict(cfg.ablation)
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite, hint=HINT):
+        enable_compilation_cache()
+        return _sweep(args, cfg, methods, out)
+
+
+def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
+    from train import tables
+    from train.corpus import load_eval
+    from train.experiment import run_experiment
+
     runs = []
     for sub, run_cfg in plan(cfg, args.ablation):
         folder = out / sub if sub else out

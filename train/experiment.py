@@ -3,7 +3,7 @@
 Folder of a run (every step resumes from what is already there; a folder holding a run of another
 config is refused)::
 
-    run_config.json       the resolved config (compared on resume)
+    run_config.json       the resolved config (compared on resume; see mia_jax.rundir)
     corpus/               documents.jsonl, eval.jsonl, manifest.json (train/corpus.py)
     train/                Orbax checkpoints, fingerprint.json, metrics.jsonl (train/trainer.py)
     model/                the trained model in the Hugging Face layout (loads with mia_jax.models.load)
@@ -21,11 +21,11 @@ import dataclasses
 import hashlib
 import json
 import platform
-import shutil
 import sys
 import time
 from pathlib import Path
 
+from mia_jax import rundir
 from mia_jax.errors import UserError
 from train.config import ExperimentConfig
 
@@ -41,21 +41,7 @@ def comparable(cfg: ExperimentConfig) -> dict:
     return d
 
 
-def check_run_folder(out: Path, cfg: ExperimentConfig) -> None:
-    """Record the config in ``out``; refuse a folder that holds a run of a different config."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "run_config.json"
-    new = comparable(cfg)
-    if path.exists():
-        old = json.loads(path.read_text())
-        if old != new:
-            from train.trainer import _diff
-
-            changes = _diff(old, new)
-            raise UserError(f"{out} holds a run with a different config ({'; '.join(changes[:8])}); refusing to "
-                            "mix them. Use another --out, the original config, or --overwrite to start afresh")
-    else:
-        path.write_text(json.dumps(new, indent=2) + "\n")
+HINT = "use another --out, the original config, or --overwrite to start afresh"
 
 
 def base_model_path(cfg: ExperimentConfig, cache: Path) -> str:
@@ -76,18 +62,23 @@ def base_model_path(cfg: ExperimentConfig, cache: Path) -> str:
     return str(folder)
 
 
-def _eval_key(loaded, texts: list[str], methods: list[str], cfg: ExperimentConfig) -> str:
-    h = hashlib.sha256(json.dumps([sorted(loaded.files.items()), methods, cfg.score.batch_size, loaded.dtype]).encode())
+def _eval_key(loaded, texts: list[str], labels: list[int], methods: list[str], cfg: ExperimentConfig) -> str:
+    """The base-model scores' folder key: everything that can change one of their records."""
+    h = hashlib.sha256(json.dumps([sorted(loaded.files.items()), methods, cfg.score.batch_size, loaded.dtype,
+                                   labels]).encode())
     for t in texts:
         h.update(t.encode() + b"\x00")
     return h.hexdigest()[:16]
 
 
-def score(loaded, texts, labels, methods, out_dir: Path, cfg: ExperimentConfig, ref=None) -> list[dict]:
+def score(loaded, texts, labels, methods, out_dir: Path, cfg: ExperimentConfig, ref=None,
+          report: dict | None = None) -> list[dict]:
+    """``runner.score_dataset`` into ``out_dir``, resuming from its finished batches (the folder is keyed by
+    everything that can change a record: the run's fingerprint, or ``_eval_key`` for base scores)."""
     from mia_jax import runner
 
     return runner.score_dataset(loaded, texts, methods, ref=ref, labels=labels, out_dir=out_dir, resume=True,
-                                batch_size=cfg.score.batch_size, progress=cfg.train.progress)
+                                batch_size=cfg.score.batch_size, progress=cfg.train.progress, report=report)
 
 
 def evaluate_by_dataset(records: list[dict], eval_set: list[dict], methods: list[str], cfg: ExperimentConfig) -> dict:
@@ -106,7 +97,15 @@ def evaluate_by_dataset(records: list[dict], eval_set: list[dict], methods: list
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | None = None,
                    on_step=None) -> dict:
-    """Run (or resume) one contamination run in ``out``; returns its metrics dict (also in metrics.json)."""
+    """Run (or resume) one contamination run in ``out``; returns its metrics dict (also in metrics.json).
+    The folder is claimed first (``rundir.claim``: lock, ``run_config.json`` compared before anything is
+    written; a folder holding a run of another config is refused)."""
+    out = Path(out)
+    with rundir.claim(out, comparable(cfg), file="run_config.json", hint=HINT):
+        return _run(cfg, out, Path(cache) if cache is not None else out, on_step)
+
+
+def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
     import jax
 
     from mia_jax import __version__, models
@@ -117,9 +116,6 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | N
     from train.export import save_hf
     from train.trainer import apply_params, fingerprint, train
 
-    out = Path(out)
-    cache = Path(cache) if cache is not None else out
-    check_run_folder(out, cfg)
     timings = {}
     methods = expand_methods(cfg.score.methods, cfg.score.k)
     base_methods = [m for m in methods if m != "ref"]
@@ -137,8 +133,9 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | N
          f"{cfg.train.seq_len}")
 
     t0 = time.perf_counter()
-    base_dir = cache / "base_scores" / _eval_key(base, texts, base_methods, cfg)
-    base_records = score(base, texts, labels, base_methods, base_dir, cfg)
+    base_dir = cache / "base_scores" / _eval_key(base, texts, labels, base_methods, cfg)
+    scoring = {"base": {}, "trained": {}}  # per pass: texts reused from disk / computed here
+    base_records = score(base, texts, labels, base_methods, base_dir, cfg, report=scoring["base"])
     timings["score_base_s"] = time.perf_counter() - t0
 
     batches = Batches(data, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.epochs, cfg.train.shuffle,
@@ -165,7 +162,8 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | N
 
     t0 = time.perf_counter()
     trained = models.load(str(model_dir), dtype=cfg.model.dtype)
-    trained_records = score(trained, texts, labels, methods, out / "scores" / "trained", cfg, ref=base)
+    trained_records = score(trained, texts, labels, methods, out / "scores" / "trained", cfg, ref=base,
+                            report=scoring["trained"])
     timings["score_trained_s"] = time.perf_counter() - t0
 
     results = {"trained": evaluate_by_dataset(trained_records, corpus.eval, methods, cfg),
@@ -180,15 +178,9 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | N
         "separator_token_id": sep, "methods": methods,
         "corpus": {k: corpus.manifest[k] for k in ("tokens", "contamination_rate", "n_documents",
                                                    "n_inserted_segments")},
-        "train": train_info, "timings_s": timings,
+        "train": train_info, "scoring": scoring, "timings_s": timings,
     }, indent=2, default=str) + "\n")
     return results
-
-
-def prepare_out(out: Path, overwrite: bool) -> None:
-    if overwrite and out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def _log(msg: str) -> None:

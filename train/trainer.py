@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm.auto import tqdm
 
+from mia_jax import rundir
 from mia_jax.errors import UserError
 from train.config import TrainConfig
 from train.data import Batches
@@ -127,17 +128,6 @@ def fingerprint(cfg: TrainConfig, **extra) -> dict:
     return {"train": {k: v for k, v in asdict(cfg).items() if k not in NOT_IN_FINGERPRINT}, **extra}
 
 
-def _diff(old: dict, new: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _diff(a, b, f"{prefix}{k}.")
-        elif a != b:
-            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
-    return out
-
-
 def _manager(workdir: Path, cfg: TrainConfig) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
         (workdir / "checkpoints").absolute(),
@@ -164,7 +154,7 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     fp_path = workdir / "fingerprint.json"
     if latest is not None:
         old = json.loads(fp_path.read_text()) if fp_path.exists() else {}
-        changes = _diff(old, run_fingerprint)
+        changes = rundir.diff(old, run_fingerprint)
         if changes:
             raise UserError(f"{workdir} holds checkpoints of a different training run; refusing to resume with a "
                             f"changed config ({'; '.join(changes[:8])}). Use another --out, restore the original "

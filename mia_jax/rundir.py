@@ -1,0 +1,152 @@
+"""Run folders: the one guard of every command that writes results into ``--out`` (``mia-jax eval`` /
+``score``, each cell of ``scripts/reproduce_wikimia.py``, ``train/contaminate.py`` and each of its runs).
+
+``claim(path, fingerprint)`` decides whether a folder may be used, and only then writes to it:
+
+1. ``path`` must be a folder or not exist (an existing file is refused).
+2. An exclusive lock: ``fcntl.flock`` on the folder itself, so taking it writes nothing; a second process
+   is refused with the first one's PID (read from ``.lock``, which the holder writes once the folder is
+   its own). The lock dies with its process: a killed run never leaves a stale lock behind.
+3. The fingerprint (everything that can change a record) is compared with the one in the folder's
+   fingerprint file: the same -> the run is resumed from what is there; different -> refused with the list of
+   differences; ``overwrite`` -> the folder is emptied first. A non-empty folder without a fingerprint file
+   is refused rather than written into (it holds something else).
+4. Only then the fingerprint file and ``.lock`` are written. Nothing in the folder changes before step 4.
+
+Claims are re-entrant within a process (a contamination run in the sweep's own folder claims it twice, with
+two fingerprint files). On several JAX processes only process 0 locks and writes; every process takes
+the same decision from the same files.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from mia_jax.errors import UserError
+
+LOCK = ".lock"
+FINGERPRINT = "config.json"
+HINT = "use another --out, or --overwrite to replace it"
+_HELD: dict[str, list] = {}  # resolved path -> [fd, depth]
+
+
+def diff(old, new, prefix: str = "") -> list[str]:
+    """Human-readable differences between two JSON-like dicts: ``["train.lr: 0.001 -> 1e-05", ...]``."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [] if old == new else [f"{prefix.rstrip('.') or 'fingerprint'}: {old!r} -> {new!r}"]
+    out = []
+    for k in sorted(set(old) | set(new), key=str):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_path(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """Refuse an output path that exists and is not a folder (before any expensive work)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is an existing file, not a folder; give a folder path")
+    return path
+
+
+def _main_process() -> bool:
+    import jax
+
+    return jax.process_index() == 0
+
+
+def _lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            pid = (path / LOCK).read_text().strip() or "unknown"
+        except OSError:
+            pid = "unknown"
+        raise UserError(f"{path} is in use by another process (PID {pid}); wait for it to finish, or use "
+                        "another --out") from None
+    return fd
+
+
+def _empty(path: Path) -> None:
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+@contextmanager
+def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite: bool = False,
+          file: str = FINGERPRINT, hint: str = HINT) -> Iterator[bool]:
+    """Hold ``path`` for a run; yields True when it holds an earlier (possibly unfinished) run of the same
+    fingerprint to resume. ``fingerprint=None``: lock only (a folder of sub-runs, each claimed on its own)."""
+    path = check_path(path)
+    key = str(path.resolve())
+    if key in _HELD:  # re-entrant: the outer claim already holds the lock
+        _HELD[key][1] += 1
+        try:
+            yield _decide(path, fingerprint, overwrite, file, hint, writer=_HELD[key][0] is not None, fresh=False)
+        finally:
+            _HELD[key][1] -= 1
+        return
+    main = _main_process()
+    path.mkdir(parents=True, exist_ok=True)
+    fd = _lock(path) if main else None
+    _HELD[key] = [fd, 1]
+    try:
+        resume = _decide(path, fingerprint, overwrite, file, hint, writer=main, fresh=True)
+        if main:
+            (path / LOCK).write_text(f"{os.getpid()}\n")
+        yield resume
+    finally:
+        del _HELD[key]
+        if fd is not None:
+            (path / LOCK).unlink(missing_ok=True)
+            os.close(fd)  # releases the lock
+
+
+def _decide(path: Path, fingerprint: dict | None, overwrite: bool, file: str, hint: str, writer: bool,
+            fresh: bool) -> bool:
+    """``writer``: this process writes (process 0); ``fresh``: the outermost claim of the folder in this process."""
+    fp_path = path / file
+    if fingerprint is not None:
+        fingerprint = json.loads(json.dumps(fingerprint))  # the form it takes on disk (tuples -> lists, ...)
+    if overwrite and writer and fresh and any(p.name != LOCK for p in path.iterdir()):
+        _empty(path)
+    if fp_path.exists():
+        try:
+            old = json.loads(fp_path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise UserError(f"{fp_path} is not valid JSON (the folder's run description is damaged); {hint}") from None
+        if fingerprint is None or old == fingerprint:
+            return True
+        changes = diff(old, fingerprint)
+        more = f" and {len(changes) - 8} more" if len(changes) > 8 else ""
+        raise UserError(f"{path} holds a different run (differs in: {'; '.join(changes[:8])}{more}); {hint}")
+    if fingerprint is not None:
+        others = sorted(p.name for p in path.iterdir() if p.name != LOCK)
+        if others and fresh:
+            raise UserError(f"{path} is not empty and holds no run description ({file}): found "
+                            f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; refusing to write into it. "
+                            f"{hint}")
+        if writer:
+            tmp = fp_path.with_name(f"{file}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(fingerprint, indent=2) + "\n")
+            os.replace(tmp, fp_path)
+    return False
