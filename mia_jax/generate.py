@@ -146,21 +146,32 @@ def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
 
 
 def encode_prompts(loaded, prompts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each prompt with the model's default special tokens; an empty prompt starts from BOS
-    (or EOS, GPT-2's document separator) when the model has one."""
+    """Token ids of each prompt with the model's default special tokens (a BOS when the model adds one).
+
+    An empty or whitespace-only prompt is refused (``prompt 1 is empty: give some text to continue``), whether
+    or not the model adds BOS: sampling from nothing but BOS is rarely what was meant, and never silently. So is
+    a prompt that encodes to no tokens at all. Prompts are numbered from 1, as `mia-jax generate` lists them."""
     if isinstance(prompts, str):
         raise UserError("prompts must be a list of strings, not one string")
     if not prompts:
         raise UserError("no prompts given")
+    for i, prompt in enumerate(prompts, 1):
+        if not isinstance(prompt, str):
+            raise UserError(f"prompt {i} is {type(prompt).__name__}, expected a string")
+        if not prompt.strip():
+            raise UserError(f"prompt {i} is {'empty' if not prompt else 'only whitespace'}: give some text to "
+                            "continue")
     out = []
-    for i, enc in enumerate(loaded.tokenizer.encode_batch(list(prompts))):
-        ids = list(enc.ids)
-        start = loaded.bos_token_id if loaded.bos_token_id is not None else loaded.eos_token_id
-        if not ids and start is None:
-            raise UserError(f"prompt {i} is empty after tokenization and the model has no BOS/EOS token to "
-                            "start from; give some text")
-        out.append(ids or [start])
+    for i, enc in enumerate(loaded.tokenizer.encode_batch(list(prompts)), 1):
+        if not enc.ids:
+            raise UserError(f"prompt {i} ({_short(prompts[i - 1])}) encodes to no tokens with this model's "
+                            "tokenizer: give some other text to continue")
+        out.append(list(enc.ids))
     return out
+
+
+def _short(text: str, n: int = 40) -> str:
+    return repr(text if len(text) <= n else text[:n - 3] + "...")
 
 
 def _fit(ids: list[int], keep: int, bos: int | None) -> list[int]:

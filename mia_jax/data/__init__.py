@@ -1,9 +1,12 @@
 """Datasets: labeled or unlabeled texts from JSONL / CSV / Parquet files and the bundled WikiMIA."""
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,22 +30,147 @@ class Dataset:
         return len(self.texts)
 
 
-def _rows(path: Path):
-    """Yield (line or row number, dict) from a .jsonl / .json / .csv / .parquet file."""
+def _check_encoding(encoding: str) -> bool:
+    """Refuse an unknown (or non-text) encoding name; True when the encoding is line-splittable, i.e. a newline
+    or carriage return is the single byte 0x0a / 0x0d and never part of another character (UTF-8, Latin-1,
+    cp1252, Shift-JIS, ...; not UTF-16 or UTF-32)."""
+    try:
+        "".encode(encoding)
+        b"".decode(encoding)
+    except (LookupError, TypeError, ValueError):
+        raise UserError(f"unknown text encoding {encoding!r}; give a name such as utf-8, latin-1, cp1252 or "
+                        "utf-16") from None
+    try:
+        return b"\r\n\n\r ab".decode(encoding) == "\r\n\n\r ab"
+    except UnicodeDecodeError:
+        return False
+
+
+def _decode_error(path: Path, lineno: int, offset: int, byte: int, encoding: str, head: bytes) -> UserError:
+    if codecs.lookup(encoding).name in ("utf-8", "utf-8-sig"):
+        if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+            fix = "the file starts with a UTF-16 byte-order mark: pass --encoding utf-16 or re-save it as UTF-8"
+        else:
+            fix = "re-save the file as UTF-8 or pass its encoding, e.g. --encoding latin-1 or --encoding cp1252"
+    else:
+        fix = "pass the file's actual encoding with --encoding (latin-1 accepts any byte) or re-save it as UTF-8"
+    return UserError(f"{path}: line {lineno} is not valid {encoding} (byte 0x{byte:02x} at file offset {offset}); "
+                     f"{fix}")
+
+
+_LONE_CR = re.compile(rb"(?<=\r)(?!\n)")  # a line break that is a carriage return alone (classic Mac files)
+
+
+def _lines(path: Path, encoding: str):
+    """Yield (line number from 1, decoded line with its line ending) of a text file.
+
+    Lines end at \\n, \\r\\n or a lone \\r. A byte-order mark at the start of the file is dropped (utf-8-sig
+    behaviour for any encoding). Bytes that are not valid in ``encoding`` raise a UserError naming the line,
+    the byte and its offset in the file (from 0). Line-splittable encodings are read a line at a time; others
+    (UTF-16, UTF-32) are decoded whole.
+    """
+    splittable = _check_encoding(encoding)
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    with f:
+        head = f.read(4)
+        f.seek(0)
+        if not splittable:
+            data = f.read()
+            try:
+                text = data.decode(encoding)
+            except UnicodeDecodeError as e:
+                try:
+                    before = data[:e.start].decode(encoding)
+                    lineno = len(io.StringIO(before, newline="").readlines()) + (before[-1:] in ("", "\n", "\r"))
+                except UnicodeDecodeError:
+                    lineno = data.count(b"\n", 0, e.start) + 1
+                raise _decode_error(path, lineno, e.start, data[e.start], encoding, head) from None
+            yield from enumerate(io.StringIO(text.removeprefix("\ufeff"), newline=""), 1)
+            return
+        lineno = offset = 0
+        for raw in f:
+            for piece in (_LONE_CR.split(raw) if b"\r" in raw else (raw,)):
+                if not piece:
+                    continue
+                lineno += 1
+                try:
+                    line = piece.decode(encoding)
+                except UnicodeDecodeError as e:
+                    raise _decode_error(path, lineno, offset + e.start, piece[e.start], encoding, head) from None
+                offset += len(piece)
+                yield lineno, (line.removeprefix("\ufeff") if lineno == 1 else line)
+
+
+def _json_rows(path: Path, encoding: str):
+    """(line number, value) of each non-blank line. An error's column is that of the line as an editor shows
+    it: characters (not bytes) from 1, leading whitespace included, after a byte-order mark."""
+    for lineno, line in _lines(path, encoding):
+        line = line.rstrip("\r\n")  # json counts a line ending inside the text as a new line (column 1 after it)
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            where = "the end of the line" if e.pos >= len(line) else f"column {e.pos + 1}"
+            raise UserError(f"{path}: line {lineno} is not valid JSON ({e.msg} at {where}); each line must be one "
+                            "JSON object") from None
+
+
+def _csv_rows(path: Path, encoding: str, delimiter: str):
+    """Rows of a CSV / TSV file as dicts, each with the line number where it starts (a quoted field may span
+    lines). Unclosed quotes and rows with more or fewer fields than the header are refused, never read as a
+    silently merged or cut row."""
+    start = [0, None]  # the line last read, the line where the current row starts
+
+    def lines():
+        for lineno, line in _lines(path, encoding):
+            start[0] = lineno
+            if start[1] is None and line not in ("\n", "\r\n", "\r"):  # the reader skips blank lines
+                start[1] = lineno
+            yield line
+
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # book-length texts are fields too
+    reader = csv.DictReader(lines(), delimiter=delimiter, strict=True)
+    kind = "TSV" if delimiter == "\t" else "CSV"
+
+    def read(step):
+        try:
+            return step()
+        except csv.Error as e:
+            if "unexpected end of data" in str(e):
+                raise UserError(f"{path}: line {start[1]}: a quoted field starting on this line is never closed; "
+                                "close the double quote (a quote inside a quoted field is written twice: \"\")"
+                                ) from None
+            raise UserError(f"{path}: line {start[0]} is not valid {kind} ({e}); quote a field that holds the "
+                            "delimiter, a quote or a line break, writing each quote inside it twice") from None
+
+    if read(lambda: reader.fieldnames) is None:  # reads the header line; None: an empty file
+        return
+    n_fields = len(reader.fieldnames)
+    start[1] = None
+    while (row := read(lambda: next(reader, None))) is not None:
+        where, start[1] = start[1], None
+        if None in row:
+            raise UserError(f"{path}: row {where} has {n_fields + len(row[None])} fields, the header has {n_fields}; "
+                            f"quote a field that holds the delimiter {delimiter!r}")
+        if None in row.values():
+            n = sum(v is not None for v in row.values())
+            raise UserError(f"{path}: row {where} has {n} field(s), the header has {n_fields}; give every row one "
+                            "value per column")
+        yield where, row
+
+
+def _rows(path: Path, encoding: str = "utf-8"):
+    """Yield (row number, dict) from a .jsonl / .json / .csv / .tsv / .parquet file. The row number is the
+    line (from 1) where the row starts in a text file, the row's position (from 1) in a Parquet file."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield lineno, json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
-                                    "each line must be one JSON object") from None
+        yield from _json_rows(path, encoding)
     elif suffix in (".csv", ".tsv"):
-        with open(path, encoding="utf-8", newline="") as f:
-            yield from enumerate(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","), 2)
+        yield from _csv_rows(path, encoding, "\t" if suffix == ".tsv" else ",")
     elif suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -62,17 +190,21 @@ def _label(value, path: Path, where: int) -> int:
 
 
 def load_records(path: str | Path, text_field: str = "input", label_field: str | None = "label",
-                 name: str | None = None) -> Dataset:
+                 name: str | None = None, encoding: str = "utf-8") -> Dataset:
     """Read texts (and 0/1 labels unless ``label_field`` is None) from a file.
 
     A row that is a bare JSON string is taken as the text (MIMIR's format); empty texts are kept
     (the runner records them as skipped with a reason) so that row indices stay those of the file.
+    Text files (JSONL, CSV, TSV) are decoded with ``encoding`` (any Python codec name: utf-8, latin-1,
+    cp1252, utf-16, ...); a byte-order mark at the start is dropped, and bytes that are not valid in the
+    encoding are refused with their line and file offset. Parquet is always UTF-8.
     """
+    _check_encoding(encoding)
     path = Path(path)
     if not path.is_file():
         raise UserError(f"data file not found: {path}")
     texts, labels = [], []
-    for where, row in _rows(path):
+    for where, row in _rows(path, encoding):
         if isinstance(row, str):
             row = {text_field: row}
         if not isinstance(row, dict):
@@ -91,6 +223,30 @@ def load_records(path: str | Path, text_field: str = "input", label_field: str |
     if not texts:
         raise UserError(f"{path}: no rows")
     return Dataset(texts, labels if label_field is not None else None, name or path.stem, {str(path): sha256(path)})
+
+
+def duplicate_report(texts: list[str], labels: list[int] | None = None, max_examples: int = 5) -> dict:
+    """Exact duplicates among ``texts`` (no normalisation: a change of case or whitespace is a different text).
+
+    Returns a JSON-ready dict: ``n_texts``; ``n_duplicate_texts``, the rows whose text equals the text of an
+    earlier row; ``n_conflicting_texts``, the distinct texts that occur with both label 1 and label 0 (always
+    0 without labels); ``duplicate_examples``, up to ``max_examples`` pairs ``[row, earlier row]`` (indices from
+    0, the earlier row being the text's first occurrence); ``conflicting_examples``, for up to ``max_examples``
+    conflicting texts (in order of first occurrence) the indices of all their rows.
+    """
+    if labels is not None and len(labels) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    rows: dict[str, list[int]] = {}
+    duplicates = []
+    for i, text in enumerate(texts):
+        seen = rows.setdefault(text, [])
+        if seen:
+            duplicates.append([i, seen[0]])
+        seen.append(i)
+    conflicting = [] if labels is None else [
+        where for where in rows.values() if len(where) > 1 and len({int(labels[i]) for i in where}) > 1]
+    return {"n_texts": len(texts), "n_duplicate_texts": len(duplicates), "n_conflicting_texts": len(conflicting),
+            "duplicate_examples": duplicates[:max_examples], "conflicting_examples": conflicting[:max_examples]}
 
 
 def wikimia(length: int = 32) -> Dataset:
