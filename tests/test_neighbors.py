@@ -124,10 +124,37 @@ def test_neighbor_score_is_the_loss_difference(tiny, self_gen, tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert list(recs[0]["scores"]) == ["loss", "neighbor"]
     assert (tmp_path / "neighbors" / "neighbors.jsonl").exists()
-    # a resumed run reuses the cached neighbours and the scored pass, and gives the same records
-    again = runner.score_dataset(tiny, TEXTS, ["loss", "neighbor"], neighbors=self_gen, out_dir=tmp_path,
-                                 resume=True, progress=False)
-    assert again == recs
+
+
+def test_neighbor_pass_interrupted_resumes_from_its_finished_batches(tiny, self_gen, tmp_path, monkeypatch):
+    counts = {}
+    full = runner.score_dataset(tiny, TEXTS, ["loss", "neighbor"], neighbors=self_gen, out_dir=tmp_path / "full",
+                                batch_size=2, progress=False, report=counts)
+    real, calls = runner.score_batch, []
+
+    def interrupted(*a, **k):  # Ctrl-C in the neighbour pass, after the main pass and two neighbour batches
+        calls.append(1)
+        if len(calls) == counts["main"]["batches_computed"] + 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "score_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.score_dataset(tiny, TEXTS, ["loss", "neighbor"], neighbors=self_gen, out_dir=tmp_path / "run",
+                             batch_size=2, progress=False)
+    monkeypatch.setattr(runner, "score_batch", real)
+    kept = len((tmp_path / "run" / "passes" / "neighbor.jsonl").read_text().splitlines())
+    assert 2 <= kept <= 4
+    report = {}
+    again = runner.score_dataset(tiny, TEXTS, ["loss", "neighbor"], neighbors=self_gen, out_dir=tmp_path / "run",
+                                 batch_size=2, resume=True, progress=False, report=report)
+    n_neighbours = sum(r["n_neighbors"] for r in full)
+    assert report["main"]["reused"] == len(TEXTS) and report["main"]["computed"] == 0
+    assert report["neighbor"]["reused"] == kept and report["neighbor"]["computed"] == n_neighbours - kept
+    assert report["neighbor"]["batches_computed"] == counts["neighbor"]["batches_computed"] - 2
+    assert again == full
+    for name in ("results.jsonl", "passes/neighbor.jsonl"):
+        assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
 
 
 def test_neighbor_scorer_sign():

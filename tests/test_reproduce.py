@@ -3,7 +3,7 @@ import csv
 
 import pytest
 
-from mia_jax import reproduce
+from mia_jax import reproduce, runner
 
 
 def fake_results():
@@ -42,7 +42,7 @@ def test_reports_are_written(tmp_path):
     assert (tmp_path / "fig2b_auroc_by_length.png").stat().st_size > 10_000
 
 
-def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path):
+def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys, monkeypatch):
     import importlib.util
     from pathlib import Path
 
@@ -57,12 +57,31 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path):
     out = tmp_path / "repro"
     argv = ["--models", str(tiny_llama_dir), "--ref-models", str(ref_dir), "--lengths", "32", "64", "--limit", "24",
             "--n-neighbors", "2", "--n-bootstrap", "10", "--out", str(out)]
-    assert mod.main(argv) == 0
+    real, calls = runner.score_batch, []
+
+    def interrupted(*a, **k):  # Ctrl-C in the middle of the first cell
+        calls.append(1)
+        if len(calls) == 12:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "score_batch", interrupted)
+    assert mod.main(argv) == 130
+    assert "run the same command again to resume" in capsys.readouterr().err
+    monkeypatch.setattr(runner, "score_batch", real)
+    cell = out / "runs" / f"{tiny_llama_dir.name}-32-ori"
+    kept = {p.name: len(p.read_text().splitlines()) for p in (cell / "passes").glob("*.jsonl")}
+    assert any(0 < n < 24 for n in kept.values()) and not (cell / "results.jsonl").exists()
+    assert mod.main(argv) == 0  # resumes the interrupted cell from its finished batches
+    err = capsys.readouterr().err
+    for name, n in kept.items():
+        if n and n < 24:  # the pass that was cut short
+            assert f"resuming from {cell / 'passes' / name}: {n} of 24 texts already scored" in err
     table = (out / "table1_auroc.md").read_text()
     for name, _ in reproduce.PAPER_METHODS:
         assert f"| {name} |" in table
     assert reproduce.BLIND_ROW in table
     assert (out / "fig2b_auroc_by_length.png").exists() and (out / "k_sweep.png").exists()
-    first = (out / "runs" / f"{tiny_llama_dir.name}-32-ori" / "results.jsonl").read_bytes()
-    assert mod.main(argv) == 0  # a rerun resumes every cell and changes nothing
-    assert (out / "runs" / f"{tiny_llama_dir.name}-32-ori" / "results.jsonl").read_bytes() == first
+    # a cell folder holding a run of other settings is refused, not mixed
+    assert mod.main(argv[:-6] + ["--n-neighbors", "3", "--n-bootstrap", "10", "--out", str(out)]) == 2
+    assert "holds a different run" in capsys.readouterr().err
