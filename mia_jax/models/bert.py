@@ -273,12 +273,12 @@ def load_mlm(path: str, dtype: str = "float32") -> tuple[BertMLM, tokenizers.Tok
     if not folder.is_dir() or not config_path.exists():
         raise UserError(f"{folder}: not a Hugging Face masked-LM folder (config.json, model.safetensors, "
                         "tokenizer.json)")
-    cfg = BertConfig.from_hf(hf.read_json(config_path))
+    cfg = hf.parse_config(BertConfig, hf.read_json(config_path), config_path)
     weights = hf.weight_files(folder)
     tok_file = folder / "tokenizer.json"
     if not tok_file.exists():
         raise UserError(f"{folder}: no tokenizer.json")
-    tokenizer = tokenizers.Tokenizer.from_file(str(tok_file))
+    tokenizer = hf.read_tokenizer(tok_file)
     if tokenizer.get_vocab_size() > cfg.vocab_size:
         raise UserError(f"{folder}: tokenizer has {tokenizer.get_vocab_size()} tokens but the model only "
                         f"{cfg.vocab_size}")

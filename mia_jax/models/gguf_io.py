@@ -12,6 +12,7 @@ The architecture-specific parts live in each model module, which provides
 
 from __future__ import annotations
 
+import math
 import mmap
 import re
 import struct
@@ -30,61 +31,114 @@ _STRUCT = {k: struct.Struct("<" + c) for k, c in zip((0, 1, 2, 3, 4, 5, 6, 7, 10
 _STRING, _ARRAY, _BOOL = 8, 9, 7
 
 
+_FIX = "re-download or re-convert it"
+
+
 class _Cursor:
+    """Reads GGUF header fields, checking each size against the bytes left before reading or allocating."""
+
     def __init__(self, buf, path: str):
-        self.buf, self.pos, self.path = buf, 0, path
+        self.buf, self.pos, self.path, self.at = buf, 0, path, "the header"
+
+    def need(self, n: int, what: str = "") -> None:
+        left = len(self.buf) - self.pos
+        if n > left:
+            raise UserError(f"{self.path}: truncated or corrupt GGUF: {what or self.at} needs {n} bytes at offset "
+                            f"{self.pos} but only {left} remain (file size {len(self.buf)}); {_FIX}")
 
     def scalar(self, kind: int):
         fmt = _STRUCT[kind]
+        self.need(fmt.size)
         (value,) = fmt.unpack_from(self.buf, self.pos)
         self.pos += fmt.size
         return bool(value) if kind == _BOOL else value
 
     def string(self) -> str:
         n = self.scalar(10)
+        self.need(n, f"a {n}-byte string in {self.at}")
         s = bytes(self.buf[self.pos: self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
         return s
 
+    def kind(self) -> int:
+        kind = self.scalar(4)
+        if kind not in _SCALARS and kind not in (_STRING, _ARRAY):
+            raise UserError(f"{self.path}: unknown GGUF value type {kind} in {self.at}; the file is corrupt: {_FIX}")
+        return kind
+
     def value(self, kind: int):
         if kind == _STRING:
             return self.string()
-        if kind == _ARRAY:
-            item, n = self.scalar(4), self.scalar(10)
-            if item == _STRING:
-                return [self.string() for _ in range(n)]
-            if item == _ARRAY:
-                return [self.value(self.scalar(4)) for _ in range(n)]
-            dt = np.dtype(_SCALARS[item])
-            out = np.frombuffer(self.buf, dt, n, self.pos)
-            self.pos += n * dt.itemsize
-            return [bool(x) for x in out] if item == _BOOL else out.tolist()
-        if kind not in _SCALARS:
-            raise UserError(f"{self.path}: unknown GGUF value type {kind}; the file may be corrupt")
-        return self.scalar(kind)
+        if kind != _ARRAY:
+            return self.scalar(kind)
+        item, n = self.kind(), self.scalar(10)
+        if item == _STRING:
+            self.need(8 * n, f"an array of {n} strings in {self.at}")
+            return [self.string() for _ in range(n)]
+        if item == _ARRAY:
+            self.need(12 * n, f"an array of {n} arrays in {self.at}")
+            return [self.value(self.kind()) for _ in range(n)]
+        dt = np.dtype(_SCALARS[item])
+        self.need(n * dt.itemsize, f"an array of {n} {dt.name} in {self.at}")
+        out = np.frombuffer(self.buf, dt, n, self.pos)
+        self.pos += n * dt.itemsize
+        return [bool(x) for x in out] if item == _BOOL else out.tolist()
 
 
 def _parse(buf, path: str) -> tuple[dict, list[tuple[str, tuple[int, ...], int, int]], int]:
-    """(metadata, [(name, dims fastest-first, ggml type, offset)], data start) of a GGUF buffer."""
+    """(metadata, [(name, dims fastest-first, ggml type, offset)], data start) of a GGUF buffer; a header that
+    claims more than the file holds is a UserError before anything of that size is allocated."""
     if bytes(buf[:4]) != b"GGUF":
         raise UserError(f"{path}: not a GGUF file")
     c = _Cursor(buf, path)
     c.pos = 4
     version = c.scalar(4)
     if version not in (2, 3):
-        raise UserError(f"{path}: GGUF version {version} is not supported (2 or 3; big-endian files are not)")
+        raise UserError(f"{path}: GGUF version {version} is not supported (only 2 and 3, little-endian); the file is "
+                        f"corrupt or from another tool: {_FIX}")
     n_tensors, n_kv = c.scalar(10), c.scalar(10)
+    # each metadata field takes at least 13 bytes (key length, type, one byte), each tensor info at least 24
+    c.need(13 * n_kv + 24 * n_tensors, f"the header ({n_kv} metadata fields, {n_tensors} tensors)")
     meta = {}
-    for _ in range(n_kv):
+    for i in range(n_kv):
+        c.at = f"metadata field {i}"
         key = c.string()
-        meta[key] = c.value(c.scalar(4))
+        c.at = f"metadata field {key!r}"
+        meta[key] = c.value(c.kind())
     infos = []
-    for _ in range(n_tensors):
+    for i in range(n_tensors):
+        c.at = f"tensor info {i}"
         name = c.string()
-        dims = tuple(c.scalar(10) for _ in range(c.scalar(4)))
+        c.at = f"tensor info {name!r}"
+        n_dims = c.scalar(4)
+        c.need(8 * n_dims + 12)
+        dims = tuple(c.scalar(10) for _ in range(n_dims))
         infos.append((name, dims, c.scalar(4), c.scalar(10)))
     align = meta.get("general.alignment", 32)
+    if not isinstance(align, int) or align <= 0:
+        raise UserError(f"{path}: GGUF general.alignment is {align!r}, not a positive integer; {_FIX}")
     return meta, infos, -(-c.pos // align) * align
+
+
+def _layout(path: str, size: int, start: int, name: str, dims: tuple, kind: int, offset: int):
+    """(quantization type, bytes per row, rows) of one tensor, its byte range checked against the file size."""
+    import gguf
+
+    try:
+        qtype = gguf.GGMLQuantizationType(kind)
+    except ValueError:
+        raise UserError(f"{path}: tensor {name!r} has unknown GGML type {kind}; the file is corrupt or newer than "
+                        f"the installed gguf package: {_FIX}, or upgrade gguf") from None
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    if not dims or dims[0] % block:
+        raise UserError(f"{path}: tensor {name!r} has dims {list(dims)}, not whole {qtype.name} blocks of {block}; "
+                        f"the file is corrupt: {_FIX}")
+    row_bytes, n_rows = dims[0] // block * type_size, math.prod(dims[1:])
+    begin, end = start + offset, start + offset + row_bytes * n_rows
+    if end > size:
+        raise UserError(f"{path}: truncated or corrupt GGUF: tensor {name!r} ({qtype.name}, dims {list(dims)}) needs "
+                        f"bytes {begin}..{end} but the file has {size} bytes; {_FIX}")
+    return qtype, row_bytes, n_rows
 
 
 def read_metadata(path: str) -> dict:
@@ -102,10 +156,7 @@ def read_arrays(path: str) -> tuple[dict, dict[str, Lazy]]:
     meta, infos, start = _parse(data, path)
 
     def entry(name, dims, kind, offset) -> Lazy:
-        qtype = gguf.GGMLQuantizationType(kind)
-        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        row_bytes = dims[0] // block * type_size
-        n_rows = int(np.prod(dims[1:], dtype=np.int64))
+        qtype, row_bytes, n_rows = _layout(path, data.size, start, name, dims, kind, offset)
         shape = tuple(reversed(dims))  # GGUF lists dims fastest-first
 
         def rows(first: int, stop: int) -> np.ndarray:
@@ -148,7 +199,10 @@ def read_gguf(path: str, module_for: Callable[[str], Any]) -> tuple[Any, dict[st
     """(config, HF-named float32 tensors, metadata) of a GGUF file; `module_for(arch)` gives the model module,
     whose `config_from_gguf(meta, arrays)` and `tensors_from_gguf(cfg, arrays)` do the architecture's part."""
     meta, arrays = read_arrays(path)
-    module = module_for(meta.get("general.architecture"))
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise UserError(f"{path}: GGUF general.architecture is {arch!r}, not a name; {_FIX}")
+    module = module_for(arch)
     if "token_embd.weight" not in arrays:
         raise UserError(f"{path}: no token_embd.weight tensor")
     cfg = module.config_from_gguf(meta, arrays)
@@ -207,6 +261,9 @@ def tokenizer_from_gguf(meta: dict, path: str) -> Tokenizer:
     """The tokenizer `tokenizer.ggml.*` describes, built as transformers' GGUF loader builds it:
     'gpt2' -> byte-level BPE; 'llama' -> SentencePiece-style BPE with byte fallback (Gemma's variant for gemma*)."""
     kind = meta.get("tokenizer.ggml.model")
+    if kind in ("gpt2", "llama") and not isinstance(meta.get("tokenizer.ggml.tokens"), list):
+        raise UserError(f"{path}: GGUF tokenizer.ggml.tokens is missing or not a list; {_FIX}, or pass "
+                        "tokenizer_path= a tokenizer.json")
     if kind == "gpt2":
         tok = _byte_level_bpe(meta)
     elif kind == "llama":
