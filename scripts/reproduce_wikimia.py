@@ -32,6 +32,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, help="first N texts of each split (quick runs)")
     ap.add_argument("--out", default="runs/reproduce_wikimia")
+    ap.add_argument("--allow-download", action="store_true",
+                    help="fetch models that are not local paths from the Hugging Face Hub (the paper's pairs in "
+                         "configs/reference_pairs.yaml are Hub ids)")
     args = ap.parse_args(argv)
     try:
         pairs = yaml.safe_load(PAIRS.read_text())
@@ -55,7 +58,7 @@ def main(argv=None) -> int:
 def reproduce_all(args, refs, methods, out: Path) -> None:
     results = []
     for name, ref_name in zip(args.models, refs):
-        loaded, ref = models.load(name), models.load(ref_name)
+        loaded, ref = (models.load(m, allow_download=args.allow_download) for m in (name, ref_name))
         label = loaded.name  # a packaged name, or the folder / file name of a path
         for length in args.lengths:
             splits = {"Ori.": wikimia(length), "Para.": reproduce.paraphrased(length, args.para_dir)}

@@ -1,9 +1,14 @@
 """train/contaminate.py end to end on the `tiny` config: tables, figures, resume, refusals, every ablation."""
 import csv
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
+from sklearn.metrics import roc_auc_score
+
+from test_kill_resume import complete_records, interrupt_when, start, wait_for
 
 from mia_jax import models
 from train import contaminate
@@ -35,9 +40,20 @@ def run(out, *args) -> int:
     return contaminate.main(["--config", TINY, "--out", str(out), "--no-progress", *args])
 
 
-def test_tiny_experiment(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert run(out, "score.n_bootstrap=50") == 0
+# score.batch_size=4: 32 scoring batches per pass, so that the kill test can interrupt one mid-way
+TINY_ARGS = ["score.n_bootstrap=50", "score.batch_size=4"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One uninterrupted run of the tiny config: checked below, and the reference of the kill test."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    assert run(out, *TINY_ARGS) == 0
+    return out
+
+
+def test_tiny_experiment(tiny_run, capsys):
+    out = tiny_run
     for name in ("table3.md", "table3.csv", "table7.md", "table7.csv", "metrics.json", "run.json",
                  "roc.png", "corpus/manifest.json", "corpus/eval.jsonl", "train/metrics.jsonl",
                  "scores/trained/results.jsonl", "model/model.safetensors", "base_model/config.json"):
@@ -52,7 +68,11 @@ def test_tiny_experiment(tmp_path, capsys):
     assert set(metrics) == {"trained", "base"}
     assert set(metrics["trained"]) == {"boolq", "commonsenseqa", "imdb", "truthfulqa"}
     r = metrics["trained"]["imdb"]["min_k@0.2"]
-    assert r["n_members"] == r["n_nonmembers"] == 16 and 0 <= r["auroc"] <= 1
+    eval_set = [json.loads(line) for line in (out / "corpus" / "eval.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "scores" / "trained" / "results.jsonl").read_text().splitlines()]
+    imdb = [(e["label"], rec["scores"]["min_k@0.2"]) for e, rec in zip(eval_set, records) if e["dataset"] == "imdb"]
+    assert r["n_members"] == r["n_nonmembers"] == 16
+    assert r["auroc"] == pytest.approx(roc_auc_score([y for y, _ in imdb], [x for _, x in imdb]), abs=1e-12)
     assert "ref" in metrics["trained"]["boolq"] and "ref" not in metrics["base"]["boolq"]
     rows = list(csv.DictReader((out / "table3.csv").open()))
     assert {row["model"] for row in rows} == {"trained", "base"}
@@ -63,16 +83,53 @@ def test_tiny_experiment(tmp_path, capsys):
     assert manifest["tokens"]["total"] == info["corpus"]["tokens"]["total"]
     # the exported model loads with the library loader
     assert models.load(str(out / "model")).config.vocab_size == 512
-    first = (out / "table3.md").read_text()
-    capsys.readouterr()
 
-    # the same command again resumes: nothing is retrained, the same tables come out
-    assert run(out, "score.n_bootstrap=50") == 0
-    assert (out / "table3.md").read_text() == first
-    # a changed config in the same folder is refused with a clear message
-    assert run(out, "score.n_bootstrap=50", "train.lr=1e-5") == 2
+    # a changed config in the finished folder is refused with a clear message, and nothing in it changes
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert run(out, *TINY_ARGS, "train.lr=1e-5") == 2
     err = capsys.readouterr().err
-    assert "different config" in err and "train.lr" in err
+    assert "holds a different run" in err and "train.lr: 0.003 -> 1e-05" in err and len(err.splitlines()) == 1
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_killed_then_interrupted_mid_scoring_resumes(tiny_run, tmp_path):
+    """A real run killed (SIGKILL) while the base model scores, rerun and interrupted (SIGINT) while the trained
+    model scores, then rerun to the end: finished batches are reused (counted), the files match ``tiny_run``."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    out = tmp_path / "run"
+    n = len((tiny_run / "corpus" / "eval.jsonl").read_text().splitlines())
+    cmd = [str(REPO / "train" / "contaminate.py"), "--config", TINY, "--out", str(out), "--no-progress", *TINY_ARGS]
+
+    def base_main():
+        return next((out / "base_scores").glob("*/passes/main.jsonl"), out / "base_scores" / "not-yet")
+
+    # 1. SIGKILL while the base model scores the eval set (before training)
+    proc = start(cmd, env=env)
+    wait_for(proc, lambda: base_main().exists())
+    interrupt_when(proc, base_main(), 8, signal.SIGKILL)
+    done_base = len(complete_records(base_main()))
+    assert 8 <= done_base < n and not (out / "train" / "done.json").exists()
+
+    # 2. the same command resumes the base scores, trains, and is interrupted (Ctrl-C) scoring the trained model
+    proc = start(cmd, env=env)
+    err = interrupt_when(proc, out / "scores" / "trained" / "passes" / "main.jsonl", 8, signal.SIGINT)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert f"resuming from {base_main()}: {done_base} of {n} texts already scored" in err
+    assert "interrupted; run the same command again to resume" in err
+    done_trained = len(complete_records(out / "scores" / "trained" / "passes" / "main.jsonl"))
+    assert 8 <= done_trained < n and (out / "train" / "done.json").exists()
+
+    # 3. once more to the end: nothing finished is computed again, and every file matches the uninterrupted run
+    assert contaminate.main(cmd[1:]) == 0
+    scoring = json.loads((out / "run.json").read_text())["scoring"]
+    assert scoring["base"]["main"]["reused"] == n and scoring["base"]["main"]["computed"] == 0
+    assert scoring["trained"]["main"]["reused"] == done_trained
+    assert scoring["trained"]["main"]["computed"] == n - done_trained
+    for name in ("table3.md", "table7.md", "metrics.json", "scores/trained/results.jsonl",
+                 "scores/trained/passes/lowercase.jsonl", "scores/trained/passes/ref.jsonl", "model/model.safetensors"):
+        assert (out / name).read_bytes() == (tiny_run / name).read_bytes(), name
+    assert base_main().read_bytes() == next((tiny_run / "base_scores").glob("*/passes/main.jsonl")).read_bytes()
 
 
 def test_ablation_lr(tmp_path, tiny_model):

@@ -1,11 +1,13 @@
 """Real runs killed mid-scoring (SIGKILL, then SIGINT) resume from their finished batches: the batches on
 disk at the kill are counted and must not be computed again, and the final files must be byte-identical to
-an uninterrupted run's. One test for `mia-jax eval` with a multi-pass method, one for train/contaminate.py."""
+an uninterrupted run's. `mia-jax eval` with a multi-pass method here; train/contaminate.py in test_contaminate.py
+(it shares that module's uninterrupted run). The helpers are used by both."""
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,23 +34,36 @@ def complete_records(path: Path) -> list[dict]:
 
 
 def start(argv, cwd=REPO, env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env or ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    """The command in a child Python; its stderr goes to a file (a pipe nobody reads could block it)."""
+    err = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env or ENV, stdout=subprocess.DEVNULL, stderr=err,
+                            text=True)
+    proc.err_file = err
+    return proc
+
+
+def stderr_of(proc: subprocess.Popen) -> str:
+    proc.err_file.seek(0)
+    return proc.err_file.read()
+
+
+def wait_for(proc: subprocess.Popen, condition, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before it could be interrupted:\n{stderr_of(proc)}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("timed out waiting for the run")
+        time.sleep(0.005)
 
 
 def interrupt_when(proc: subprocess.Popen, path: Path, n_lines: int, sig: int, timeout: float = 300) -> str:
     """Send ``sig`` as soon as ``path`` holds ``n_lines`` complete records; returns the process's stderr."""
-    deadline = time.monotonic() + timeout
-    while len(complete_records(path)) < n_lines:
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended before it could be interrupted:\n{proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{path} never reached {n_lines} records")
-        time.sleep(0.005)
+    wait_for(proc, lambda: len(complete_records(path)) >= n_lines, timeout)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
-    return err
+    proc.wait(timeout=120)
+    return stderr_of(proc)
 
 
 @pytest.fixture(scope="module")
@@ -103,54 +118,3 @@ def test_eval_killed_then_interrupted_resumes_without_recomputing(tiny_llama_dir
     assert passes["lowercase"]["batches_computed"] == unfinished_batches(tiny_llama_dir, lowered, done_lower_idx)
     for name in ("results.jsonl", "passes/main.jsonl", "passes/lowercase.jsonl", "summary.json"):
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
-
-
-def test_contaminate_killed_then_interrupted_mid_scoring_resumes(tmp_path, capsys):
-    from train import contaminate
-
-    env = ENV | {"MIA_JAX_CACHE": str(tmp_path / "cache")}
-    small = ["score.batch_size=2", "score.n_bootstrap=10", "corpus.background_tokens=8000", "corpus.n_positives=8",
-             "corpus.n_negatives=8", "train.epochs=1"]
-    config = str(REPO / "configs" / "contamination" / "tiny.yaml")
-    reference, out = tmp_path / "reference", tmp_path / "run"
-    os.environ["MIA_JAX_CACHE"] = env["MIA_JAX_CACHE"]
-    try:
-        assert contaminate.main(["--config", config, "--out", str(reference), "--no-progress", *small]) == 0
-    finally:
-        os.environ.pop("MIA_JAX_CACHE")
-    n = len((reference / "corpus" / "eval.jsonl").read_text().splitlines())
-    cmd = [str(REPO / "train" / "contaminate.py"), "--config", config, "--out", str(out), "--no-progress", *small]
-
-    # 1. SIGKILL while the base model scores the eval set (before training)
-    base_main = lambda: next((out / "base_scores").glob("*/passes/main.jsonl"), out / "none")  # noqa: E731
-    proc = start(cmd, env=env)
-    deadline = time.monotonic() + 300
-    while not base_main().exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    interrupt_when(proc, base_main(), 6, signal.SIGKILL)
-    done_base = len(complete_records(base_main()))
-    assert 6 <= done_base < n and not (out / "train" / "done.json").exists()
-
-    # 2. the same command resumes the base scores, trains, and is interrupted (Ctrl-C) scoring the trained model
-    proc = start(cmd, env=env)
-    err = interrupt_when(proc, out / "scores" / "trained" / "passes" / "main.jsonl", 6, signal.SIGINT)
-    assert proc.returncode == 130 and "Traceback" not in err, err
-    assert f"resuming from {base_main()}: {done_base} of {n} texts already scored" in err
-    assert "interrupted; run the same command again to resume" in err
-    done_trained = len(complete_records(out / "scores" / "trained" / "passes" / "main.jsonl"))
-    assert 6 <= done_trained < n and (out / "train" / "done.json").exists()
-
-    # 3. once more to the end: nothing finished is computed again, and every file matches the uninterrupted run
-    os.environ["MIA_JAX_CACHE"] = env["MIA_JAX_CACHE"]
-    try:
-        assert contaminate.main(cmd[1:]) == 0
-    finally:
-        os.environ.pop("MIA_JAX_CACHE")
-    scoring = json.loads((out / "run.json").read_text())["scoring"]
-    assert scoring["base"]["main"]["reused"] == n and scoring["base"]["main"]["computed"] == 0
-    assert scoring["trained"]["main"]["reused"] == done_trained
-    assert scoring["trained"]["main"]["computed"] == n - done_trained
-    for name in ("table3.md", "table7.md", "metrics.json", "scores/trained/results.jsonl",
-                 "scores/trained/passes/lowercase.jsonl", "scores/trained/passes/ref.jsonl"):
-        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
-    assert base_main().read_bytes() == next((reference / "base_scores").glob("*/passes/main.jsonl")).read_bytes()
