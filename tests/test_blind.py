@@ -1,6 +1,10 @@
 """The model-free blind baseline: out-of-fold, seeded, and it finds WikiMIA's distribution shift."""
 import numpy as np
 import pytest
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.pipeline import make_pipeline
 
 from mia_jax.blind import WARN_AUROC, blind_bow_scores, warning
 from mia_jax.data import wikimia
@@ -11,10 +15,26 @@ from mia_jax.metrics import auroc
 def test_wikimia32_members_are_separable_without_any_model():
     ds = wikimia(32)
     scores = blind_bow_scores(ds.texts, ds.labels, seed=0)
-    assert scores.shape == (776,) and np.all((scores >= 0) & (scores <= 1))
-    assert auroc(ds.labels, scores) > 0.9  # Das et al. 2024 report ~0.99 for a bag-of-words on WikiMIA
+    assert scores.shape == (776,)
+    a = auroc(ds.labels, scores)
+    assert a == pytest.approx(roc_auc_score(ds.labels, scores.astype(np.float64)), abs=1e-12)
+    assert a > 0.9  # Das et al. 2024 report ~0.99 for a bag-of-words on WikiMIA
     np.testing.assert_array_equal(scores, blind_bow_scores(ds.texts, ds.labels, seed=0))
     assert "WARNING" in warning(auroc(ds.labels, scores))
+
+
+def test_scores_are_out_of_fold():
+    """Each text carries a unique word (and otherwise the same words): a model that had seen a text would
+    recognise its label from that word (in-sample AUROC 1), but a fold model never saw the word, so every text
+    of a fold gets the same member probability: 0.5, the folds being balanced (stratified, 30 members of 60)."""
+    texts = [f"uniqueword{i} the same shared words" for i in range(60)]
+    labels = np.r_[np.ones(30, int), np.zeros(30, int)]
+    scores = blind_bow_scores(texts, labels, seed=0)
+    np.testing.assert_allclose(scores, 0.5, atol=1e-4)
+    assert auroc(labels, scores) == 0.5  # constant within each fold, and each fold has 6 of each class
+    in_sample = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
+                              LogisticRegression(C=10.0, max_iter=2000)).fit(texts, labels)
+    assert auroc(labels, in_sample.predict_proba(texts)[:, 1]) == 1.0  # what scoring in-sample would give
 
 
 def test_no_signal_when_labels_are_random():

@@ -190,7 +190,20 @@ def loaded(tiny_llama_dir):
 def test_generate_text(loaded):
     prompts = ["The film was released in", "He was born in the city of", "A"]
     out = G.generate(loaded, prompts, max_new_tokens=6)
-    assert len(out) == 3 and all(isinstance(t, str) and t for t in out)
+    # the texts decode greedy continuations: each token is the argmax (over the tokenizer's vocabulary) of a full
+    # forward over the prompt and the tokens before it (one right-padded batch: causal, so padding is harmless)
+    prompt_ids = G.encode_prompts(loaded, prompts)
+    gen = G.generate_ids(loaded, prompt_ids, max_new_tokens=6)
+    seqs = [p + gen.completion_ids(r) for r, p in enumerate(prompt_ids)]
+    batch = np.zeros((3, max(map(len, seqs))), np.int32)
+    for r, q in enumerate(seqs):
+        batch[r, :len(q)] = q
+    logits = forward(loaded.model, batch)[..., :loaded.tokenizer.get_vocab_size()]
+    for r, p in enumerate(prompt_ids):
+        completion = gen.completion_ids(r)
+        assert len(completion) == 6 or gen.finished[r], r
+        assert completion == [int(t) for t in logits[r, len(p) - 1:len(p) - 1 + len(completion)].argmax(-1)]
+        assert out[r] == loaded.tokenizer.decode(completion, skip_special_tokens=True)
     assert G.generate(loaded, prompts, max_new_tokens=6) == out
     # each row alone gives the same greedy text as in the left-padded batch
     assert [G.generate(loaded, [p], max_new_tokens=6)[0] for p in prompts] == out

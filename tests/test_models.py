@@ -325,3 +325,53 @@ def test_smollm2_perplexity_matches_transformers():
         ref_ppl = float(torch.exp(ref(torch.tensor([ids]), labels=torch.tensor([ids])).loss))
     print(f"SmolLM2 ppl: mia_jax {ours:.4f} transformers {ref_ppl:.4f}")
     assert abs(ours / ref_ppl - 1) < 0.02
+
+
+# ----------------------------------------------------------------------------- CI: a missing dependency fails
+
+INNER_TESTS = '''
+import pytest
+
+def test_parity():
+    pytest.importorskip("no_such_module_xyz")
+
+@pytest.mark.skipif(True, reason="needs the offline model: pip install --no-deps no-such-model==1.0")
+def test_real_model():
+    pass
+
+def test_unrelated_skip():
+    pytest.skip("not applicable here")
+'''
+INNER_MODULE = '''
+import pytest
+
+pytest.importorskip("no_such_module_xyz")
+
+def test_never_collected():
+    pass
+'''
+
+
+@pytest.mark.parametrize("ci", [None, "false", "true"])
+def test_missing_test_dependency_fails_only_under_ci(pytester, monkeypatch, ci):
+    """conftest.MissingDependencyFails on an inner pytest run (in this process: no JAX start-up): importorskip of a
+    missing module (in a test and at module level) and an offline-model skipif fail when CI=true, skip otherwise;
+    a skip for another reason stays a skip."""
+    import conftest
+
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    pytester.makepyfile(test_inner=INNER_TESTS, test_inner_module=INNER_MODULE)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--continue-on-collection-errors", "-rs",
+                                plugins=[conftest.MissingDependencyFails()])
+    if ci == "true":
+        result.assert_outcomes(failed=1, errors=2, skipped=1)  # errors: the skipif (setup) and the module
+        assert result.ret != 0
+        result.stdout.fnmatch_lines(["*CI=true: a test dependency is missing*could not import 'no_such_module_xyz'*",
+                                     "*CI=true: a test dependency is missing*pip install --no-deps no-such-model*"],
+                                    consecutive=False)
+    else:
+        result.assert_outcomes(skipped=4)
+        assert result.ret == 0

@@ -53,9 +53,19 @@ def test_corpus_members_and_nonmembers(tok):
     assert m["contamination_rate"] == pytest.approx(m["tokens"]["contaminant"] / m["tokens"]["total"])
     cont = [d for d, s in zip(docs, c.sources) if s["kind"] == "contaminant"]
     assert m["tokens"]["contaminant"] == sum(len(e.ids) for e in tok.encode_batch(cont, add_special_tokens=False))
-    # contaminants sit between background documents, at the recorded slots
-    slots = sorted(s for d in m["datasets"].values() for ss in d["insert_slots"] for s in ss)
-    assert len(slots) == 32 and 0 <= slots[0] and slots[-1] <= n_bg
+    # contaminants sit between background documents, at the recorded slots: slot s = after s background documents
+    after = {}
+    n_before = 0
+    for s in c.sources:
+        if s["kind"] == "background":
+            n_before += 1
+        else:
+            after.setdefault((s["dataset"], s["id"]), []).append(n_before)
+    recorded = {(name, i): sorted(ss) for name, d in m["datasets"].items()
+                for i, ss in zip(d["positives"], d["insert_slots"])}
+    assert recorded == after
+    slots = sorted(s for ss in recorded.values() for s in ss)
+    assert len(slots) == 32 and slots[-1] <= n_bg and len(set(slots)) > n_bg // 2  # spread over the corpus
 
 
 def test_corpus_seeded(tok, tmp_path):
