@@ -11,7 +11,6 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from mia_jax import cli
 from mia_jax.errors import UserError
 from mia_jax.models import load, resolve_model
 from mia_jax.models.llama import GGUF_TO_HF
@@ -197,21 +196,6 @@ def test_gguf_with_bad_tokenizer_path(tiny_gguf, tmp_path):
     with pytest.raises(UserError, match="not a valid tokenizer.json") as e:
         load(str(tiny_gguf), tokenizer_path=str(tok))
     assert str(tok) in str(e.value)
-
-
-def test_cli_reports_a_bad_checkpoint_in_one_line(tiny_gguf, tmp_path, capsys):
-    bad = corrupt(tmp_path, tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"input": f"text number {i} about something", "label": i % 2}) + "\n"
-                            for i in range(4)))
-    rc = cli.main(["eval", "--model", str(bad), "--data", str(data), "--out", str(tmp_path / "out"), "--no-progress"])
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mia-jax: error:") and str(bad) in lines[0], err
-
-
-# ----------------------------------------------------------------------------- Hub ids
 
 
 @pytest.fixture

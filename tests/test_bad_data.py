@@ -224,33 +224,6 @@ def test_empty_prompts_refused(loaded):
 # ----------------------------------------------------------------------------- the CLIs: exit code 2, one line
 
 
-@pytest.mark.parametrize("name, content, expected", [
-    ("latin.csv", b"input,label\ncaf\xe9,1\nthe,0\n", "line 2 is not valid utf-8 (byte 0xe9"),
-    ("bad.jsonl", b'{"input": "x", "label": 1}\n  {"input": "\xc3\xa9" "label": 0}\n',
-     "line 2 is not valid JSON (Expecting ',' delimiter at column 17)"),
-    ("open.csv", b'input,label\n"never closed,1\n', "line 2: a quoted field starting on this line is never closed"),
-])
-def test_cli_eval_bad_data_exits_2_with_one_line(tiny_llama_dir, tmp_path, capsys, name, content, expected):
-    from mia_jax import cli
-
-    bad = tmp_path / name
-    bad.write_bytes(content)
-    out = tmp_path / "out"
-    rc = cli.main(["eval", "--model", str(tiny_llama_dir), "--data", str(bad), "--out", str(out), "--no-progress"])
-    assert rc == 2
-    assert expected in one_error_line(capsys.readouterr().err, "mia-jax")
-    assert not out.exists()
-
-
-def test_cli_generate_empty_prompt_exits_2(tiny_llama_dir, capsys):
-    from mia_jax import cli
-
-    rc = cli.main(["generate", "--model", str(tiny_llama_dir), "--prompt", "hello", "--prompt", ""])
-    assert rc == 2
-    assert one_error_line(capsys.readouterr().err, "mia-jax") == (
-        "mia-jax: error: prompt 2 is empty: give some text to continue")
-
-
 @pytest.mark.parametrize("args, expected", [
     (["train.batch_size=abc"], "override train.batch_size=abc: expected an int"),
     (["train.lrr=1"], "unknown key 'train.lrr'"),

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.metrics import roc_auc_score
 
+from mia_jax import blind
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 
@@ -41,9 +43,11 @@ def test_eval_writes_every_output(tiny_llama_dir, labeled, tmp_path, capsys):
     assert records[20]["skip_reason"] and records[20]["scores"]["loss"] is None
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary) == methods
+    labels = [r["label"] for r in records[:20]]
     for m in methods:
         s = summary[m]
-        assert 0 <= s["auroc"] <= 1 and s["n_nan"] == 1 and s["n_scored"] == 20
+        auroc = roc_auc_score(labels, [r["scores"][m] for r in records[:20]])  # float64 reference, NaN row left out
+        assert s["auroc"] == pytest.approx(auroc, abs=1e-12) and s["n_nan"] == 1 and s["n_scored"] == 20
         assert s["auroc_ci"][0] <= s["auroc"] <= s["auroc_ci"][1]
     with open(out / "summary.csv") as f:
         assert [row["method"] for row in csv.DictReader(f)] == methods
@@ -69,62 +73,6 @@ def run_error(argv, capsys):
     assert rc == 2, err
     assert "Traceback" not in err
     return err
-
-
-def bad_file(tmp_path, name, text):
-    p = tmp_path / name
-    p.write_text(text)
-    return str(p)
-
-
-@pytest.mark.parametrize("content, expected", [
-    ('{"input": "a b c", "label": 1}\n{"input": "d e f", "label": 0}\n{"input": "g h", "label": 1\n',
-     r"line 3 is not valid JSON"),
-    ('{"input": "a b c", "label": 1}\n{"text": "d e f", "label": 0}\n', r"row 2 has no field 'input'"),
-    ('{"input": "a b c", "label": 1}\n{"input": "d e f", "label": 2}\n', r"row 2 has label 2; labels must be 0"),
-    ('{"input": "a b c", "label": "yes"}\n', r"row 1 has label 'yes'"),
-    ('{"input": 5, "label": 1}\n', r"field 'input' is int, expected a string"),
-    ('\n', r"no rows"),
-])
-def test_bad_data(tiny_llama_dir, tmp_path, capsys, content, expected):
-    data = bad_file(tmp_path, "bad.jsonl", content)
-    err = run_error(["eval", "--model", str(tiny_llama_dir), "--data", data, "--out", str(tmp_path / "o")], capsys)
-    assert re.search(expected, err), err
-
-
-def test_missing_data_file(tmp_path, capsys):
-    err = run_error(["eval", "--data", str(tmp_path / "nope.jsonl")], capsys)
-    assert "data file not found" in err and "nope.jsonl" in err
-
-
-def test_unknown_method_lists_known(capsys):
-    err = run_error(["eval", "--methods", "loss", "minkprob"], capsys)
-    assert "unknown method 'minkprob'" in err and "min_k_pp@K" in err and "zlib" in err
-
-
-def test_nonexistent_model(tmp_path, capsys):
-    err = run_error(["eval", "--model", str(tmp_path / "no_model_here"), "--limit", "2"], capsys)
-    assert "no_model_here" in err
-
-
-def test_unsupported_gguf_architecture(tmp_path, capsys):
-    gguf = pytest.importorskip("gguf")
-    path = tmp_path / "mamba.gguf"
-    writer = gguf.GGUFWriter(str(path), "mamba")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    err = run_error(["eval", "--model", str(path), "--limit", "2"], capsys)
-    assert "mamba" in err and "llama" in err
-
-
-def test_bad_numbers(capsys):
-    assert "--batch-size" in run_error(["eval", "--batch-size", "0"], capsys)
-    assert "fraction" in run_error(["eval", "--methods", "min_k", "--k", "1.5"], capsys)
-    assert "lengths" in run_error(["eval", "--length", "48"], capsys)
 
 
 def test_readme_example_runs():
@@ -199,6 +147,10 @@ def test_blind_baseline_is_reported_beside_the_detectors(tiny_llama_dir, labeled
     printed = capsys.readouterr().out
     assert "Blind baseline (blind_bow" in printed
     summary = json.loads((out / "summary.json").read_text())
-    assert list(summary) == ["loss", "blind_bow"] and 0 <= summary["blind_bow"]["auroc"] <= 1
+    assert list(summary) == ["loss", "blind_bow"]
+    labels = [r["label"] for r in map(json.loads, labeled.read_text().splitlines())]
+    blind_scores = blind.blind_bow_scores([json.loads(line)["input"] for line in labeled.read_text().splitlines()],
+                                          labels, seed=0)
+    assert summary["blind_bow"]["auroc"] == pytest.approx(roc_auc_score(labels, blind_scores), abs=1e-12)
     assert "Blind baseline" in (out / "summary.md").read_text()
     assert json.loads((out / "run.json").read_text())["blind_baseline"]["auroc"] == summary["blind_bow"]["auroc"]
