@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny random Llama checkpoint in the Hugging Face layout, made without torch; and, under
 ``CI=true``, a missing test dependency fails the run instead of skipping (``MissingDependencyFails``)."""
+import contextlib
 import json
 import os
 import re
@@ -101,3 +102,23 @@ def tiny_llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_llama")
     write_tiny_llama(path)
     return path
+
+
+@contextlib.contextmanager
+def ctrl_c_at_batch(n: int):
+    """Within the block, the runner's ``n``-th scored batch raises KeyboardInterrupt (as Ctrl-C does there)."""
+    from mia_jax import runner
+
+    real, calls = runner.score_batch, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    runner.score_batch = interrupted
+    try:
+        yield
+    finally:
+        runner.score_batch = real

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ctrl_c_at_batch
 from sklearn.metrics import roc_auc_score
 
-from mia_jax import blind
+from mia_jax import blind, models
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 
@@ -54,7 +55,12 @@ def test_eval_writes_every_output(tiny_llama_dir, labeled, tmp_path, capsys):
     assert (out / "roc.png").stat().st_size > 10_000
     run = json.loads((out / "run.json").read_text())
     assert run["package_version"] and run["model"]["files"] and list(run["data"]["files"].values())[0]
-    assert run["model"]["add_bos"] in (True, False)
+    tiny = models.load(str(tiny_llama_dir))
+    assert run["model"]["add_bos"] == tiny.add_bos and run["model"]["files"] == tiny.files
+    n_truncated = sum(1 for r in records if r.get("truncated"))
+    assert n_truncated == 20 and run["n_truncated"] == 20  # WikiMIA-32 texts are longer than 64 tokens
+    assert (f"Truncated to the model's context of 64 tokens: {n_truncated} texts. Exact duplicates of an earlier "
+            "text: 0 texts.") in (out / "summary.md").read_text()
 
 
 def test_score_unlabeled(tiny_llama_dir, tmp_path):
@@ -85,30 +91,19 @@ def test_readme_example_runs():
 
 def test_interrupted_run_resumes_and_another_job_is_refused(tiny_llama_dir, labeled, tmp_path, capsys,
                                                              monkeypatch):
-    from mia_jax import runner
-
     rows = [json.loads(line) for line in labeled.read_text().splitlines()]
     data = write_jsonl(tmp_path / "data.jsonl", [dict(r, text=r["input"][::-1], flipped=1 - r["label"]) for r in rows])
     argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(data), "--methods", "loss", "--batch-size", "4",
             "--n-bootstrap", "20", "--no-progress"]
     assert main(argv + ["--out", str(tmp_path / "full")]) == 0
     out = tmp_path / "run"
-    real, calls = runner.score_batch, []
-
-    def interrupted(*a, **k):  # Ctrl-C while the third batch is being scored
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(runner, "score_batch", interrupted)
     capsys.readouterr()
-    assert main(argv + ["--out", str(out)]) == 130
+    with ctrl_c_at_batch(3):  # Ctrl-C while the third batch is being scored
+        assert main(argv + ["--out", str(out)]) == 130
     assert "run the same command again to resume" in capsys.readouterr().err
     assert not (out / "results.jsonl").exists()
     kept = len((out / "passes" / "main.jsonl").read_text().splitlines())
     assert kept == 1 + 2 * 4  # the skipped text and two finished batches
-    monkeypatch.setattr(runner, "score_batch", real)
     assert main(argv + ["--out", str(out)]) == 0
     assert "resuming the run" in capsys.readouterr().err
     passes = json.loads((out / "run.json").read_text())["passes"]

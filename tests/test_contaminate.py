@@ -78,7 +78,8 @@ def test_tiny_experiment(tiny_run, capsys):
     assert {row["model"] for row in rows} == {"trained", "base"}
     info = json.loads((out / "run.json").read_text())
     assert info["train"]["tokens_per_second"] > 0 and info["train"]["steps"] > 1
-    assert info["corpus"]["contamination_rate"] > 0
+    tokens = info["corpus"]["tokens"]
+    assert info["corpus"]["contamination_rate"] == pytest.approx(tokens["contaminant"] / tokens["total"])
     manifest = json.loads((out / "corpus" / "manifest.json").read_text())
     assert manifest["tokens"]["total"] == info["corpus"]["tokens"]["total"]
     # the exported model loads with the library loader

@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import ctrl_c_at_batch
 from test_bert import write_tiny_mlm
 
 from mia_jax import models, runner
@@ -126,23 +127,14 @@ def test_neighbor_score_is_the_loss_difference(tiny, self_gen, tmp_path):
     assert (tmp_path / "neighbors" / "neighbors.jsonl").exists()
 
 
-def test_neighbor_pass_interrupted_resumes_from_its_finished_batches(tiny, self_gen, tmp_path, monkeypatch):
+def test_neighbor_pass_interrupted_resumes_from_its_finished_batches(tiny, self_gen, tmp_path):
     counts = {}
     full = runner.score_dataset(tiny, TEXTS, ["loss", "neighbor"], neighbors=self_gen, out_dir=tmp_path / "full",
                                 batch_size=2, progress=False, report=counts)
-    real, calls = runner.score_batch, []
-
-    def interrupted(*a, **k):  # Ctrl-C in the neighbour pass, after the main pass and two neighbour batches
-        calls.append(1)
-        if len(calls) == counts["main"]["batches_computed"] + 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(runner, "score_batch", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    # Ctrl-C in the neighbour pass, after the main pass and two neighbour batches
+    with ctrl_c_at_batch(counts["main"]["batches_computed"] + 3), pytest.raises(KeyboardInterrupt):
         runner.score_dataset(tiny, TEXTS, ["loss", "neighbor"], neighbors=self_gen, out_dir=tmp_path / "run",
                              batch_size=2, progress=False)
-    monkeypatch.setattr(runner, "score_batch", real)
     kept = len((tmp_path / "run" / "passes" / "neighbor.jsonl").read_text().splitlines())
     assert 2 <= kept <= 4
     report = {}

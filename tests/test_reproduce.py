@@ -3,7 +3,7 @@ import csv
 
 import pytest
 
-from mia_jax import reproduce, runner
+from mia_jax import reproduce
 
 
 def fake_results():
@@ -42,11 +42,11 @@ def test_reports_are_written(tmp_path):
     assert (tmp_path / "fig2b_auroc_by_length.png").stat().st_size > 10_000
 
 
-def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys, monkeypatch):
+def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys):
     import importlib.util
     from pathlib import Path
 
-    from conftest import write_tiny_llama
+    from conftest import ctrl_c_at_batch, write_tiny_llama
 
     ref_dir = tmp_path / "ref"
     write_tiny_llama(ref_dir, seed=3, vocab_size=400)
@@ -57,18 +57,9 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys, monk
     out = tmp_path / "repro"
     argv = ["--models", str(tiny_llama_dir), "--ref-models", str(ref_dir), "--lengths", "32", "64", "--limit", "24",
             "--n-neighbors", "2", "--n-bootstrap", "10", "--out", str(out)]
-    real, calls = runner.score_batch, []
-
-    def interrupted(*a, **k):  # Ctrl-C in the middle of the first cell
-        calls.append(1)
-        if len(calls) == 12:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(runner, "score_batch", interrupted)
-    assert mod.main(argv) == 130
+    with ctrl_c_at_batch(12):  # Ctrl-C in the middle of the first cell
+        assert mod.main(argv) == 130
     assert "run the same command again to resume" in capsys.readouterr().err
-    monkeypatch.setattr(runner, "score_batch", real)
     cell = out / "runs" / f"{tiny_llama_dir.name}-32-ori"
     kept = {p.name: len(p.read_text().splitlines()) for p in (cell / "passes").glob("*.jsonl")}
     assert any(0 < n < 24 for n in kept.values()) and not (cell / "results.jsonl").exists()
