@@ -13,6 +13,10 @@
    is refused rather than written into (it holds something else).
 4. Only then the fingerprint file and ``.lock`` are written. Nothing in the folder changes before step 4.
 
+While a folder is claimed (in the main thread), Ctrl-C (SIGINT) raises KeyboardInterrupt as usual and is also
+remembered: Python drops an exception raised inside a garbage-collection callback ("Exception ignored in ..."),
+so the scoring and training loops call ``check_interrupted()`` after every batch / step, which raises it again.
+
 Claims are re-entrant within a process (a contamination run in the sweep's own folder claims it twice, with
 two fingerprint files). On several JAX processes only process 0 locks and writes; every process takes
 the same decision from the same files.
@@ -23,6 +27,8 @@ import fcntl
 import json
 import os
 import shutil
+import signal
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -33,6 +39,35 @@ LOCK = ".lock"
 FINGERPRINT = "config.json"
 HINT = "use another --out, or --overwrite to replace it"
 _HELD: dict[str, list] = {}  # resolved path -> [fd, depth]
+_INTERRUPTED = False
+
+
+def check_interrupted() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C was pressed during a claim (even if its first raise was swallowed)."""
+    if _INTERRUPTED:
+        raise KeyboardInterrupt
+
+
+def _on_sigint(signum, frame):
+    global _INTERRUPTED
+    _INTERRUPTED = True
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _remember_sigint() -> Iterator[None]:
+    global _INTERRUPTED
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not \
+            signal.default_int_handler:
+        yield  # not ours to change (another thread, or the caller installed its own handler)
+        return
+    _INTERRUPTED = False
+    signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _INTERRUPTED = False
 
 
 def diff(old, new, prefix: str = "") -> list[str]:
@@ -113,7 +148,8 @@ def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite
         resume = _decide(path, fingerprint, overwrite, file, hint, writer=main, fresh=True)
         if main:
             (path / LOCK).write_text(f"{os.getpid()}\n")
-        yield resume
+        with _remember_sigint():
+            yield resume
     finally:
         del _HELD[key]
         if fd is not None:
@@ -125,6 +161,8 @@ def _decide(path: Path, fingerprint: dict | None, overwrite: bool, file: str, hi
             fresh: bool) -> bool:
     """``writer``: this process writes (process 0); ``fresh``: the outermost claim of the folder in this process."""
     fp_path = path / file
+    if not writer and (overwrite or not fp_path.exists()):
+        return False  # process 0 empties / checks / writes the folder; the others only compare what is there
     if fingerprint is not None:
         fingerprint = json.loads(json.dumps(fingerprint))  # the form it takes on disk (tuples -> lists, ...)
     if overwrite and writer and fresh and any(p.name != LOCK for p in path.iterdir()):

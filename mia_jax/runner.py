@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from mia_jax import sharding as shd
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
+from mia_jax.rundir import check_interrupted
 from mia_jax.scorers import REGISTRY, TokenBatch, parse_method, score_batch
 from mia_jax.stats import DEFAULT_CHUNK, TokenStats, token_stats_from_hidden, token_stats_from_hidden_sharded
 
@@ -309,6 +310,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 sink.write("".join(json.dumps(records[i]) + "\n" for i in idx))
                 sink.flush()
             bar.update(len(idx))
+            check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here, after the batch is saved
 
         pending = None
         for step in steps:  # one batch in flight while the host scores the one before

@@ -1,8 +1,10 @@
 """mia_jax.rundir: the lock, the fingerprint decision, and that nothing is written before it."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -94,3 +96,18 @@ def test_a_second_process_is_refused_with_the_first_ones_pid(tmp_path):
     # the lock died with its process: the folder can be claimed at once
     with rundir.claim(out, {"a": 1}) as resume:
         assert resume is True
+
+
+def test_a_swallowed_ctrl_c_is_raised_again_at_the_next_check(tmp_path):
+    """Python drops a KeyboardInterrupt raised inside a GC callback; the claim remembers it for the next batch."""
+    with rundir.claim(tmp_path / "run", {"a": 1}):
+        rundir.check_interrupted()  # nothing pressed yet
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            pass  # swallowed, as in a GC callback
+        with pytest.raises(KeyboardInterrupt):
+            rundir.check_interrupted()
+    rundir.check_interrupted()  # forgotten once the run is over
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

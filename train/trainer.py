@@ -192,6 +192,7 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
             mngr.wait_until_finished()
         if on_step is not None:
             on_step(step + 1)
+        rundir.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here
     bar.close()
     mngr.close()
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
