@@ -255,8 +255,9 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
     counts = _count_lines(meta, loaded.max_length)
     print(f"scored {len(records) - len(skipped)} texts ({n_tokens} tokens) in {seconds:.1f} s; "
           f"skipped {len(skipped)}", file=sys.stderr)
-    for line in counts:
-        print(line, file=sys.stderr)
+    if not labeled:  # a labeled eval prints them under its table
+        for line in counts:
+            print(line, file=sys.stderr)
     if generator is not None:
         nm = meta["neighbors"]
         print(f"neighbor ({generator.name}): {nm['n_neighbors_scored']} neighbours scored, "
