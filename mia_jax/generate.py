@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from mia_jax.batching import pad_ids
 from mia_jax.errors import UserError
 
 PROMPT_MULTIPLE = 8  # padded prompt lengths are rounded up to this (fewer compiled shapes across calls)
@@ -200,10 +201,8 @@ def generate_ids(loaded, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens:
     truncated = [len(f) < len(p) for f, p in zip(fitted, prompt_ids)]
     P = -(-max(len(p) for p in fitted) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
     pad = loaded.pad_token_id if loaded.pad_token_id is not None else (loaded.eos_token_id or 0)
-    ids = np.full((len(fitted), P), pad, np.int32)
+    ids, _ = pad_ids(fitted, len(fitted), P, pad, side="left")
     n_pad = np.array([P - len(p) for p in fitted], np.int32)
-    for r, p in enumerate(fitted):
-        ids[r, n_pad[r]:] = p
     vocab = loaded.tokenizer.get_vocab_size()
     tokens, finished, logits = generate_tokens(
         loaded.model, ids, n_pad, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,

@@ -21,6 +21,8 @@ Conventions
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 from scipy.stats import rankdata
 from sklearn import metrics as _skm
@@ -201,3 +203,24 @@ def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confiden
         out["tpr_at_5pct_fpr_ci"] = _interval(tprs, confidence)
     out["note"] = "; ".join(notes) or None
     return out
+
+
+def scores_by_method(records: Sequence[dict], methods: Sequence[str]) -> dict[str, np.ndarray]:
+    """{method: float64 [N]} from scoring records (``{"scores": {method: float or null}}``), null -> NaN."""
+    return {m: np.array([np.nan if r["scores"][m] is None else r["scores"][m] for r in records], np.float64)
+            for m in methods}
+
+
+def evaluate_records(records: Sequence[dict], methods: Sequence[str], labels: Sequence[int], *,
+                     n_bootstrap: int = 1000, seed: int = 0, groups: Sequence | None = None) -> dict:
+    """:func:`evaluate` for every method from scoring records (the runner's, null scores counted as NaN):
+    ``{method: metrics}``, in ``methods`` order. With ``groups`` (one key per record, e.g. its dataset):
+    ``{group: {method: metrics}}`` over each group's records, groups in order of first appearance."""
+    if groups is not None:
+        rows: dict = {}
+        for i, g in enumerate(groups):
+            rows.setdefault(g, []).append(i)
+        return {g: evaluate_records([records[i] for i in idx], methods, [labels[i] for i in idx],
+                                    n_bootstrap=n_bootstrap, seed=seed) for g, idx in rows.items()}
+    scores = scores_by_method(records, methods)
+    return {m: evaluate(labels, scores[m], n_bootstrap=n_bootstrap, seed=seed) for m in methods}

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mia_jax.runner import batch_rows, bucket_lengths, plan_batches, real_vocab_size
+from mia_jax.batching import batch_shapes, pad_ids, real_vocab_size
 
 ALGORITHM_VERSION = 1  # part of every generator config: changing the algorithm invalidates cached neighbours
 _EXTRA = 16  # candidates fetched beyond top_k, to make up for invalid ones
@@ -155,12 +155,6 @@ def cached_neighbors(generator: NeighborGenerator, texts: Sequence[str], cache_d
                     sink.write(json.dumps({"key": k, "generator": generator.name, "neighbors": known[k]}) + "\n")
                 sink.flush()
     return [list(known[k]) for k in keys]
-
-
-def _batches(lengths: Sequence[int], max_length: int, batch_size: int):
-    """(bucket length, padded rows, item indices), planned as the runner plans its batches."""
-    for t, part in plan_batches(lengths, bucket_lengths(max_length), batch_size):
-        yield t, batch_rows(len(part), batch_size), part
 
 
 # ---------------------------------------------------------------------------------------- masked LM
@@ -275,16 +269,14 @@ class MLMNeighbors:
         """{(text, neighbour, word): (top logits, token ids)} for every mask of every job."""
         pad = self.model.config.pad_token_id or 0
         result = {}
-        for t, rows, part in _batches([len(j[2]) for j in jobs], self.max_length, self.batch_size):
+        for t, rows, part in batch_shapes([len(j[2]) for j in jobs], self.max_length, self.batch_size):
             m = 1 << max(0, max(len(jobs[k][3]) for k in part) - 1).bit_length()
-            ids = np.full((rows, t), pad, np.int32)
-            attn = np.zeros((rows, t), np.int32)
+            ids, attn = pad_ids([jobs[k][2] for k in part], rows, t, pad)
             pos = np.zeros((rows, m), np.int32)
             for r, k in enumerate(part):
-                seq, inside = jobs[k][2], jobs[k][3]
-                ids[r, : len(seq)], attn[r, : len(seq)] = seq, 1
-                pos[r, : len(inside)] = [p for p, _ in inside]
-            vals, idx = jax.device_get(self._fn(self._state, jnp.asarray(ids), jnp.asarray(attn), jnp.asarray(pos)))
+                pos[r, : len(jobs[k][3])] = [p for p, _ in jobs[k][3]]
+            vals, idx = jax.device_get(self._fn(self._state, jnp.asarray(ids), jnp.asarray(attn, jnp.int32),
+                                                jnp.asarray(pos)))
             for r, k in enumerate(part):
                 ti, j, _, inside = jobs[k]
                 for q, (_, w) in enumerate(inside):
@@ -338,10 +330,8 @@ class SelfNeighbors:
         """Per text: (top logits [n, kf], token ids [n, kf]) of the next-token distribution at each position."""
         pad = self.loaded.pad_token_id if self.loaded.pad_token_id is not None else 0
         out: list = [None] * len(encoded)
-        for t, rows, part in _batches([len(e) for e in encoded], self.loaded.max_length, self.batch_size):
-            ids = np.full((rows, t), pad, np.int32)
-            for r, k in enumerate(part):
-                ids[r, : len(encoded[k])] = encoded[k]
+        for t, rows, part in batch_shapes([len(e) for e in encoded], self.loaded.max_length, self.batch_size):
+            ids, _ = pad_ids([encoded[k] for k in part], rows, t, pad)
             vals, idx = jax.device_get(self._fn(self._state, jnp.asarray(ids)))
             for r, k in enumerate(part):
                 out[k] = (vals[r, : len(encoded[k])], idx[r, : len(encoded[k])])

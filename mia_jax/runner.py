@@ -5,11 +5,15 @@ so a model whose Hugging Face tokenizer adds BOS gets BOS here too (recorded as 
 Token i >= 1 is predicted from tokens < i; the first token has no prediction. Texts longer than
 the model's context are *truncated* to it (the record says ``"truncated": true``); no windowing.
 
-Batches are right-padded to a fixed set of bucket lengths (four per octave: 16, 20, 24, 28, 32, 40, ...
-up to the context length) with a fixed batch size (a bucket's last short batch is filled with dummy rows
-up to a power of two), so a whole dataset compiles a handful of programs, not one per length. Attention
-is causal, so right padding never changes the real tokens' logits. One batch is in flight while the host
-scores the one before it (JAX dispatch is asynchronous), so host work hides behind the device.
+Batches are right-padded to a fixed set of bucket lengths with a fixed batch size (``mia_jax.batching``:
+four buckets per octave, a bucket's last short batch filled with dummy rows up to a power of two), so a whole
+dataset compiles a handful of programs, not one per length. Attention is causal, so right padding never changes
+the real tokens' logits. One batch is in flight while the host scores the one before it (JAX dispatch is
+asynchronous), so host work hides behind the device.
+
+``score_texts`` is one pass (texts -> records); ``score_dataset`` runs the main pass and then the second pass of
+each multi-pass method (``mia_jax.passes`` says which texts and model each reads, ``scorers.MULTI_PASS`` how its
+scores combine).
 
 With a ``mesh`` (``sharding.make_mesh``) the parameters are placed by the architecture's partition
 rules, each batch's rows are padded to a multiple of the batch shards (``data`` x ``fsdp``) and split
@@ -39,37 +43,18 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from mia_jax import passes
 from mia_jax import sharding as shd
+from mia_jax.batching import bucket_lengths, pad_ids, plan_batches, real_vocab_size, schedule
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
+from mia_jax.metrics import scores_by_method
 from mia_jax.rundir import check_interrupted
-from mia_jax.scorers import REGISTRY, TokenBatch, parse_method, score_batch
+from mia_jax.scorers import MULTI_PASS, TokenBatch, is_multi_pass, parse_method, score_batch
 from mia_jax.stats import DEFAULT_CHUNK, TokenStats, token_stats_from_hidden, token_stats_from_hidden_sharded
 
-MIN_BUCKET = 16
-BUCKETS_PER_OCTAVE = 4
-
-
-def bucket_lengths(max_length: int, smallest: int = MIN_BUCKET, per_octave: int = BUCKETS_PER_OCTAVE) -> list[int]:
-    """``per_octave`` evenly spaced lengths in every octave from ``smallest`` (per_octave 4: 16, 20, 24, 28, 32,
-    40, 48, ...; 2: 16, 24, 32, 48, ...) below ``max_length``, then ``max_length`` itself. A batch is at most
-    1 / (per_octave + 1) padding (a fifth with the default) and a context of 8192 has 37 buckets; a dataset
-    compiles one program per (bucket, batch rows) shape it uses (10 for WikiMIA-32 with SmolLM2)."""
-    out, t = [], smallest
-    while t < max_length:
-        out += [b for b in (t + t * j // per_octave for j in range(per_octave)) if b < max_length]
-        t *= 2
-    return out + [max_length]
-
-
-def batch_rows(n: int, batch_size: int) -> int:
-    """Rows of the padded batch for ``n`` texts: ``batch_size``, or for a bucket's last short batch the
-    next power of two (so the dummy rows waste at most half of it, with at most log2(batch_size) shapes)."""
-    return min(batch_size, 1 << max(0, n - 1).bit_length())
-
-
-def bucket_of(n: int, buckets: Sequence[int]) -> int:
-    return next(b for b in buckets if b >= n)
+__all__ = ["Encoded", "encode", "make_stats_fn", "shared_stats_fn", "read_done", "score_texts", "score_dataset",
+           "run_fingerprint", "real_vocab_size", "scores_by_method"]  # the last two live in batching and metrics
 
 
 @dataclass
@@ -85,11 +70,6 @@ def encode(loaded, texts: Sequence[str]) -> list[Encoded]:
         ids = enc.ids
         out.append(Encoded(ids[: loaded.max_length], len(ids) > loaded.max_length))
     return out
-
-
-def real_vocab_size(loaded) -> int:
-    """Rows of the LM head at or beyond the tokenizer's vocabulary are padding (masked in the stats)."""
-    return min(loaded.config.vocab_size, loaded.tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def make_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK, mesh=None):
@@ -141,15 +121,6 @@ def _skip_reason(text: str, n_tokens: int) -> str | None:
     return None
 
 
-def plan_batches(lengths: Sequence[int], buckets: Sequence[int], batch_size: int) -> list[tuple[int, list[int]]]:
-    """Batches of item indices as (bucket length, indices), sorted by length within a bucket."""
-    by_bucket: dict[int, list[int]] = {}
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        by_bucket.setdefault(bucket_of(lengths[i], buckets), []).append(i)
-    return [(t, idx[s: s + batch_size]) for t, idx in sorted(by_bucket.items())
-            for s in range(0, len(idx), batch_size)]
-
-
 def _record(index: int, label, enc: Encoded, scores: dict[str, float], skip: str | None) -> dict:
     rec = {"index": index}
     if label is not None:
@@ -184,29 +155,6 @@ def read_done(path: str | os.PathLike, n_texts: int, methods: Sequence[str]) -> 
                             "use another --out or --overwrite")
         done[rec["index"]] = rec
     return done
-
-
-def _schedule(plan: Sequence[tuple[int, list[int]]], buckets: Sequence[int], batch_size: int, row_multiple: int,
-              done, multi: bool = False) -> list[tuple[int, int, list[int]]]:
-    """The steps every process runs, in the same order with the same shapes: (length, rows, this process's
-    indices, possibly none). Per bucket, as many steps as the process with the most batches there; a step's
-    rows fit the largest of the processes' batches (``batch_rows``, rounded up to ``row_multiple``). Steps
-    complete on every process (``done(indices)``, e.g. after a resume) are dropped."""
-    gather = shd.allgather_ints if multi else (lambda v: np.asarray(v, np.int64).reshape(1, -1))  # noqa: E731
-    mine: dict[int, list[list[int]]] = {}
-    for t, idx in plan:
-        mine.setdefault(t, []).append(idx)
-    counts = gather([sum(len(b) for b in mine.get(t, [])) for t in buckets])  # [processes, buckets]
-    steps = []
-    for j, t in enumerate(buckets):
-        n_max = int(counts[:, j].max())
-        for s in range(-(-n_max // batch_size)):
-            biggest = int(np.clip(counts[:, j] - s * batch_size, 0, batch_size).max())
-            rows = -(-batch_rows(biggest, batch_size) // row_multiple) * row_multiple
-            own = mine.get(t, [])
-            steps.append((t, rows, own[s] if s < len(own) else []))
-    finished = gather([int(not idx or done(idx)) for _, _, idx in steps]).all(axis=0)
-    return [step for step, fin in zip(steps, finished) if not fin]
 
 
 def _part_path(out_path) -> Path:
@@ -259,7 +207,8 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     if mesh is not None:
         shd.shard_model(loaded.model, mesh)
     row_multiple = shd.local_batch_shards(mesh) if mesh is not None else 1
-    steps = _schedule(plan, buckets, batch_size, row_multiple, lambda idx: all(i in records for i in idx), multi)
+    steps = schedule(plan, buckets, batch_size, row_multiple, lambda idx: all(i in records for i in idx),
+                     shd.allgather_ints if multi else None)
     pending = {i for _, _, idx in steps for i in idx}  # a batch finished only in part is computed again, whole
     reused = sum(1 for i in todo if i in records and i not in pending)
     counts = {"texts": len(mine), "reused": reused, "computed": 0, "batches_computed": 0,
@@ -285,12 +234,8 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
 
         def dispatch(step):  # returns at once: the computation runs while the previous batch is scored
             t, rows, idx = step
-            ids = np.full((rows, t), pad, np.int32)
-            mask = np.zeros((rows, t - 1), bool)
-            for r, i in enumerate(idx):
-                n = len(encoded[i].ids)
-                ids[r, :n] = encoded[i].ids
-                mask[r, : n - 1] = True
+            ids, real = pad_ids([encoded[i].ids for i in idx], rows, t, pad)
+            mask = real[:, 1:]  # the predicted tokens: every real token after the first
             out = stats_fn(state, jnp.asarray(ids) if mesh is None else shd.global_batch(mesh, ids))
             return idx, mask, out
 
@@ -342,44 +287,37 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
     multi-pass method (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a
     LoadedModel with its own tokenizer; ``neighbor``: every text's neighbours, flattened, from the
     generator ``neighbors`` (default ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``; see
-    ``_neighbor_pass``)). Each pass writes ``out_dir/passes/<name>.jsonl`` as it goes
+    ``passes.neighbor_pass``)). Each pass writes ``out_dir/passes/<name>.jsonl`` as it goes
     and resumes from it; ``out_dir/results.jsonl`` holds the final records (``nan_reasons`` says why a
     method's score is null when the text itself was scored; with ``neighbor``, ``n_neighbors`` and
     ``n_identical_neighbors`` count the neighbours scored and dropped). ``report`` (a dict) receives
     ``score_texts``' counts per pass name. ``kwargs`` go to ``score_texts``.
     """
     report = {} if report is None else report
-    multi = [m for m in methods if parse_method(m)[0].extra_pass]
-    if any(REGISTRY[m].extra_pass == "ref" for m in multi) and ref is None:
+    multi = [m for m in methods if is_multi_pass(m)]
+    if any(MULTI_PASS[m].pass_kind == "ref" for m in multi) and ref is None:
         raise UserError("method 'ref' needs a reference model (--ref-model)")
     single = [m for m in methods if m not in multi]
     main_methods = single + (["loss"] if multi and "loss" not in single else [])
-    passes = Path(out_dir, "passes") if out_dir else None
-    if passes:
-        passes.mkdir(parents=True, exist_ok=True)
-    path = (lambda name: passes / f"{name}.jsonl") if passes else (lambda name: None)  # noqa: E731
+    out_passes = Path(out_dir, "passes") if out_dir else None
+    if out_passes:
+        out_passes.mkdir(parents=True, exist_ok=True)
+    path = (lambda name: out_passes / f"{name}.jsonl") if out_passes else (lambda name: None)  # noqa: E731
     main = score_texts(loaded, texts, main_methods, labels=labels, out_path=path("main"), resume=resume,
                        report=report.setdefault("main", {}), **kwargs)
     loss = scores_by_method(main, ["loss"])["loss"] if multi else None
     extra: dict[str, tuple[np.ndarray, dict[int, str]]] = {}
     counts: dict[str, list[int]] = {}
     for m in multi:
-        scorer = REGISTRY[m]
-        if scorer.extra_pass == "neighbor":
-            neighbor_loss, own_reasons, counts = _neighbor_pass(loaded, texts, neighbors, path(m), out_dir, resume,
-                                                                report=report.setdefault(m, {}), **kwargs)
-            scores, reasons = scorer.fn(loss, neighbor_loss, texts)
-            reasons.update(own_reasons)
-            extra[m] = scores, reasons
-            continue
-        second_model, second_texts = (ref, texts) if scorer.extra_pass == "ref" else (loaded, [t.lower() for t in texts])
-        recs = score_texts(second_model, second_texts, ["loss"], out_path=path(m), resume=resume,
+        method = MULTI_PASS[m]
+        second = passes.prepare(method.pass_kind, m, loaded, texts, ref=ref, neighbors=neighbors, out_dir=out_dir,
+                                out_path=path(m), resume=resume)
+        recs = score_texts(second.model, second.texts, ["loss"], out_path=path(m), resume=second.resume,
                            desc=f"scoring ({m} pass)", report=report.setdefault(m, {}), **kwargs)
-        scores, reasons = scorer.fn(loss, scores_by_method(recs, ["loss"])["loss"], texts)
-        for i, r in enumerate(recs):
-            if "skip_reason" in r and "skip_reason" not in main[i]:
-                reasons.setdefault(i, f"{m} pass: {r['skip_reason']}")
-        extra[m] = scores, reasons
+        other_loss, pass_reasons, pass_counts = second.fold(recs)
+        scores, reasons = method.combine(loss, other_loss, texts)
+        extra[m] = scores, {**reasons, **pass_reasons}  # the pass's own reason is the more specific
+        counts.update(pass_counts)
     records = []
     for i, rec in enumerate(main):
         rec = dict(rec, scores={m: rec["scores"][m] if m in single else _json_score(extra[m][0][i]) for m in methods})
@@ -413,57 +351,5 @@ def run_fingerprint(loaded, texts: Sequence[str], labels: Sequence[int] | None, 
             **options, "package_version": __version__}
 
 
-def _neighbor_pass(loaded, texts: Sequence[str], generator, out_path, out_dir, resume: bool, **kwargs):
-    """The ``neighbor`` method's pass: neighbours from ``generator`` (cached in ``out_dir/neighbors/``), those
-    identical to their text dropped and counted, the rest flattened and scored with ``["loss"]`` by
-    ``score_texts`` like any other text. Returns (per text the mean of its neighbours' mean log-likelihoods,
-    NaN when none was scored; {index: reason} for those; {"n_neighbors": [...], "n_identical_neighbors": [...]}).
-    """
-    from mia_jax import neighbors as nb
-
-    if generator is None:
-        generator = nb.SelfNeighbors(loaded, n=10, seed=0)
-    neigh = (nb.cached_neighbors(generator, texts, Path(out_dir, "neighbors")) if out_dir
-             else generator(texts))
-    kept, n_identical = nb.drop_identical(texts, neigh)
-    flat = [t for ns in kept for t in ns]
-    owner = np.repeat(np.arange(len(texts)), [len(ns) for ns in kept]).astype(int)
-    if out_path is not None:  # resume the pass only over the same neighbour texts
-        digest = Path(out_path).with_suffix(".sha256")
-        h = hashlib.sha256(json.dumps(flat, ensure_ascii=False).encode("utf-8")).hexdigest()
-        resume = resume and digest.exists() and digest.read_text().strip() == h
-        shd.sync(f"neighbor digest read:{out_path}")
-        if shd.is_main_process():
-            digest.write_text(h + "\n")
-    recs = score_texts(loaded, flat, ["loss"], out_path=out_path, resume=resume, desc="scoring (neighbor pass)",
-                       **kwargs)
-    losses = scores_by_method(recs, ["loss"])["loss"] if recs else np.zeros(0)
-    mean = np.full(len(texts), np.nan)
-    reasons: dict[int, str] = {}
-    n_scored = [0] * len(texts)
-    for i in range(len(texts)):
-        mine = losses[owner == i]
-        ok = mine[np.isfinite(mine)]
-        n_scored[i] = int(ok.size)
-        if ok.size:
-            mean[i] = ok.mean()
-        elif not neigh[i]:
-            reasons[i] = f"neighbor: {generator.name} gave no neighbours"
-        elif not kept[i]:
-            reasons[i] = (f"neighbor: all {len(neigh[i])} neighbours are identical to the text "
-                          "(no word could be replaced)")
-        else:
-            first = next(r for r, o in zip(recs, owner) if o == i)
-            reasons[i] = (f"neighbor pass: none of the {len(kept[i])} neighbours could be scored "
-                          f"({first.get('skip_reason', 'no score')})")
-    return mean, reasons, {"n_neighbors": n_scored, "n_identical_neighbors": n_identical}
-
-
 def _json_score(v) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
-
-
-def scores_by_method(records: Sequence[dict], methods: Sequence[str]) -> dict[str, np.ndarray]:
-    """{method: float64 [N]} from records, null -> NaN."""
-    return {m: np.array([np.nan if r["scores"][m] is None else r["scores"][m] for r in records], np.float64)
-            for m in methods}

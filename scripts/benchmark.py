@@ -159,6 +159,12 @@ def reference_scores(lp, mu, var, text_len):
             "min_k_pp@0.2": float(np.mean(np.sort(z)[:count]))}
 
 
+def per_text(encoded, arrays):
+    """The published approach's loop: one text at a time, ``arrays(ids)`` -> its per-token (log p, mu, var) in
+    float64, scored in NumPy (None for a text of fewer than 2 tokens)."""
+    return [None if len(e.ids) < 2 else reference_scores(*arrays(e.ids), len(e.ids)) for e in encoded]
+
+
 def load_texts(args):
     from mia_jax.data import wikimia
 
@@ -173,7 +179,7 @@ def worker_a(args, loaded, encoded, texts, result):
     import jax.numpy as jnp
     from flax import nnx
 
-    from mia_jax import runner
+    from mia_jax import batching, runner
 
     passes, recs, mem = two_passes(lambda: runner.score_texts(loaded, texts, METHODS, batch_size=args.batch_size,
                                                               chunk_size=args.chunk_size, progress=False))
@@ -181,9 +187,8 @@ def worker_a(args, loaded, encoded, texts, result):
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=fn._cache_size(),
                   scores=[r["scores"] for r in recs])
     # the batched forward alone on the most common (rows, bucket) shape of the plan
-    buckets = runner.bucket_lengths(loaded.max_length)
-    plan = runner.plan_batches([len(e.ids) for e in encoded], buckets, args.batch_size)
-    shapes = [(runner.batch_rows(len(idx), args.batch_size), t) for t, idx in plan]
+    shapes = [(rows, t) for t, rows, _ in batching.batch_shapes([len(e.ids) for e in encoded], loaded.max_length,
+                                                                args.batch_size)]
     rows, t = max(set(shapes), key=shapes.count)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 1000, (rows, t)), jnp.int32)
     graphdef, state = nnx.split(loaded.model)
@@ -234,8 +239,10 @@ def worker_b(args, loaded, encoded, texts, result):
     import jax.numpy as jnp
     from flax import nnx
 
+    from mia_jax.batching import real_vocab_size
+
     graphdef, state = nnx.split(loaded.model)
-    vocab = min(loaded.config.vocab_size, loaded.tokenizer.get_vocab_size(with_added_tokens=True))
+    vocab = real_vocab_size(loaded)
 
     @jax.jit
     def published(state, ids):  # [1, n]: full logits, full log_softmax, probs * log_probs
@@ -247,17 +254,10 @@ def worker_b(args, loaded, encoded, texts, result):
         var = (probs * jnp.square(log_probs)).sum(-1) - jnp.square(mu)
         return lp, mu, var
 
-    def score_all():
-        scores = []
-        for e in encoded:
-            if len(e.ids) < 2:
-                scores.append(None)
-                continue
-            out = [np.asarray(x, np.float64) for x in published(state, jnp.asarray([e.ids], jnp.int32))]
-            scores.append(reference_scores(*out, len(e.ids)))
-        return scores
+    def arrays(ids):
+        return [np.asarray(x, np.float64) for x in published(state, jnp.asarray([ids], jnp.int32))]
 
-    passes, scores, mem = two_passes(score_all)
+    passes, scores, mem = two_passes(lambda: per_text(encoded, arrays))
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=published._cache_size(),
                   scores=scores)
 
@@ -285,27 +285,23 @@ def worker_c(args, loaded, encoded, texts, result):
     del tensors
     result["torch_load_seconds"] = time.perf_counter() - t0
     result["torch_threads"] = torch.get_num_threads()
-    vocab = min(loaded.config.vocab_size, loaded.tokenizer.get_vocab_size(with_added_tokens=True))
-    F = torch.nn.functional
-    @torch.no_grad()
-    def score_all():
-        scores = []
-        for e in encoded:
-            if len(e.ids) < 2:
-                scores.append(None)
-                continue
-            ids = torch.tensor([e.ids])
-            logits = model(ids).logits[0, :-1, :vocab].float()
-            log_probs = F.log_softmax(logits, dim=-1)
-            probs = F.softmax(logits, dim=-1)
-            lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
-            mu = (probs * log_probs).sum(-1)
-            var = (probs * torch.square(log_probs)).sum(-1) - torch.square(mu)
-            scores.append(reference_scores(lp.double().numpy(), mu.double().numpy(), var.double().numpy(),
-                                           len(e.ids)))
-        return scores
+    from mia_jax.batching import real_vocab_size
 
-    passes, scores, mem = two_passes(score_all, count_compiles=False)
+    vocab = real_vocab_size(loaded)
+    F = torch.nn.functional
+
+    @torch.no_grad()
+    def arrays(ids):
+        ids = torch.tensor([ids])
+        logits = model(ids).logits[0, :-1, :vocab].float()
+        log_probs = F.log_softmax(logits, dim=-1)
+        probs = F.softmax(logits, dim=-1)
+        lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
+        mu = (probs * log_probs).sum(-1)
+        var = (probs * torch.square(log_probs)).sum(-1) - torch.square(mu)
+        return lp.double().numpy(), mu.double().numpy(), var.double().numpy()
+
+    passes, scores, mem = two_passes(lambda: per_text(encoded, arrays), count_compiles=False)
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=0, scores=scores)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mia_jax import models, runner
+from mia_jax import batching, models, runner
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 
@@ -78,7 +78,7 @@ def unfinished_batches(model_dir, texts, done: set, batch_size: int = 2) -> int:
     """Batches of the runner's plan for ``texts`` that hold a text not in ``done``: what a resume must compute."""
     loaded = models.load(str(model_dir))
     lengths = [len(e.ids) for e in runner.encode(loaded, texts)]
-    plan = runner.plan_batches(lengths, runner.bucket_lengths(loaded.max_length), batch_size)
+    plan = batching.plan_batches(lengths, batching.bucket_lengths(loaded.max_length), batch_size)
     return sum(1 for _, idx in plan if not set(idx) <= done)
 
 

@@ -258,3 +258,19 @@ def test_bootstrap_is_stratified_and_fast():
     q = neg[rng.integers(0, neg.size, (4000, neg.size))]
     ref = np.quantile((p[:, :, None] > q[:, None, :]).mean(axis=(1, 2)), [0.025, 0.975])
     assert r["auroc_ci"] == pytest.approx(ref, abs=0.02)
+
+
+def test_evaluate_records_by_method_and_group():
+    rng = np.random.default_rng(3)
+    n = 40
+    labels = [int(i % 2) for i in range(n)]
+    a, b = rng.normal(size=n) + labels, rng.normal(size=n)
+    records = [{"scores": {"a": float(a[i]), "b": None if i == 3 else float(b[i])}} for i in range(n)]
+    got = m.evaluate_records(records, ["a", "b"], labels, n_bootstrap=20, seed=1)
+    assert list(got) == ["a", "b"] and got["b"]["n_nan"] == 1
+    assert got["a"] == m.evaluate(labels, a, n_bootstrap=20, seed=1)
+    groups = ["x" if i < 10 else "y" for i in range(n)][::-1]
+    by = m.evaluate_records(records, ["a"], labels, n_bootstrap=0, groups=groups)
+    assert list(by) == ["y", "x"]
+    assert by["x"]["a"] == m.evaluate(labels[30:], a[30:], n_bootstrap=0)
+    np.testing.assert_array_equal(m.scores_by_method(records[2:4], ["b"])["b"], [b[2], np.nan])

@@ -13,7 +13,7 @@ from mia_jax import models, runner
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 from mia_jax.neighbors import MLMNeighbors, SelfNeighbors, cached_neighbors, drop_identical, n_replaced
-from mia_jax.scorers import REGISTRY
+from mia_jax.scorers import MULTI_PASS
 
 DS = wikimia(32)
 TEXTS = DS.texts[:3] + ["(Short) text, with punctuation!"]
@@ -150,8 +150,8 @@ def test_neighbor_pass_interrupted_resumes_from_its_finished_batches(tiny, self_
 
 
 def test_neighbor_scorer_sign():
-    scores, reasons = REGISTRY["neighbor"].fn(np.array([-1.0, -3.0, -2.0]), np.array([-2.0, -2.0, np.nan]),
-                                              ["a", "b", "c"])
+    scores, reasons = MULTI_PASS["neighbor"].combine(np.array([-1.0, -3.0, -2.0]), np.array([-2.0, -2.0, np.nan]),
+                                                     ["a", "b", "c"])
     assert scores[0] > scores[1] and np.isnan(scores[2]) and list(reasons) == [2]
 
 

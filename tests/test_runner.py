@@ -56,24 +56,6 @@ def test_skips_and_truncation_are_recorded(tiny):
     assert [r["label"] for r in recs] == [1, 0, 1, 0]
 
 
-def test_bucket_lengths_are_a_fixed_small_set():
-    assert runner.bucket_lengths(2048, per_octave=2) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
-                                                         1536, 2048]
-    assert runner.bucket_lengths(160) == [16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160]
-    assert runner.bucket_lengths(100) == [16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 100]
-    assert len(runner.bucket_lengths(8192)) == 37
-    assert runner.bucket_lengths(8) == [8]
-    assert runner.bucket_lengths(16) == [16]
-    # no bucket wastes more than a fifth of its length on padding
-    b = runner.bucket_lengths(8192)
-    assert all((hi - lo) / hi <= 1 / 5 for lo, hi in zip(b, b[1:]))
-
-
-def test_short_batches_round_up_to_powers_of_two():
-    assert [runner.batch_rows(n, 32) for n in (1, 2, 3, 5, 9, 17, 32)] == [1, 2, 4, 8, 16, 32, 32]
-    assert [runner.batch_rows(n, 6) for n in (1, 3, 5, 6)] == [1, 4, 6, 6]
-
-
 def test_one_compilation_per_shape(tiny):
     fn = runner.make_stats_fn(tiny)
     from flax import nnx
@@ -144,10 +126,3 @@ def test_a_one_device_mesh_gives_the_same_records(tiny_llama_dir, tmp_path):
                 assert b["scores"][m] is None
             else:
                 np.testing.assert_allclose(b["scores"][m], a["scores"][m], rtol=1e-5, err_msg=m)
-
-
-def test_schedule_pads_rows_to_the_batch_shards():
-    steps = runner._schedule([(16, [0, 1, 2]), (16, [3]), (32, [4, 5])], [16, 32], 3, 4, lambda idx: False)
-    assert steps == [(16, 4, [0, 1, 2]), (16, 4, [3]), (32, 4, [4, 5])]
-    steps = runner._schedule([(16, [0, 1, 2]), (16, [3])], [16, 32], 3, 1, lambda idx: idx == [0, 1, 2])
-    assert steps == [(16, 1, [3])]  # a finished batch is not run again

@@ -73,7 +73,7 @@ def test_every_scorer_is_oriented_higher_is_member():
     logits[1] -= 2.0 * onehot[1]  # non-member: targets unlikely
     stats = token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets))
     texts = ["same text", "same text"]
-    methods = expand_methods([n for n, s in REGISTRY.items() if not s.extra_pass], [0.2, 0.5])
+    methods = expand_methods(list(REGISTRY), [0.2, 0.5])  # every single-pass scorer
     got = score_batch(TokenBatch(stats, np.ones((2, t), bool), texts), methods)
     for m in methods:
         assert got[m][0] > got[m][1], m
@@ -95,3 +95,18 @@ def test_method_parsing():
     for bad in ("min_k@abc", "min_k@0", "min_k@1.5", "loss@0.2"):
         with pytest.raises(UserError):
             parse_method(bad)
+
+
+def test_multi_pass_methods_have_their_own_registry():
+    from mia_jax.scorers import MULTI_PASS, MultiPassMethod, Scorer, is_multi_pass, lookup
+
+    assert set(MULTI_PASS) == {"lowercase", "ref", "neighbor"} and not set(MULTI_PASS) & set(REGISTRY)
+    assert {m.pass_kind for m in MULTI_PASS.values()} == {"lowercase", "ref", "neighbor"}
+    assert isinstance(lookup("ref"), MultiPassMethod) and isinstance(lookup("loss"), Scorer) and lookup("x") is None
+    assert parse_method("lowercase") == (MULTI_PASS["lowercase"], None)
+    assert is_multi_pass("neighbor") and not is_multi_pass("min_k@0.2")
+    assert expand_methods(["lowercase", "min_k"], [0.1]) == ["lowercase", "min_k@0.1"]
+    with pytest.raises(UserError, match="takes no fraction"):
+        parse_method("ref@0.2")
+    with pytest.raises(UserError, match="known methods: .*lowercase"):
+        parse_method("lowercas")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mia_jax.batching import pad_ids
 from mia_jax.errors import UserError
 
 
@@ -67,12 +68,9 @@ def pack(documents: list[str], tokenizer, seq_len: int, separator: int) -> Packe
     if n < seq_len:
         raise UserError(f"the corpus has {n} tokens, fewer than one training sequence (train.seq_len={seq_len}); "
                         "add background text (corpus.background_tokens) or lower train.seq_len")
-    n_seq = math.ceil(n / seq_len)
-    tokens = np.full(n_seq * seq_len, separator, np.int32)
-    tokens[:n] = stream
-    mask = np.zeros(n_seq * seq_len, bool)
-    mask[:n] = True
-    return PackedData(tokens.reshape(n_seq, seq_len), mask.reshape(n_seq, seq_len), n, separator)
+    chunks = [stream[s: s + seq_len] for s in range(0, n, seq_len)]
+    tokens, mask = pad_ids(chunks, len(chunks), seq_len, separator)  # only the last sequence has padding
+    return PackedData(tokens, mask, n, separator)
 
 
 @dataclass

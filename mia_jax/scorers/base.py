@@ -1,9 +1,9 @@
-"""The scorer registry and the per-batch container scorers read from."""
+"""The method registries (single-pass scorers, multi-pass methods) and the per-batch container scorers read from."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -55,34 +55,77 @@ class TokenBatch:
 
 @dataclass(frozen=True)
 class Scorer:
+    """A single-pass method: a pure function of one batch's token statistics (+ the texts), ``fn(batch[, k])``."""
+
     name: str
     fn: Callable[..., np.ndarray]
     takes_k: bool = False
     needs_text: bool = False
     doc: str = ""
-    extra_pass: str | None = None  # multi-pass methods: the runner's second pass ("lowercase", "ref")
 
 
-REGISTRY: dict[str, Scorer] = {}
+@dataclass(frozen=True)
+class MultiPassMethod:
+    """A method that needs a second pass of the scoring path (``mia_jax.passes`` says what each ``pass_kind``
+    reads: ``lowercase`` the lowercased texts, ``ref`` the texts with a reference model, ``neighbor`` every text's
+    neighbours). ``combine(loss, other_loss, texts)`` -> (scores [N], {row: why its score is NaN}), from the main
+    pass's and the second pass's mean log-likelihood per text."""
+
+    name: str
+    pass_kind: str
+    combine: Callable[..., tuple[np.ndarray, dict[int, str]]]
+    doc: str = ""
+    takes_k: ClassVar[bool] = False
 
 
-def register(name: str, *, takes_k: bool = False, needs_text: bool = False, extra_pass: str | None = None):
+REGISTRY: dict[str, Scorer] = {}  # single-pass scorers
+MULTI_PASS: dict[str, MultiPassMethod] = {}  # multi-pass methods (run by runner.score_dataset)
+
+
+def _first_line(fn) -> str:
+    return (fn.__doc__ or "").strip().splitlines()[0]
+
+
+def register(name: str, *, takes_k: bool = False, needs_text: bool = False):
+    """Register a single-pass scorer ``fn(batch)`` (``fn(batch, k)`` with ``takes_k``) under ``name``."""
     def deco(fn):
-        doc = (fn.__doc__ or "").strip().splitlines()[0]
-        REGISTRY[name] = Scorer(name, fn, takes_k, needs_text, doc, extra_pass)
+        _check_unique(name, MULTI_PASS)
+        REGISTRY[name] = Scorer(name, fn, takes_k, needs_text, _first_line(fn))
         return fn
 
     return deco
 
 
+def register_multi_pass(name: str, *, pass_kind: str):
+    """Register a multi-pass method: ``combine(loss, other_loss, texts)`` after a ``pass_kind`` second pass."""
+    def deco(combine):
+        _check_unique(name, REGISTRY)
+        MULTI_PASS[name] = MultiPassMethod(name, pass_kind, combine, _first_line(combine))
+        return combine
+
+    return deco
+
+
+def _check_unique(name: str, other: dict) -> None:
+    """One name, one method: a single-pass scorer and a multi-pass method never share a name."""
+    if name in other:
+        raise ValueError(f"method {name!r} is already registered as a {type(other[name]).__name__}")
+
+
+def lookup(name: str) -> Scorer | MultiPassMethod | None:
+    """The single-pass scorer or multi-pass method registered under a base name (no ``@k``), or None."""
+    return REGISTRY.get(name) or MULTI_PASS.get(name)
+
+
 def _known() -> str:
-    return ", ".join(f"{n}@K" if s.takes_k else n for n, s in sorted(REGISTRY.items()))
+    return ", ".join(f"{n}@K" if lookup(n).takes_k else n for n in sorted({*REGISTRY, *MULTI_PASS}))
 
 
-def parse_method(method: str) -> tuple[Scorer, float | None]:
-    """``"min_k@0.2"`` -> (the min_k scorer, 0.2); unknown names raise a UserError listing the known ones."""
+def parse_method(method: str) -> tuple[Scorer | MultiPassMethod, float | None]:
+    """``"min_k@0.2"`` -> (the min_k scorer, 0.2); ``"lowercase"`` -> (its MultiPassMethod, None); unknown names
+    raise a UserError listing the known ones."""
     base, _, k_text = method.partition("@")
-    scorer = REGISTRY.get(base)
+    scorer = lookup(base)
     if scorer is None:
         raise UserError(f"unknown method {method!r}; known methods: {_known()}")
     if not scorer.takes_k:
@@ -104,7 +147,7 @@ def expand_methods(methods: Sequence[str], ks: Sequence[float]) -> list[str]:
     """Validate method names; a bare name that takes a fraction becomes one method per k."""
     out: list[str] = []
     for method in methods:
-        scorer = REGISTRY.get(method)
+        scorer = lookup(method)
         names = [f"{method}@{k:g}" for k in ks] if scorer is not None and scorer.takes_k else [method]
         for name in names:
             parse_method(name)
@@ -113,12 +156,17 @@ def expand_methods(methods: Sequence[str], ks: Sequence[float]) -> list[str]:
     return out
 
 
+def is_multi_pass(method: str) -> bool:
+    """Whether a (valid) method name needs a second pass (``runner.score_dataset``)."""
+    return isinstance(parse_method(method)[0], MultiPassMethod)
+
+
 def score_batch(batch: TokenBatch, methods: Sequence[str]) -> dict[str, np.ndarray]:
     """All requested methods for one batch: {method: float64 [B]} (NaN for rows without tokens)."""
     out = {}
     for method in methods:
         scorer, k = parse_method(method)
-        if scorer.extra_pass:
+        if isinstance(scorer, MultiPassMethod):
             raise ValueError(f"{method!r} needs a second pass: use runner.score_dataset")
         if scorer.needs_text and batch.texts is None:
             raise ValueError(f"method {method!r} needs the texts")

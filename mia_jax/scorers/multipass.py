@@ -1,8 +1,9 @@
-"""Multi-pass scorers: a second run of the same scoring path on another text or another model.
+"""Multi-pass methods: a second run of the same scoring path on another text or another model.
 
-Each is a pure function of the main pass's mean log-likelihood (``loss``), the second pass's, and
-the texts; the runner (``runner.score_dataset``) runs the passes. It returns the scores and, per
-row, the reason a score is NaN. For ``neighbor`` the second pass scores every text's neighbours
+Each is registered as a ``MultiPassMethod`` (its name, the kind of second pass it needs, and a ``combine``
+function): a pure function of the main pass's mean log-likelihood (``loss``), the second pass's, and the texts,
+returning the scores and, per row, the reason a score is NaN. The runner (``runner.score_dataset``) runs the
+passes that ``mia_jax.passes`` describes. For ``neighbor`` the second pass scores every text's neighbours
 (``mia_jax.neighbors``) and hands over, per text, the mean of their mean log-likelihoods.
 """
 from __future__ import annotations
@@ -11,10 +12,10 @@ from typing import Sequence
 
 import numpy as np
 
-from mia_jax.scorers.base import register
+from mia_jax.scorers.base import register_multi_pass
 
 
-@register("lowercase", extra_pass="lowercase")
+@register_multi_pass("lowercase", pass_kind="lowercase")
 def lowercase(loss: np.ndarray, loss_lower: np.ndarray, texts: Sequence[str]):
     """log PPL(lowercased text) / log PPL(text), the published ratio with its sign flipped so that higher = member.
 
@@ -30,7 +31,7 @@ def lowercase(loss: np.ndarray, loss_lower: np.ndarray, texts: Sequence[str]):
     return scores, reasons
 
 
-@register("ref", extra_pass="ref")
+@register_multi_pass("ref", pass_kind="ref")
 def ref(loss: np.ndarray, loss_ref: np.ndarray, texts: Sequence[str]):
     """Target mean log-likelihood minus the reference model's (Carlini et al. 2021's Smaller-Ref calibration).
 
@@ -39,7 +40,7 @@ def ref(loss: np.ndarray, loss_ref: np.ndarray, texts: Sequence[str]):
     return np.asarray(loss) - np.asarray(loss_ref), {}
 
 
-@register("neighbor", extra_pass="neighbor")
+@register_multi_pass("neighbor", pass_kind="neighbor")
 def neighbor(loss: np.ndarray, loss_neighbors: np.ndarray, texts: Sequence[str]):
     """Mean log-likelihood minus the mean over the text's neighbours' (Mattern et al. 2023's neighbourhood attack).
 

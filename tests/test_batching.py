@@ -1,0 +1,68 @@
+"""Length buckets, batch planning and padding (mia_jax.batching)."""
+import numpy as np
+import pytest
+
+from mia_jax import batching
+
+
+def test_bucket_lengths_are_a_fixed_small_set():
+    assert batching.bucket_lengths(2048, per_octave=2) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+                                                         1536, 2048]
+    assert batching.bucket_lengths(160) == [16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160]
+    assert batching.bucket_lengths(100) == [16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 100]
+    assert len(batching.bucket_lengths(8192)) == 37
+    assert batching.bucket_lengths(8) == [8]
+    assert batching.bucket_lengths(16) == [16]
+    # no bucket wastes more than a fifth of its length on padding
+    b = batching.bucket_lengths(8192)
+    assert all((hi - lo) / hi <= 1 / 5 for lo, hi in zip(b, b[1:]))
+
+
+def test_short_batches_round_up_to_powers_of_two():
+    assert [batching.batch_rows(n, 32) for n in (1, 2, 3, 5, 9, 17, 32)] == [1, 2, 4, 8, 16, 32, 32]
+    assert [batching.batch_rows(n, 6) for n in (1, 3, 5, 6)] == [1, 4, 6, 6]
+
+
+def test_schedule_pads_rows_to_the_batch_shards():
+    steps = batching.schedule([(16, [0, 1, 2]), (16, [3]), (32, [4, 5])], [16, 32], 3, 4, lambda idx: False)
+    assert steps == [(16, 4, [0, 1, 2]), (16, 4, [3]), (32, 4, [4, 5])]
+    steps = batching.schedule([(16, [0, 1, 2]), (16, [3])], [16, 32], 3, 1, lambda idx: idx == [0, 1, 2])
+    assert steps == [(16, 1, [3])]  # a finished batch is not run again
+
+
+def test_schedule_keeps_the_processes_in_step():
+    """Another process has two texts in bucket 16 where this one has one: this one runs a second step with no
+    texts of its own (same shapes on every process), and a step stays while any process has it unfinished."""
+    answers = iter([[2, 0], [0, 0]])  # the other process: its counts per bucket, then its finished flags per step
+
+    def gather(v):
+        return np.stack([np.asarray(v, np.int64), np.asarray(next(answers), np.int64)])
+
+    steps = batching.schedule([(16, [0])], [16, 32], 1, 1, lambda idx: True, gather)
+    assert steps == [(16, 1, [0]), (16, 1, [])]
+
+
+def test_batch_shapes_follow_the_plan():
+    lengths = [3, 40, 17, 5, 16]
+    shapes = batching.batch_shapes(lengths, 64, 2)
+    assert shapes == [(16, 2, [0, 3]), (16, 1, [4]), (20, 1, [2]), (40, 1, [1])]
+    assert sorted(i for _, _, idx in shapes for i in idx) == list(range(len(lengths)))
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_pad_ids_fills_rows_and_mask(side):
+    seqs = [[5, 6, 7], [8], []]
+    ids, mask = batching.pad_ids(seqs, 4, 5, pad=0, side=side)
+    assert ids.dtype == np.int32 and mask.dtype == bool and ids.shape == mask.shape == (4, 5)
+    if side == "right":
+        np.testing.assert_array_equal(ids, [[5, 6, 7, 0, 0], [8, 0, 0, 0, 0], [0] * 5, [0] * 5])
+    else:
+        np.testing.assert_array_equal(ids, [[0, 0, 5, 6, 7], [0, 0, 0, 0, 8], [0] * 5, [0] * 5])
+    np.testing.assert_array_equal(mask.sum(1), [3, 1, 0, 0])
+    np.testing.assert_array_equal(ids[mask], [5, 6, 7, 8])
+    assert (ids[~mask] == 0).all()
+
+
+def test_pad_ids_refuses_an_unknown_side():
+    with pytest.raises(ValueError, match="side"):
+        batching.pad_ids([[1]], 1, 2, 0, side="middle")
