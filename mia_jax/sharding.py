@@ -10,15 +10,17 @@ A mesh has three named axes (`AXES`):
   and the MLP hidden dimension are sharded over it; the token statistics then run per vocabulary
   shard (``stats.token_stats_from_hidden_sharded``).
 
-``make_mesh("data=4,model=2")`` builds one (default: every device on ``data``). ``PARTITION_RULES``
-maps each architecture (the model module's name: llama, gemma3, gpt_neox, gpt2, opt) to an ordered
-table of (regex over the nnx state path, e.g. ``layers/wq``, -> PartitionSpec); the first match
-wins. A dimension that is not divisible by its mesh axes is left unsharded (``fit_spec``), so every
-rule works with every mesh (e.g. 2 key/value heads on model=4), only less sharded.
+``make_mesh("data=4,model=2")`` builds one (default: every device on ``data``). Partition rules are not
+written here: each family's weight spec (``mia_jax.models.weights``) gives every parameter its logical axes
+(``vocab``, ``embed``, ``heads``, ``mlp``, ...), and one table, ``LOGICAL_AXIS_RULES``, maps logical axes to
+mesh axes; ``PARTITION_RULES[arch]`` (the model module's name: llama, gemma3, gpt_neox, gpt2, opt, phi3, bert)
+is the resulting {state path, e.g. ``layers/wq``: PartitionSpec}. A dimension that is not divisible by its mesh
+axes is left unsharded (``fit_spec``), so every rule works with every mesh (e.g. 2 key/value heads on model=4),
+only less sharded.
 
 Loading: ``load_sharded`` streams the checkpoint tensor by tensor straight to the shardings. The
-readers return lazy tensors (``layers.Lazy``: safetensors memory-mapped and sliced, GGUF dequantized on
-use), the per-family conversion (``params_from_hf``) composes its transposes and reshapes onto them and
+readers return lazy tensors (``models.tensors.Lazy``: safetensors memory-mapped and sliced, GGUF dequantized on
+use), the per-family conversion (the weight spec's ``from_hf``) composes its transposes and reshapes onto them and
 stacks layers lazily, and ``placer`` builds each parameter from per-device blocks
 (``jax.make_array_from_single_device_arrays``): each local device's block is read (the layers and the
 slice of each that its index selects; a safetensors or GGUF tensor taken as it is, such as a
@@ -37,9 +39,10 @@ writes the files.
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
-import re
 from typing import Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -61,46 +64,45 @@ LOCAL_DEVICES_ENV = "MIA_JAX_LOCAL_DEVICE_IDS"
 
 # ----------------------------------------------------------------------------- partition rules
 
-_V = P("model", "fsdp")  # [V, D] embedding / LM head: vocabulary over model, hidden over fsdp
-_REPLICATED = (r".*", P())  # norms, [D] biases, anything small
-_LLAMA_RULES = (  # also Gemma 3 (same names; q_norm / k_norm fall through to replicated)
-    (r"^(embed|lm_head)$", _V),
-    (r"^layers/w[qkv]$", P(None, "fsdp", "model", None)),  # [L, D, H, Dh]
-    (r"^layers/b[qkv]$", P(None, "model", None)),  # [L, H, Dh]
-    (r"^layers/wo$", P(None, "model", None, "fsdp")),  # [L, H, Dh, D]
-    (r"^layers/w_(gate|up)$", P(None, "fsdp", "model")),  # [L, D, F]
-    (r"^layers/w_down$", P(None, "model", "fsdp")),  # [L, F, D]
-    _REPLICATED,
-)
-_MLP_RULES = (  # GPT-NeoX w_up/w_down, GPT-2 w_fc/w_proj, OPT w_fc1/w_fc2: [L, D, F], [L, F], [L, F, D]
-    (r"^layers/w_(up|fc|fc1)$", P(None, "fsdp", "model")),
-    (r"^layers/b_(up|fc|fc1)$", P(None, "model")),
-    (r"^layers/w_(down|proj|fc2)$", P(None, "model", "fsdp")),
-    (r"^layers/w_o$", P(None, "model", None, "fsdp")),  # [L, H, Dh, D]
-)
-PARTITION_RULES: dict[str, tuple[tuple[str, P], ...]] = {
-    "llama": _LLAMA_RULES,
-    "gemma3": _LLAMA_RULES,
-    "gpt_neox": (
-        (r"^(embed|lm_head)$", _V),
-        (r"^layers/w_qkv$", P(None, "fsdp", "model", None, None)),  # [L, D, H, 3, Dh]
-        (r"^layers/b_qkv$", P(None, "model", None, None)),  # [L, H, 3, Dh]
-        *_MLP_RULES, _REPLICATED),
-    "gpt2": (
-        (r"^(embed|lm_head)$", _V),
-        (r"^pos_embed$", P(None, "fsdp")),
-        (r"^layers/w_qkv$", P(None, "fsdp", None, "model", None)),  # [L, D, 3, H, Dh]
-        (r"^layers/b_qkv$", P(None, None, "model", None)),  # [L, 3, H, Dh]
-        *_MLP_RULES, _REPLICATED),
-    "opt": (
-        (r"^(embed|lm_head)$", _V),
-        (r"^pos_embed$", P(None, "fsdp")),
-        (r"^project_in$", P(None, "fsdp")),  # [E, D]
-        (r"^project_out$", P("fsdp", None)),  # [D, E]
-        (r"^layers/w_[qkv]$", P(None, "fsdp", "model", None)),  # [L, D, H, Dh]
-        (r"^layers/b_[qkv]$", P(None, "model", None)),  # [L, H, Dh]
-        *_MLP_RULES, _REPLICATED),
-}
+# logical axis of the weight specs (`mia_jax.models.weights`) -> mesh axis (maxtext style). Axes not listed are
+# replicated: layers, head_dim, qkv, positions, types and norm (vectors over the hidden size: norm scales, biases).
+LOGICAL_AXIS_RULES = {"vocab": "model", "embed": "fsdp", "embed_proj": "fsdp", "heads": "model", "kv_heads": "model",
+                      "mlp": "model"}
+
+
+def partition_rules(spec) -> dict[str, P]:
+    """{nnx state path: PartitionSpec} of every parameter of a weight spec, from its logical axes."""
+    return {path: P(*(LOGICAL_AXIS_RULES.get(a) for a in axes)) for path, axes in spec.logical_axes().items()}
+
+
+def _families() -> list[str]:
+    from mia_jax.models.checkpoint import ARCHITECTURES
+
+    return sorted({a.module for a in ARCHITECTURES.values()} | {"bert"})
+
+
+@functools.cache
+def _rules(arch: str) -> dict[str, P]:
+    return partition_rules(importlib.import_module(f"mia_jax.models.{arch}").SPEC)
+
+
+class _PartitionRules(Mapping):
+    """PARTITION_RULES[arch]: {state path: PartitionSpec} of a family (`mia_jax.models.<arch>.SPEC`), built when
+    first asked for (a family module is imported only then)."""
+
+    def __getitem__(self, arch: str) -> dict[str, P]:
+        if arch not in _families():
+            raise KeyError(arch)
+        return _rules(arch)
+
+    def __iter__(self):
+        return iter(_families())
+
+    def __len__(self) -> int:
+        return len(_families())
+
+
+PARTITION_RULES: Mapping[str, dict[str, P]] = _PartitionRules()
 
 
 def architecture_of(model: nnx.Module) -> str:
@@ -115,22 +117,24 @@ def path_str(path: Iterable) -> str:
 
 
 def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
-    """``spec`` for an array of ``shape``: trailing dims padded with None, mesh axes of size 1 dropped,
-    and any dimension not divisible by its mesh axes' total size left unsharded."""
-    out = []
+    """``spec`` for an array of ``shape``: trailing dims padded with None, mesh axes of size 1 dropped, a mesh
+    axis already used by an earlier dimension dropped, and any dimension not divisible by its mesh axes' total
+    size left unsharded."""
+    out, used = [], set()
     for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-        names = tuple(a for a in ((axes,) if isinstance(axes, str) else (axes or ())) if mesh.shape[a] > 1)
+        names = tuple(a for a in ((axes,) if isinstance(axes, str) else (axes or ())) if mesh.shape[a] > 1
+                      and a not in used)
         size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
-        out.append(None if not names or dim % size else (names[0] if len(names) == 1 else names))
+        keep = names and not dim % size
+        used.update(names if keep else ())
+        out.append((names[0] if len(names) == 1 else names) if keep else None)
     return P(*out)
 
 
 def spec_for(arch: str, path: str, shape: Sequence[int], mesh: Mesh) -> P:
-    rules = PARTITION_RULES.get(arch)
-    if rules is None:
+    if arch not in PARTITION_RULES:
         raise UserError(f"no partition rules for architecture {arch!r}; known: {', '.join(sorted(PARTITION_RULES))}")
-    rule = next(spec for pattern, spec in rules if re.search(pattern, path))
-    return fit_spec(rule, shape, mesh)
+    return fit_spec(PARTITION_RULES[arch].get(path, P()), shape, mesh)
 
 
 def state_specs(model: nnx.Module, mesh: Mesh) -> dict[str, P]:

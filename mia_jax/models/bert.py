@@ -23,10 +23,10 @@ from flax import nnx
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 from mia_jax.models import layers as L
-from mia_jax.models.llama import ConfigError
+from mia_jax.models.layers import ConfigError
+from mia_jax.models.weights import WeightSpec, bias, embedding, init_params, linear, norm
 
 MODEL_TYPES = ("bert", "roberta")
-_PREFIX = {"bert": "bert.", "roberta": "roberta."}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,40 +108,69 @@ def bidirectional_attention(q, k, v, scale, key_mask):
     return jnp.einsum("bhts,bshd->bthd", probs, v)
 
 
+def dims(c: BertConfig) -> dict[str, int]:
+    return {"vocab": c.vocab_size, "embed": c.hidden_size, "norm": c.hidden_size, "heads": c.num_attention_heads,
+            "head_dim": c.head_dim, "mlp": c.intermediate_size, "positions": c.max_position_embeddings,
+            "types": c.type_vocab_size}
+
+
+def _spec(model_type: str) -> WeightSpec:
+    """BertForMaskedLM (``cls.predictions`` head) or RobertaForMaskedLM (``lm_head``); no GGUF names."""
+    head = {"bert": "transform.", "roberta": ""}[model_type]
+    head_norm = {"bert": "transform.LayerNorm.", "roberta": "layer_norm."}[model_type]
+    body, head_prefix = ("bert.", "cls.predictions.") if model_type == "bert" else ("roberta.", "lm_head.")
+    top = (
+        embedding("embed", "embeddings.word_embeddings.weight", None),
+        embedding("pos_embed", "embeddings.position_embeddings.weight", None, ("positions", "embed")),
+        embedding("type_embed", "embeddings.token_type_embeddings.weight", None, ("types", "embed")),
+        norm("embed_norm", "embeddings.LayerNorm.weight", None),
+        bias("embed_norm_b", "embeddings.LayerNorm.bias", None),
+        linear("head_dense", head + "dense.weight", None, ("embed", "norm"), head=True),
+        bias("head_dense_b", head + "dense.bias", None, head=True),
+        norm("head_norm", head_norm + "weight", None, head=True),
+        bias("head_norm_b", head_norm + "bias", None, head=True),
+        bias("head_bias", ("bias", "decoder.bias"), None, ("vocab",), head=True),
+        embedding("lm_head", "decoder.weight", None, head=True, when=lambda c: not c.tie_word_embeddings),
+    )
+    qkv = [w for n, hf in (("q", "query"), ("k", "key"), ("v", "value")) for w in (
+        linear(f"w{n}", f"attention.self.{hf}.weight", None, ("embed", "heads", "head_dim")),
+        bias(f"b{n}", f"attention.self.{hf}.bias", None, ("heads", "head_dim")))]
+    return WeightSpec("BERT" if model_type == "bert" else "RoBERTa", dims, top=top, layer_hf="encoder.layer.{i}.",
+                      prefixes=((body, head_prefix), ("", head_prefix)),
+                      layers=(*qkv,
+                              linear("wo", "attention.output.dense.weight", None, ("heads", "head_dim", "embed"), n_in=2),
+                              bias("bo", "attention.output.dense.bias", None),
+                              norm("attn_norm", "attention.output.LayerNorm.weight", None),
+                              bias("attn_norm_b", "attention.output.LayerNorm.bias", None),
+                              linear("w_up", "intermediate.dense.weight", None, ("embed", "mlp")),
+                              bias("b_up", "intermediate.dense.bias", None, ("mlp",)),
+                              linear("w_down", "output.dense.weight", None, ("mlp", "embed")),
+                              bias("b_down", "output.dense.bias", None),
+                              norm("mlp_norm", "output.LayerNorm.weight", None),
+                              bias("mlp_norm_b", "output.LayerNorm.bias", None)))
+
+
+SPECS = {t: _spec(t) for t in MODEL_TYPES}
+SPEC = SPECS["bert"]  # the internal names and logical axes (RoBERTa's are the same)
+
+
 def _layer(cfg: BertConfig, p, x, key_mask):
     """One post-LN encoder layer: x = LN(x + attn(x)); x = LN(x + mlp(x))."""
     eps = cfg.layer_norm_eps
-    qkv = jnp.einsum("btd,dchk->btchk", x, p["w_qkv"]) + p["b_qkv"]
-    attn = bidirectional_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], cfg.head_dim ** -0.5, key_mask)
-    x = L.layer_norm(x + jnp.einsum("bthk,hkd->btd", attn, p["w_o"]) + p["b_o"], p["ln1"], p["ln1_b"], eps)
-    h = L.mlp_activation(cfg.hidden_act, x @ p["w_fc"] + p["b_fc"])
-    return L.layer_norm(x + h @ p["w_proj"] + p["b_proj"], p["ln2"], p["ln2_b"], eps)
+    q, k, v = (jnp.einsum("btd,dhk->bthk", x, p[f"w{n}"]) + p[f"b{n}"] for n in "qkv")
+    attn = bidirectional_attention(q, k, v, cfg.head_dim ** -0.5, key_mask)
+    x = L.layer_norm(x + jnp.einsum("bthk,hkd->btd", attn, p["wo"]) + p["bo"], p["attn_norm"], p["attn_norm_b"], eps)
+    h = L.mlp_activation(cfg.hidden_act, x @ p["w_up"] + p["b_up"])
+    return L.layer_norm(x + h @ p["w_down"] + p["b_down"], p["mlp_norm"], p["mlp_norm_b"], eps)
 
 
 class BertMLM(nnx.Module):
     """BERT / RoBERTa encoder + masked-LM head. ``attention_mask`` (1 = real token) masks padded keys."""
 
     def __init__(self, config: BertConfig, dtype: str = "float32", rngs: nnx.Rngs | None = None):
-        dt = L.check_dtype(dtype)
-        rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.config, self.dtype = config, dtype
-        V, D, F = config.vocab_size, config.hidden_size, config.intermediate_size
-        H, Dh = config.num_attention_heads, config.head_dim
-        shapes = {"w_qkv": (D, 3, H, Dh), "b_qkv": (3, H, Dh), "w_o": (H, Dh, D), "b_o": (D,), "ln1": (D,),
-                  "ln1_b": (D,), "w_fc": (D, F), "b_fc": (F,), "w_proj": (F, D), "b_proj": (D,), "ln2": (D,),
-                  "ln2_b": (D,)}
-        self.embed = L.normal_param(rngs, (V, D), dt)
-        self.pos_embed = L.normal_param(rngs, (config.max_position_embeddings, D), dt)
-        self.type_embed = L.normal_param(rngs, (config.type_vocab_size, D), dt)
-        self.embed_norm = nnx.Param(jnp.ones((D,), dt))
-        self.embed_norm_b = nnx.Param(jnp.zeros((D,), dt))
-        self.layers = L.StackedLayers(config.num_hidden_layers, shapes, dt, rngs)
-        self.head_dense = L.normal_param(rngs, (D, D), dt)
-        self.head_dense_b = nnx.Param(jnp.zeros((D,), dt))
-        self.head_norm = nnx.Param(jnp.ones((D,), dt))
-        self.head_norm_b = nnx.Param(jnp.zeros((D,), dt))
-        self.head_bias = nnx.Param(jnp.zeros((V,), dt))
-        self.decoder = None if config.tie_word_embeddings else L.normal_param(rngs, (V, D), dt)
+        init_params(self, SPECS[config.model_type], config, L.check_dtype(dtype),
+                    rngs if rngs is not None else nnx.Rngs(0))
 
     def position_ids(self, input_ids):
         cfg = self.config
@@ -163,7 +192,7 @@ class BertMLM(nnx.Module):
 
     def unembedding(self):
         """[V, D]: the word embeddings when tied, else the decoder."""
-        return (self.embed if self.decoder is None else self.decoder)[...]
+        return (self.embed if self.lm_head is None else self.lm_head)[...]
 
     def head(self, hidden):
         """Encoder output [..., D] -> float32 MLM logits [..., V] (dense, activation, LayerNorm, decoder + bias).
@@ -192,51 +221,13 @@ def _rename_legacy(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def params_from_hf(cfg: BertConfig, tensors: Mapping[str, np.ndarray]) -> dict:
-    """A BertForMaskedLM / RobertaForMaskedLM state dict (Linear weights [out, in]) -> nested dict matching
-    `BertMLM`. A checkpoint without the masked-LM head (e.g. a sentence encoder) is refused."""
-    tensors = _rename_legacy(tensors)
-    D, H, Dh = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    family = "BERT" if cfg.model_type == "bert" else "RoBERTa"
-    get = L.Tensors(tensors, (_PREFIX[cfg.model_type], ""), "embeddings.word_embeddings.weight", family)
-    head = "cls.predictions." if cfg.model_type == "bert" else "lm_head."
+    """A BertForMaskedLM / RobertaForMaskedLM state dict -> nested dict matching `BertMLM` (from its weight
+    spec). A checkpoint without the masked-LM head (e.g. a sentence encoder) is refused."""
+    spec = SPECS[cfg.model_type]
+    head = spec.prefixes[0][1]
     if not any(k.startswith(head) for k in tensors):
-        raise UserError(f"{family} checkpoint has no masked-LM head ({head}*): it is not a *ForMaskedLM model")
-    same = lambda w: w  # noqa: E731
-    qkv_w = lambda w: w.T.reshape(D, H, Dh)  # noqa: E731
-    att = "attention.self."
-    table = {  # internal name -> (HF name inside encoder.layer.{i}., conversion)
-        "w_o": ("attention.output.dense.weight", lambda w: w.T.reshape(H, Dh, D)),
-        "b_o": ("attention.output.dense.bias", same),
-        "ln1": ("attention.output.LayerNorm.weight", same),
-        "ln1_b": ("attention.output.LayerNorm.bias", same),
-        "w_fc": ("intermediate.dense.weight", lambda w: w.T),
-        "b_fc": ("intermediate.dense.bias", same),
-        "w_proj": ("output.dense.weight", lambda w: w.T),
-        "b_proj": ("output.dense.bias", same),
-        "ln2": ("output.LayerNorm.weight", same),
-        "ln2_b": ("output.LayerNorm.bias", same),
-    }
-    fmt = "encoder.layer.{i}."
-    stacked = get.stack(table, cfg.num_hidden_layers, fmt)
-    layer = lambda i, n: get(fmt.format(i=i) + att + n)  # noqa: E731
-    stacked["w_qkv"] = np.stack([np.stack([qkv_w(layer(i, f"{n}.weight")) for n in ("query", "key", "value")], 1)
-                                 for i in range(cfg.num_hidden_layers)])
-    stacked["b_qkv"] = np.stack([np.stack([layer(i, f"{n}.bias").reshape(H, Dh) for n in ("query", "key", "value")])
-                                 for i in range(cfg.num_hidden_layers)])
-    hget = lambda n: get(n, absolute=True)  # noqa: E731
-    norm = "transform.LayerNorm." if cfg.model_type == "bert" else "layer_norm."
-    dense = "transform.dense." if cfg.model_type == "bert" else "dense."
-    bias_key = next((head + b for b in ("bias", "decoder.bias") if head + b in tensors), head + "bias")
-    out = {"embed": get("embeddings.word_embeddings.weight"), "pos_embed": get("embeddings.position_embeddings.weight"),
-           "type_embed": get("embeddings.token_type_embeddings.weight"),
-           "embed_norm": get("embeddings.LayerNorm.weight"), "embed_norm_b": get("embeddings.LayerNorm.bias"),
-           "layers": stacked,
-           "head_dense": hget(head + dense + "weight").T, "head_dense_b": hget(head + dense + "bias"),
-           "head_norm": hget(head + norm + "weight"), "head_norm_b": hget(head + norm + "bias"),
-           "head_bias": hget(bias_key)}
-    if not cfg.tie_word_embeddings:
-        out["decoder"] = hget(head + "decoder.weight")
-    return out
+        raise UserError(f"{spec.family} checkpoint has no masked-LM head ({head}*): it is not a *ForMaskedLM model")
+    return spec.from_hf(cfg, _rename_legacy(tensors))
 
 
 def from_params(cfg: BertConfig, params: dict, dtype: str = "float32", place=None) -> BertMLM:

@@ -2,8 +2,9 @@
 
 One explicit table, `ARCHITECTURES`, maps a config.json `model_type` or a GGUF `general.architecture` to the
 module implementing it. Each module provides `<Config>.from_hf(dict)`, `params_from_hf(cfg, tensors)`,
-`from_params(cfg, params, dtype)`, and for GGUF files `GGUF_TO_HF`, `config_from_gguf(meta, arrays)` and
-`tensors_from_gguf(cfg, arrays)`. Modules are imported only when their architecture is asked for.
+`from_params(cfg, params, dtype)` (the first from its weight spec, `SPEC`), and for GGUF files `GGUF_TO_HF`,
+`tensors_from_gguf(cfg, arrays)` (from `SPEC` too) and `config_from_gguf(meta, arrays)`. Modules are imported
+only when their architecture is asked for.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from flax import nnx
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 from mia_jax.models import gguf_io, hf
-from mia_jax.models.llama import DTYPES
+from mia_jax.models.layers import DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,7 @@ ARCHITECTURES = {
     "gptneox": _GPT_NEOX,  # GGUF spelling
     "gpt2": Architecture("gpt2", "GPT2Config"),
     "opt": Architecture("opt", "OPTConfig"),
+    "phi3": Architecture("phi3", "Phi3Config"),
 }
 
 

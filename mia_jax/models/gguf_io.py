@@ -1,10 +1,10 @@
 """GGUF files (llama.cpp): metadata, Hugging Face-named float32 tensors, and a `tokenizers.Tokenizer`.
 
 The architecture-specific parts live in each model module, which provides
-- `GGUF_TO_HF`: GGUF tensor name -> Hugging Face name ("blk.{i}.x" -> "....{i}.y"),
-- `config_from_gguf(meta, arrays)` (arrays: the GGUF-named float32 tensors),
-- `tensors_from_gguf(cfg, arrays)`: renamed tensors with llama.cpp's conversion-time changes undone
-  (permuted q/k rows for llama, 1 + weight norms for Gemma, regrouped qkv for GPT-NeoX, ...).
+- `config_from_gguf(meta, arrays)` (arrays: the GGUF-named float32 tensors; `tensors.GGUFMeta` reads them),
+- `tensors_from_gguf(cfg, arrays)`: HF-named tensors with llama.cpp's conversion-time changes undone (permuted
+  q/k rows for llama, 1 + weight norms for Gemma, regrouped qkv for GPT-NeoX, ...), generated from the family's
+  weight spec (`weights.WeightSpec.tensors_from_gguf`; its GGUF names: `GGUF_TO_HF`).
 `read_gguf(path, module_for)` ties them together; `module_for(arch)` comes from the dispatch table in
 `checkpoint.py`. The metadata is parsed here directly (the `gguf` package's reader takes ~10 s on a
 262k-token vocabulary); the `gguf` package dequantizes the tensors.
@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import math
 import mmap
-import re
 import struct
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from mia_jax.errors import UserError
-from mia_jax.models.layers import Lazy
+from mia_jax.models.tensors import Lazy
 
 # GGUF value types: id -> numpy dtype (arrays) and struct format (scalars)
 _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
@@ -181,18 +180,6 @@ def read_arrays(path: str) -> tuple[dict, dict[str, Lazy]]:
         return Lazy(shape, lambda: rows(0, shape[0]), take)
 
     return meta, {info[0]: entry(*info) for info in infos}
-
-
-def rename(arrays: Mapping[str, np.ndarray], table: Mapping[str, str], arch: str) -> dict[str, np.ndarray]:
-    """GGUF-named arrays -> HF-named arrays via a {'blk.{i}.x': '....{i}.y'} table; unknown names fail."""
-    out = {}
-    for name, a in arrays.items():
-        m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-        key, layer = (f"blk.{{i}}.{m.group(2)}", m.group(1)) if m else (name, "")
-        if key not in table:
-            raise UserError(f"unexpected tensor {name!r} for a {arch} GGUF")
-        out[table[key].format(i=layer)] = a
-    return out
 
 
 def read_gguf(path: str, module_for: Callable[[str], Any]) -> tuple[Any, dict[str, np.ndarray], dict]:

@@ -1,7 +1,7 @@
-"""GPT-NeoX / Pythia causal LM in Flax NNX (parallel or sequential residual, partial rotary embeddings).
-
-Layers are stacked on a leading axis and applied with `jax.lax.scan`. Weights are `[in, out]` with heads
-as their own axis; the fused query_key_value projection keeps transformers' per-head layout [H, 3, Dh].
+"""GPT-NeoX / Pythia causal LM in Flax NNX: config, weight spec and block on the shared decoder
+(`causal_lm.CausalLM`). Parallel or sequential residual, partial rotary embeddings (the first rotary_ndims of each
+head), LayerNorms with biases. The fused query_key_value projection keeps transformers' per-head layout [H, 3, Dh]
+(llama.cpp regroups its rows to [3, H, Dh]).
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from mia_jax.models import layers as L
+from mia_jax.models.causal_lm import CausalLM, plus
 from mia_jax.models.layers import ConfigError, apply_rope
+from mia_jax.models.tensors import GGUFMeta
+from mia_jax.models.weights import WeightSpec, bias, embedding, linear, norm
 
 MODEL_TYPE = "gpt_neox"
 
@@ -87,153 +89,102 @@ class GPTNeoXConfig:
             pad_token_id=hf.get("pad_token_id"),
         )
 
-
-def _attention_inputs(cfg: GPTNeoXConfig, p, x, cos, sin):
-    """q, k, v [B, T, H, Dh] of one layer (rotary on the first rotary_ndims of each head)."""
-    rd = cfg.rotary_ndims
-
-    def rope(t):
-        return t if rd == 0 else jnp.concatenate([apply_rope(t[..., :rd], cos, sin), t[..., rd:]], axis=-1)
-
-    h = L.layer_norm(x, p["ln1"], p["ln1_b"], cfg.layer_norm_eps)
-    qkv = jnp.einsum("btd,dhck->bthck", h, p["w_qkv"]) + p["b_qkv"]
-    return rope(qkv[..., 0, :]), rope(qkv[..., 1, :]), qkv[..., 2, :]
+    def to_hf(self) -> dict:
+        """A config.json dict that `from_hf` reads back into this config (export)."""
+        return {"model_type": MODEL_TYPE, "architectures": ["GPTNeoXForCausalLM"], "torch_dtype": "float32",
+                "rope_parameters": {"rope_type": "default", "rope_theta": self.rotary_emb_base,
+                                    "partial_rotary_factor": self.rotary_pct},
+                **{k: getattr(self, k) for k in (
+                    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "max_position_embeddings", "layer_norm_eps", "use_parallel_residual", "hidden_act",
+                    "attention_bias", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")}}
 
 
-def _attention_output(cfg: GPTNeoXConfig, p, x, attn):
-    """Dense projection, then the parallel (or sequential) residual with the MLP."""
-    eps = cfg.layer_norm_eps
-
-    def mlp(h):
-        h = L.mlp_activation(cfg.hidden_act, h @ p["w_up"] + p["b_up"])
-        return h @ p["w_down"] + p["b_down"]
-
-    attn = jnp.einsum("bthk,hkd->btd", attn, p["w_o"]) + p["b_o"]
-    if cfg.use_parallel_residual:
-        return x + attn + mlp(L.layer_norm(x, p["ln2"], p["ln2_b"], eps))
-    x = x + attn
-    return x + mlp(L.layer_norm(x, p["ln2"], p["ln2_b"], eps))
+def _regroup_qkv(a, cfg):
+    """convert_hf_to_gguf.py regroups query_key_value's rows from per head [H, 3, Dh] to [3, H, Dh]: undone."""
+    H, Dh = cfg.num_attention_heads, cfg.head_dim
+    return a.reshape(3, H, Dh, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
 
 
-def _layer(cfg: GPTNeoXConfig, p, x, cos, sin):
-    q, k, v = _attention_inputs(cfg, p, x, cos, sin)
-    return _attention_output(cfg, p, x, L.causal_attention(q, k, v, cfg.head_dim ** -0.5))
+def dims(c: GPTNeoXConfig) -> dict[str, int]:
+    return {"vocab": c.vocab_size, "embed": c.hidden_size, "norm": c.hidden_size, "heads": c.num_attention_heads,
+            "head_dim": c.head_dim, "qkv": 3, "mlp": c.intermediate_size}
 
 
-class GPTNeoX(nnx.Module):
-    """GPT-NeoX causal LM. `__call__` / `hidden_states` take no attention mask (batches are right-padded,
-    attention is causal); `decode` runs new tokens against a KV cache (left-padded generation)."""
+def _biased(c: GPTNeoXConfig) -> bool:
+    return c.attention_bias
 
-    def __init__(self, config: GPTNeoXConfig, dtype: str = "float32", rngs: nnx.Rngs | None = None):
-        dt = L.check_dtype(dtype)
-        rngs = rngs if rngs is not None else nnx.Rngs(0)
-        self.config, self.dtype = config, dtype
-        V, D, F = config.vocab_size, config.hidden_size, config.intermediate_size
-        H, Dh = config.num_attention_heads, config.head_dim
-        shapes = {"ln1": (D,), "ln1_b": (D,), "w_qkv": (D, H, 3, Dh), "b_qkv": (H, 3, Dh), "w_o": (H, Dh, D),
-                  "b_o": (D,), "ln2": (D,), "ln2_b": (D,), "w_up": (D, F), "b_up": (F,), "w_down": (F, D),
-                  "b_down": (D,)}
-        self.embed = L.normal_param(rngs, (V, D), dt)
-        self.layers = L.StackedLayers(config.num_hidden_layers, shapes, dt, rngs)
-        self.final_norm = nnx.Param(jnp.ones((D,), dt))
-        self.final_norm_b = nnx.Param(jnp.zeros((D,), dt))
-        self.lm_head = None if config.tie_word_embeddings else L.normal_param(rngs, (V, D), dt)
 
-    def _inv_freq(self):
+# Hugging Face GPTNeoXForCausalLM ("gpt_neox." prefix or none) <-> GGUF gptneox
+SPEC = WeightSpec("GPT-NeoX", dims, prefixes=(("gpt_neox.", ""), ("", "")), top=(
+    embedding("embed", "embed_in.weight", "token_embd.weight"),
+    norm("norm", "final_layer_norm.weight", "output_norm.weight"),
+    bias("norm_b", "final_layer_norm.bias", "output_norm.bias"),
+    embedding("lm_head", ("embed_out.weight", "lm_head.weight"), "output.weight", head=True,
+              when=lambda c: not c.tie_word_embeddings),
+), layers=(
+    norm("attn_norm", "input_layernorm.weight", "attn_norm.weight"),
+    bias("attn_norm_b", "input_layernorm.bias", "attn_norm.bias"),
+    linear("w_qkv", "attention.query_key_value.weight", "attn_qkv.weight", ("embed", "heads", "qkv", "head_dim"),
+           gguf_fix=_regroup_qkv),
+    bias("b_qkv", "attention.query_key_value.bias", "attn_qkv.bias", ("heads", "qkv", "head_dim"), when=_biased,
+         gguf_fix=_regroup_qkv),
+    linear("wo", "attention.dense.weight", "attn_output.weight", ("heads", "head_dim", "embed"), n_in=2),
+    bias("bo", "attention.dense.bias", "attn_output.bias", when=_biased),
+    norm("mlp_norm", "post_attention_layernorm.weight", "ffn_norm.weight"),
+    bias("mlp_norm_b", "post_attention_layernorm.bias", "ffn_norm.bias"),
+    linear("w_up", "mlp.dense_h_to_4h.weight", "ffn_up.weight", ("embed", "mlp")),
+    bias("b_up", "mlp.dense_h_to_4h.bias", "ffn_up.bias", ("mlp",)),
+    linear("w_down", "mlp.dense_4h_to_h.weight", "ffn_down.weight", ("mlp", "embed")),
+    bias("b_down", "mlp.dense_4h_to_h.bias", "ffn_down.bias"),
+))
+
+
+class GPTNeoX(CausalLM):
+    """GPT-NeoX causal LM (see `CausalLM` for `__call__`, `hidden_states` and `decode`)."""
+
+    spec = SPEC
+
+    def context(self, positions):
         rd = self.config.rotary_ndims
-        return 1.0 / self.config.rotary_emb_base ** (np.arange(0, rd, 2, dtype=np.float32) / max(rd, 1))
+        return L.rope_at(positions, 1.0 / self.config.rotary_emb_base ** (np.arange(0, rd, 2, dtype=np.float32)
+                                                                           / max(rd, 1)))
 
-    def hidden_states(self, input_ids):
-        """int [B, T] -> final-norm hidden states [B, T, D] (parameter dtype)."""
-        cfg, T = self.config, input_ids.shape[1]
-        cos, sin = L.rope_tables(T, self._inv_freq())
-        x = jnp.take(self.embed[...], input_ids, axis=0)
-        x = self.layers.scan(lambda p, h, _: _layer(cfg, p, h, cos, sin), x)
-        return L.layer_norm(x, self.final_norm[...], self.final_norm_b[...], cfg.layer_norm_eps)
+    def normalize(self, x, w, b=None):
+        return L.layer_norm(x, w, b, self.config.layer_norm_eps)
 
-    def unembedding(self):
-        """[V, D]: embed_out, or the input embedding when tied."""
-        return (self.embed if self.lm_head is None else self.lm_head)[...]
+    def block(self, p, x, rope, xs, attend):
+        """Attention (rotary on the first rotary_ndims of each head), then the parallel (or sequential) residual
+        with the MLP."""
+        cfg, rd = self.config, self.config.rotary_ndims
 
-    def __call__(self, input_ids):
-        """int [B, T] -> float32 logits [B, T, V] (all rows, including padded vocabulary rows)."""
-        return L.unembed(self.hidden_states(input_ids), self.unembedding())
+        def rotary(t):
+            return t if rd == 0 else jnp.concatenate([apply_rope(t[..., :rd], *rope), t[..., rd:]], axis=-1)
 
-    def init_cache(self, batch: int, max_len: int) -> dict:
-        """An empty KV cache for `decode`: k, v [L, B, max_len, H, Dh] and the next slot, `index`."""
-        cfg = self.config
-        return L.init_cache(cfg.num_hidden_layers, batch, max_len, cfg.num_attention_heads, cfg.head_dim,
-                            self.embed[...].dtype)
+        def mlp(h):
+            h = L.mlp_activation(cfg.hidden_act, h @ p["w_up"] + p["b_up"])
+            return h @ p["w_down"] + p["b_down"]
 
-    def decode(self, input_ids, cache: dict, positions, key_mask):
-        """Incremental forward (see `Llama.decode`): ids [B, T], positions [B, T], key_mask [B, S]
-        -> (float32 logits [B, T, V], cache)."""
-        cfg = self.config
-        cos, sin = L.rope_at(positions, self._inv_freq())
-        mask, _ = L.cache_masks(cache, input_ids.shape[1], key_mask)
-
-        def layer(p, h, _):
-            q, k, v = _attention_inputs(cfg, p, h, cos, sin)
-            return q, k, v, mask, cfg.head_dim ** -0.5, lambda attn: _attention_output(cfg, p, h, attn)
-
-        x, cache = self.layers.scan_cached(layer, jnp.take(self.embed[...], input_ids, axis=0), None, cache)
-        x = L.layer_norm(x, self.final_norm[...], self.final_norm_b[...], cfg.layer_norm_eps)
-        return L.unembed(x, self.unembedding()), cache
+        h = self.normalize(x, p["attn_norm"], p["attn_norm_b"])
+        qkv = plus(jnp.einsum("btd,dhck->bthck", h, p["w_qkv"]), p, "b_qkv")
+        attn = attend(rotary(qkv[..., 0, :]), rotary(qkv[..., 1, :]), qkv[..., 2, :], cfg.head_dim ** -0.5)
+        attn = plus(jnp.einsum("bthk,hkd->btd", attn, p["wo"]), p, "bo")
+        if cfg.use_parallel_residual:
+            return x + attn + mlp(self.normalize(x, p["mlp_norm"], p["mlp_norm_b"]))
+        x = x + attn
+        return x + mlp(self.normalize(x, p["mlp_norm"], p["mlp_norm_b"]))
 
 
-def params_from_hf(cfg: GPTNeoXConfig, tensors: Mapping[str, np.ndarray]) -> dict:
-    """A Hugging Face GPT-NeoX state dict (numpy, [out, in] Linear weights) -> nested dict matching `GPTNeoX`."""
-    D, H, Dh, F = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.intermediate_size
-    get = L.Tensors(tensors, ("gpt_neox.", ""), "embed_in.weight", "GPT-NeoX")
-    bias = (lambda name, shape: get.lazy(name).then(lambda b: b.reshape(shape))) if cfg.attention_bias else (
-        lambda name, shape: L.lazy(np.zeros(shape, np.float32)))
-    table = {  # internal name -> (HF name inside layers.{i}., conversion)
-        "ln1": ("input_layernorm.weight", lambda w: w),
-        "ln1_b": ("input_layernorm.bias", lambda w: w),
-        "w_qkv": ("attention.query_key_value.weight", lambda w: w.T.reshape(D, H, 3, Dh)),
-        "w_o": ("attention.dense.weight", lambda w: w.T.reshape(H, Dh, D)),
-        "ln2": ("post_attention_layernorm.weight", lambda w: w),
-        "ln2_b": ("post_attention_layernorm.bias", lambda w: w),
-        "w_up": ("mlp.dense_h_to_4h.weight", lambda w: w.T),
-        "b_up": ("mlp.dense_h_to_4h.bias", lambda w: w),
-        "w_down": ("mlp.dense_4h_to_h.weight", lambda w: w.T),
-        "b_down": ("mlp.dense_4h_to_h.bias", lambda w: w),
-    }
-    layers = get.stack(table, cfg.num_hidden_layers, "layers.{i}.")
-    fmt = "layers.{i}.attention."
-    layers["b_qkv"] = L.stack_layers([bias(fmt.format(i=i) + "query_key_value.bias", (H, 3, Dh))
-                                      for i in range(cfg.num_hidden_layers)])
-    layers["b_o"] = L.stack_layers([bias(fmt.format(i=i) + "dense.bias", (D,)) for i in range(cfg.num_hidden_layers)])
-    out = {"embed": get.lazy("embed_in.weight"), "layers": layers,
-           "final_norm": get.lazy("final_layer_norm.weight"), "final_norm_b": get.lazy("final_layer_norm.bias")}
-    if not cfg.tie_word_embeddings:
-        out["lm_head"] = get.lazy("embed_out.weight" if "embed_out.weight" in tensors else "lm_head.weight",
-                                  absolute=True)
-    return out
+# ----------------------------------------------------------------------------- checkpoints
 
-
-def from_params(cfg: GPTNeoXConfig, params: dict, dtype: str = "float32", place=None) -> GPTNeoX:
-    """Build a `GPTNeoX` holding `params` (from `params_from_hf`) without random initialisation."""
-    return L.build_module(GPTNeoX, cfg, params, dtype, place)
-
-
-# ---- GGUF (llama.cpp architecture "gptneox") ----
+params_from_hf, tensors_from_gguf, GGUF_TO_HF = SPEC.from_hf, SPEC.tensors_from_gguf, SPEC.gguf_to_hf()
+from_params = GPTNeoX.from_params
 GGUF_ARCH = "gptneox"
-GGUF_TO_HF = {
-    "token_embd.weight": "gpt_neox.embed_in.weight",
-    "output_norm.weight": "gpt_neox.final_layer_norm.weight",
-    "output_norm.bias": "gpt_neox.final_layer_norm.bias",
-    "output.weight": "embed_out.weight",
-    **{f"blk.{{i}}.{g}.{s}": f"gpt_neox.layers.{{i}}.{h}.{s}" for g, h in [
-        ("attn_norm", "input_layernorm"), ("attn_qkv", "attention.query_key_value"),
-        ("attn_output", "attention.dense"), ("ffn_norm", "post_attention_layernorm"),
-        ("ffn_up", "mlp.dense_h_to_4h"), ("ffn_down", "mlp.dense_4h_to_h")] for s in ("weight", "bias")},
-}
 
 
 def config_from_gguf(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> GPTNeoXConfig:
     """`GPTNeoXConfig` from `gptneox.*` metadata (vocabulary size from token_embd when `arrays` is given)."""
-    get = L.gguf_getter(meta)
+    get = GGUFMeta(meta, arrays)
     hidden, heads = get("embedding_length"), get("attention.head_count")
     head_dim = hidden // heads
     rotary_ndims = get("rope.dimension_count", head_dim)
@@ -241,7 +192,7 @@ def config_from_gguf(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray] |
     if int(head_dim * rotary_pct) != rotary_ndims:  # keep int(head_dim * pct) == the stored count
         rotary_pct = float(np.nextafter(rotary_pct, 2.0))
     return GPTNeoXConfig(
-        vocab_size=L.gguf_vocab_size(meta, arrays),
+        vocab_size=get.vocab_size(),
         hidden_size=hidden,
         intermediate_size=get("feed_forward_length", 4 * hidden),
         num_hidden_layers=get("block_count"),
@@ -251,19 +202,6 @@ def config_from_gguf(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray] |
         rotary_emb_base=float(get("rope.freq_base", 10000.0)),
         layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)),
         use_parallel_residual=bool(get("use_parallel_residual", True)),
-        tie_word_embeddings=arrays is not None and "output.weight" not in arrays,
-        **L.gguf_special_ids(meta),
+        tie_word_embeddings=arrays is not None and not get.has("output.weight"),
+        **get.special_ids(),
     )
-
-
-def tensors_from_gguf(cfg: GPTNeoXConfig, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """GGUF arrays ([out, in] numpy order) -> HF-named tensors; undoes convert_hf_to_gguf.py's q/k/v regrouping
-    of query_key_value (GGUF rows are [3, H, Dh], HF rows [H, 3, Dh])."""
-    H, Dh = cfg.num_attention_heads, cfg.head_dim
-    from mia_jax.models.gguf_io import rename
-
-    out = rename(arrays, GGUF_TO_HF, GGUF_ARCH)
-    for name in list(out):
-        if name.endswith("query_key_value.weight") or name.endswith("query_key_value.bias"):
-            out[name] = L.apply(out[name], lambda a: a.reshape(3, H, Dh, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape))
-    return out

@@ -8,7 +8,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from mia_jax.errors import UserError
-from mia_jax.models.layers import Lazy
+from mia_jax.models.tensors import Lazy
 
 
 def one_line(e: Exception) -> str:

@@ -1,11 +1,12 @@
-"""Pieces shared by the causal LMs: dtypes and config errors, RoPE, float32 norms and activations, causal and
-grouped-query attention, stacked per-layer parameters applied with `jax.lax.scan`, the KV cache used by every
-family's `decode`, lazy checkpoint tensors and their lookup, GGUF metadata helpers and the generic `from_params`."""
+"""Network ops shared by the model families: dtypes and config errors, activations and LayerNorm in float32, RoPE,
+causal and grouped-query attention, the KV cache layout, learned positions, the unembedding, and `build_module`
+(a module from its parameters). Checkpoint tensors are in `tensors.py`, weight specs in `weights.py`, the shared
+decoder in `causal_lm.py`."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -56,12 +57,13 @@ def check_dtype(dtype: str):
 
 
 def layer_norm(x, weight, bias, eps):
-    """LayerNorm with mean and variance in float32, returned in x's dtype."""
+    """LayerNorm with mean and variance in float32, returned in x's dtype; weight / bias None: no affine."""
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
     y = (x32 - mean) * jax.lax.rsqrt(var + eps)
-    return (y * weight.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
+    y = y if weight is None else y * weight.astype(jnp.float32)
+    return (y if bias is None else y + bias.astype(jnp.float32)).astype(x.dtype)
 
 
 def inv_freq(head_dim: int, theta: float, rope_scaling: dict | None = None, freq_factors=None) -> np.ndarray:
@@ -149,48 +151,10 @@ def cache_masks(cache: dict, t_new: int, key_mask, sliding_window: int | None = 
     return full, window
 
 
-def scan_with_cache(params: Mapping[str, Any], layer_fn: Callable, x, xs, cache: dict):
-    """Decoder layers over new tokens x [B, T, D] with a KV cache, one `jax.lax.scan` over the stacked `params`.
-
-    `layer_fn(p, h, xs_i) -> (q, k, v, mask, scale, finish)`: the layer's attention inputs for the new tokens
-    (q [B, T, H, Dh], k/v [B, T, KV, Dh]), its mask over the cache slots ([B, T, S]), the score scale and
-    `finish(attn) -> h`, the rest of the layer. k/v are written into the cache at slot `index` with
-    `dynamic_update_slice` and the queries attend over the whole cache. Returns (x, cache advanced by T).
-    """
-    index, t = cache["index"], x.shape[1]
-
-    def body(carry, px):
-        h, ck, cv, i = carry
-        q, k, v, mask, scale, finish = layer_fn(px[0], h, px[1])
-        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (i, 0, index, 0, 0))
-        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, index, 0, 0))
-        attn = gqa_attention(q, ck[i].astype(q.dtype), cv[i].astype(v.dtype), mask, scale)
-        return (finish(attn), ck, cv, i + 1), None
-
-    (x, k, v, _), _ = jax.lax.scan(body, (x, cache["k"], cache["v"], jnp.int32(0)), (dict(params), xs))
-    return x, {"k": k, "v": v, "index": index + t}
-
-
 def learned_positions(table, positions, offset: int = 0):
     """Rows `positions + offset` of a learned position table, clipped into it (left-padding rows have negative
     positions; their outputs are never used)."""
     return jnp.take(table, jnp.clip(positions + offset, 0, table.shape[0] - 1), axis=0)
-
-
-def stacked_params(module: nnx.Module) -> dict:
-    """{name: [L, ...] array} of a module's nnx.Param attributes."""
-    return {k: v[...] for k, v in vars(module).items() if isinstance(v, nnx.Param)}
-
-
-def scan_layers(module: nnx.Module, layer_fn: Callable, x, xs: Any = None):
-    """x <- layer_fn(params_i, x, xs_i) over the stacked parameters of `module` (compile time independent of
-    depth)."""
-    x, _ = jax.lax.scan(lambda h, px: (layer_fn(px[0], h, px[1]), None), x, (stacked_params(module), xs))
-    return x
-
-
-def init_param(rngs, shape, dtype, fan_in):
-    return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype))
 
 
 def check_length(t: int, max_positions: int, family: str):
@@ -199,134 +163,9 @@ def check_length(t: int, max_positions: int, family: str):
                         "truncate the inputs (runner max_length)")
 
 
-def normal_param(rngs: nnx.Rngs, shape, dtype, std: float = 0.02):
-    return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) * std).astype(dtype))
-
-
-def _init_for(name: str, shape, dtype, rngs):
-    if name.endswith("_b") or name.startswith("b_"):
-        return nnx.Param(jnp.zeros(shape, dtype))
-    if name.startswith("ln"):
-        return nnx.Param(jnp.ones(shape, dtype))
-    return normal_param(rngs, shape, dtype, 1.0 / math.sqrt(shape[1]))
-
-
-class StackedLayers(nnx.Module):
-    """The parameters of all decoder layers, each with a leading [num_layers] axis.
-
-    `shapes` maps a name to its per-layer shape; names starting with "ln" are norm scales (ones), names
-    ending in "_b" or starting with "b_" are biases (zeros), everything else a weight (normal / sqrt(fan_in)).
-    """
-
-    def __init__(self, num_layers: int, shapes: Mapping[str, tuple], dtype, rngs: nnx.Rngs):
-        for name, shape in shapes.items():
-            setattr(self, name, _init_for(name, (num_layers, *shape), dtype, rngs))
-
-    def scan(self, layer_fn: Callable, x, xs: Any = None):
-        """x <- layer_fn(params_i, x, xs_i) for each layer i (compile time independent of depth)."""
-        return scan_layers(self, layer_fn, x, xs)
-
-    def scan_cached(self, layer_fn: Callable, x, xs, cache: dict):
-        """`scan_with_cache` over these layers."""
-        return scan_with_cache(stacked_params(self), layer_fn, x, xs, cache)
-
-
 def unembed(hidden, unembedding):
     """hidden [B, T, D] x unembedding [V, D] -> float32 logits [B, T, V]."""
     return jnp.einsum("btd,vd->btv", hidden, unembedding, preferred_element_type=jnp.float32)
-
-
-class Lazy:
-    """A checkpoint tensor that is read (and converted) only when its values are needed. `shape` is known up
-    front; `np.asarray(x)` reads it whole; `x[index]` reads what `index` needs, and only that where the source
-    allows it (a safetensors slice, the selected layers of a `stack_layers`). Checkpoint readers return these,
-    so that `build_module` can place a model tensor by tensor, never holding all of it in host memory."""
-
-    def __init__(self, shape, read: Callable[[], np.ndarray], take: Callable[[tuple], np.ndarray] | None = None):
-        self.shape, self._read, self._take = tuple(int(d) for d in shape), read, take
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __array__(self, dtype=None, copy=None):
-        a = np.asarray(self._read())
-        return a if dtype is None else a.astype(dtype, copy=False)
-
-    def __getitem__(self, index) -> np.ndarray:
-        """A copy (never a view that would keep the whole tensor alive)."""
-        return np.array(self._take(index) if self._take else np.asarray(self._read())[index])
-
-    def then(self, fn: Callable[[np.ndarray], np.ndarray]) -> "Lazy":
-        """`fn` (reshapes, transposes, arithmetic) applied to the float32 values when they are read."""
-        shape = jax.eval_shape(fn, jax.ShapeDtypeStruct(self.shape, jnp.float32)).shape
-        return Lazy(shape, lambda: fn(np.asarray(self, np.float32)))
-
-
-def lazy(a) -> Lazy:
-    return a if isinstance(a, Lazy) else Lazy(np.shape(a), lambda: a)
-
-
-def apply(a, fn: Callable[[np.ndarray], np.ndarray]):
-    """`fn(a)` for an array, deferred to the read for a `Lazy`."""
-    return a.then(fn) if isinstance(a, Lazy) else fn(np.asarray(a, np.float32))
-
-
-def stack_layers(layers: list[Lazy]) -> Lazy:
-    """The [n, ...] stack of per-layer tensors, built when read; `x[index]` builds only the layers and the
-    part of each that `index` selects."""
-    shapes = {x.shape for x in layers}
-    if len(shapes) != 1:
-        raise UserError(f"per-layer tensors of different shapes {sorted(shapes)} cannot be stacked")
-
-    def take(index):
-        index = index if isinstance(index, tuple) else (index,)
-        first, rest = (index[0], index[1:]) if index else (slice(None), ())
-        return np.stack([layers[i][rest] for i in range(len(layers))[first]])
-
-    return Lazy((len(layers), *layers[0].shape), lambda: np.stack([np.asarray(x, np.float32) for x in layers]), take)
-
-
-class Tensors:
-    """Checkpoint lookup with the name prefixes a family's checkpoints use (e.g. 'transformer.' or none)."""
-
-    def __init__(self, tensors: Mapping[str, np.ndarray], prefixes: tuple[str, ...], probe: str, family: str):
-        self.tensors, self.family = tensors, family
-        self.prefix = next((p for p in prefixes if p + probe in tensors), prefixes[0])
-
-    def lazy(self, name: str, absolute: bool = False) -> Lazy:
-        """The tensor, read when its values are needed."""
-        key = name if absolute else self.prefix + name
-        if key not in self.tensors:
-            raise UserError(f"{self.family} checkpoint is missing tensor {key!r}")
-        return lazy(self.tensors[key])
-
-    def __call__(self, name: str, absolute: bool = False) -> np.ndarray:
-        return np.asarray(self.lazy(name, absolute), np.float32)
-
-    def stack(self, table: Mapping[str, tuple[str, Callable]], num_layers: int, layer_fmt: str) -> dict:
-        """{internal name: lazy [L, ...] stack} from {internal name: (HF suffix, conversion)} per layer."""
-        return {key: stack_layers([self.lazy(layer_fmt.format(i=i) + hf).then(conv) for i in range(num_layers)])
-                for key, (hf, conv) in table.items()}
-
-
-def gguf_getter(meta: Mapping[str, Any]):
-    arch = meta["general.architecture"]
-    return lambda key, default=None: meta.get(f"{arch}.{key}", default)
-
-
-def gguf_vocab_size(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None) -> int:
-    if arrays is not None and "token_embd.weight" in arrays:
-        return int(arrays["token_embd.weight"].shape[0])
-    size = gguf_getter(meta)("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
-    if not size:
-        raise UserError("GGUF metadata has no vocab_size and no tokenizer.ggml.tokens")
-    return int(size)
-
-
-def gguf_special_ids(meta: Mapping[str, Any]) -> dict:
-    return {f"{k}_token_id": meta.get(f"tokenizer.ggml.{g}_token_id")
-            for k, g in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))}
 
 
 def build_module(module_cls, cfg, params: dict, dtype: str = "float32", place: Callable | None = None):

@@ -1,7 +1,6 @@
-"""OPT causal LM in Flax NNX (learned positions with offset 2, pre- or post-LayerNorm, optional
-project_in/project_out when word_embed_proj_dim != hidden_size, tied lm_head by default).
-
-Layers are stacked on a leading axis and applied with `jax.lax.scan`; weights are `[in, out]`.
+"""OPT causal LM in Flax NNX: config, weight spec and block on the shared decoder (`causal_lm.CausalLM`).
+Learned positions with offset 2, pre- or post-LayerNorm layers, optional project_in/project_out when
+word_embed_proj_dim != hidden_size (OPT-350m), optional biases and LayerNorm affines, tied lm_head by default.
 """
 
 from __future__ import annotations
@@ -10,11 +9,11 @@ import dataclasses
 from typing import Any, Mapping
 
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 
 from mia_jax.models import layers as L
+from mia_jax.models.causal_lm import CausalLM, plus
 from mia_jax.models.layers import ConfigError
+from mia_jax.models.weights import WeightSpec, bias, embedding, linear, norm
 
 MODEL_TYPE = "opt"
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: row = position + 2
@@ -87,148 +86,99 @@ class OPTConfig:
             pad_token_id=hf.get("pad_token_id"),
         )
 
-
-def _attention_inputs(cfg: OPTConfig, p, x):
-    """q (already scaled, as transformers does before the product), k, v [B, T, H, Dh] of one layer."""
-    h = L.layer_norm(x, p["ln1"], p["ln1_b"], LAYER_NORM_EPS) if cfg.do_layer_norm_before else x
-    proj = lambda name: jnp.einsum("btd,dhk->bthk", h, p[f"w_{name}"]) + p[f"b_{name}"]  # noqa: E731
-    return proj("q") * jnp.asarray(cfg.head_dim ** -0.5, h.dtype), proj("k"), proj("v")
-
-
-def _attention_output(cfg: OPTConfig, p, x, attn):
-    pre = cfg.do_layer_norm_before
-    ln1 = lambda t: L.layer_norm(t, p["ln1"], p["ln1_b"], LAYER_NORM_EPS)  # noqa: E731
-    ln2 = lambda t: L.layer_norm(t, p["ln2"], p["ln2_b"], LAYER_NORM_EPS)  # noqa: E731
-    x = x + jnp.einsum("bthk,hkd->btd", attn, p["w_o"]) + p["b_o"]
-    x = x if pre else ln1(x)
-    h = ln2(x) if pre else x
-    h = L.mlp_activation(cfg.activation_function, h @ p["w_fc1"] + p["b_fc1"])
-    x = x + h @ p["w_fc2"] + p["b_fc2"]
-    return x if pre else ln2(x)
+    def to_hf(self) -> dict:
+        """A config.json dict that `from_hf` reads back into this config (export)."""
+        return {"model_type": MODEL_TYPE, "architectures": ["OPTForCausalLM"], "torch_dtype": "float32",
+                "_remove_final_layer_norm": self.remove_final_layer_norm,
+                **{k: getattr(self, k) for k in (
+                    "vocab_size", "hidden_size", "ffn_dim", "num_hidden_layers", "num_attention_heads",
+                    "max_position_embeddings", "word_embed_proj_dim", "do_layer_norm_before", "activation_function",
+                    "enable_bias", "layer_norm_elementwise_affine", "tie_word_embeddings", "bos_token_id",
+                    "eos_token_id", "pad_token_id")}}
 
 
-def _layer(cfg: OPTConfig, p, x):
-    q, k, v = _attention_inputs(cfg, p, x)
-    return _attention_output(cfg, p, x, L.causal_attention(q, k, v, 1.0))
+def dims(c: OPTConfig) -> dict[str, int]:
+    return {"vocab": c.vocab_size, "embed": c.hidden_size, "norm": c.hidden_size, "heads": c.num_attention_heads,
+            "head_dim": c.head_dim, "mlp": c.ffn_dim, "embed_proj": c.word_embed_proj_dim,
+            "positions": c.max_position_embeddings + POSITION_OFFSET}
 
 
-class OPT(nnx.Module):
-    """OPT causal LM. `__call__` / `hidden_states` take no attention mask: batches are right-padded, attention is
-    causal, positions are arange(T) + 2 as transformers computes them for an all-ones attention mask. `decode`
-    runs new tokens against a KV cache (left-padded generation; positions from each row's first real token)."""
-
-    def __init__(self, config: OPTConfig, dtype: str = "float32", rngs: nnx.Rngs | None = None):
-        dt = L.check_dtype(dtype)
-        rngs = rngs if rngs is not None else nnx.Rngs(0)
-        self.config, self.dtype = config, dtype
-        V, D, E, F = config.vocab_size, config.hidden_size, config.word_embed_proj_dim, config.ffn_dim
-        H, Dh = config.num_attention_heads, config.head_dim
-        shapes = {"ln1": (D,), "ln1_b": (D,), "ln2": (D,), "ln2_b": (D,), "w_o": (H, Dh, D), "b_o": (D,),
-                  "w_fc1": (D, F), "b_fc1": (F,), "w_fc2": (F, D), "b_fc2": (D,)}
-        for n in "qkv":
-            shapes.update({f"w_{n}": (D, H, Dh), f"b_{n}": (H, Dh)})
-        self.embed = L.normal_param(rngs, (V, E), dt)
-        self.pos_embed = L.normal_param(rngs, (config.max_position_embeddings + POSITION_OFFSET, D), dt)
-        self.project_in = L.normal_param(rngs, (E, D), dt) if config.projected else None
-        self.layers = L.StackedLayers(config.num_hidden_layers, shapes, dt, rngs)
-        self.final_norm = nnx.Param(jnp.ones((D,), dt)) if config.final_layer_norm else None
-        self.final_norm_b = nnx.Param(jnp.zeros((D,), dt)) if config.final_layer_norm else None
-        self.project_out = L.normal_param(rngs, (D, E), dt) if config.projected else None
-        self.lm_head = None if config.tie_word_embeddings else L.normal_param(rngs, (V, E), dt)
-
-    def _embed(self, input_ids, positions):
-        x = jnp.take(self.embed[...], input_ids, axis=0)
-        if self.project_in is not None:
-            x = x @ self.project_in[...]
-        return x + L.learned_positions(self.pos_embed[...], positions, POSITION_OFFSET)
-
-    def _head(self, x):
-        if self.final_norm is not None:
-            x = L.layer_norm(x, self.final_norm[...], self.final_norm_b[...], LAYER_NORM_EPS)
-        if self.project_out is not None:
-            x = x @ self.project_out[...]
-        return x
-
-    def hidden_states(self, input_ids):
-        """int [B, T] -> hidden states [B, T, word_embed_proj_dim] after the final norm and project_out."""
-        cfg, T = self.config, input_ids.shape[1]
-        L.check_length(T, cfg.max_position_embeddings, "OPT")
-        x = self._embed(input_ids, jnp.arange(T)[None])
-        return self._head(self.layers.scan(lambda p, h, _: _layer(cfg, p, h), x))
-
-    def unembedding(self):
-        """[V, word_embed_proj_dim]: embed_tokens when tied (the OPT default), else lm_head."""
-        return (self.embed if self.lm_head is None else self.lm_head)[...]
-
-    def __call__(self, input_ids):
-        """int [B, T] -> float32 logits [B, T, V]."""
-        return L.unembed(self.hidden_states(input_ids), self.unembedding())
-
-    def init_cache(self, batch: int, max_len: int) -> dict:
-        """An empty KV cache for `decode`: k, v [L, B, max_len, H, Dh] and the next slot, `index`."""
-        cfg = self.config
-        return L.init_cache(cfg.num_hidden_layers, batch, max_len, cfg.num_attention_heads, cfg.head_dim,
-                            self.embed[...].dtype)
-
-    def decode(self, input_ids, cache: dict, positions, key_mask):
-        """Incremental forward (see `Llama.decode`): ids [B, T], positions [B, T] (0 at a row's first real token;
-        the table row is position + 2, as transformers computes it from an attention mask), key_mask [B, S]
-        -> (float32 logits [B, T, V], cache)."""
-        cfg = self.config
-        mask, _ = L.cache_masks(cache, input_ids.shape[1], key_mask)
-
-        def layer(p, h, _):
-            q, k, v = _attention_inputs(cfg, p, h)
-            return q, k, v, mask, 1.0, lambda attn: _attention_output(cfg, p, h, attn)
-
-        x, cache = self.layers.scan_cached(layer, self._embed(input_ids, positions), None, cache)
-        return L.unembed(self._head(x), self.unembedding()), cache
+def _biased(c: OPTConfig) -> bool:
+    return c.enable_bias
 
 
-def params_from_hf(cfg: OPTConfig, tensors: Mapping[str, np.ndarray]) -> dict:
-    """A Hugging Face OPT state dict ('model.decoder.' or 'decoder.' prefix, [out, in] Linear weights)
-    -> nested dict matching `OPT`. Absent biases (enable_bias=False) and LayerNorm affines
-    (layer_norm_elementwise_affine=False) become zeros / ones."""
-    D, H, Dh, F = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.ffn_dim
-    get = L.Tensors(tensors, ("model.decoder.", "decoder.", ""), "embed_tokens.weight", "OPT")
-    n = cfg.num_hidden_layers
-    same = lambda w: w  # noqa: E731
-    heads_in = lambda w: w.T.reshape(D, H, Dh)  # noqa: E731
-    table = {"w_q": ("self_attn.q_proj.weight", heads_in), "w_k": ("self_attn.k_proj.weight", heads_in),
-             "w_v": ("self_attn.v_proj.weight", heads_in),
-             "w_o": ("self_attn.out_proj.weight", lambda w: w.T.reshape(H, Dh, D)),
-             "w_fc1": ("fc1.weight", lambda w: w.T), "w_fc2": ("fc2.weight", lambda w: w.T)}
-    biases = {"b_q": ("self_attn.q_proj.bias", lambda w: w.reshape(H, Dh)),
-              "b_k": ("self_attn.k_proj.bias", lambda w: w.reshape(H, Dh)),
-              "b_v": ("self_attn.v_proj.bias", lambda w: w.reshape(H, Dh)),
-              "b_o": ("self_attn.out_proj.bias", same), "b_fc1": ("fc1.bias", same), "b_fc2": ("fc2.bias", same)}
-    norms = {"ln1": ("self_attn_layer_norm.weight", same), "ln1_b": ("self_attn_layer_norm.bias", same),
-             "ln2": ("final_layer_norm.weight", same), "ln2_b": ("final_layer_norm.bias", same)}
-    layers = get.stack(table, n, "layers.{i}.")
-    shapes = {"b_q": (H, Dh), "b_k": (H, Dh), "b_v": (H, Dh), "b_o": (D,), "b_fc1": (F,), "b_fc2": (D,)}
-    if cfg.enable_bias:
-        layers.update(get.stack(biases, n, "layers.{i}."))
-    else:
-        layers.update({k: np.zeros((n, *s), np.float32) for k, s in shapes.items()})
-    affine = cfg.layer_norm_elementwise_affine
-    if affine:
-        layers.update(get.stack(norms, n, "layers.{i}."))
-    else:
-        layers.update({k: (np.zeros if k.endswith("_b") else np.ones)((n, D), np.float32) for k in norms})
-    transposed = lambda name: get.lazy(name).then(lambda w: w.T)  # noqa: E731
-    out = {"embed": get.lazy("embed_tokens.weight"), "pos_embed": get.lazy("embed_positions.weight"),
-           "layers": layers,
-           "project_in": transposed("project_in.weight") if cfg.projected else None,
-           "project_out": transposed("project_out.weight") if cfg.projected else None,
-           "final_norm": None, "final_norm_b": None, "lm_head": None}
-    if cfg.final_layer_norm:
-        out["final_norm"] = get.lazy("final_layer_norm.weight") if affine else np.ones(D, np.float32)
-        out["final_norm_b"] = get.lazy("final_layer_norm.bias") if affine else np.zeros(D, np.float32)
-    if not cfg.tie_word_embeddings:
-        out["lm_head"] = get.lazy("lm_head.weight", absolute=True)
-    return {k: v for k, v in out.items() if v is not None}
+def _affine(c: OPTConfig) -> bool:
+    return c.layer_norm_elementwise_affine
 
 
-def from_params(cfg: OPTConfig, params: dict, dtype: str = "float32", place=None) -> OPT:
-    """Build an `OPT` holding `params` (from `params_from_hf`) without random initialisation."""
-    return L.build_module(OPT, cfg, params, dtype, place)
+def _projected(c: OPTConfig) -> bool:
+    return c.projected
+
+
+def _final_norm(c: OPTConfig) -> bool:
+    return c.final_layer_norm and c.layer_norm_elementwise_affine
+
+
+def _qkv(n: str, hf: str):
+    return (linear(f"w{n}", f"self_attn.{hf}_proj.weight", None, ("embed", "heads", "head_dim")),
+            bias(f"b{n}", f"self_attn.{hf}_proj.bias", None, ("heads", "head_dim"), when=_biased))
+
+
+# Hugging Face OPTForCausalLM ("model.decoder.", "decoder." or no prefix); llama.cpp has no OPT architecture
+SPEC = WeightSpec("OPT", dims, prefixes=(("model.decoder.", ""), ("decoder.", ""), ("", "")), top=(
+    embedding("embed", "embed_tokens.weight", None, ("vocab", "embed_proj")),
+    embedding("pos_embed", "embed_positions.weight", None, ("positions", "embed")),
+    linear("project_in", "project_in.weight", None, ("embed_proj", "embed"), when=_projected),
+    norm("norm", "final_layer_norm.weight", None, when=_final_norm),
+    bias("norm_b", "final_layer_norm.bias", None, when=_final_norm),
+    linear("project_out", "project_out.weight", None, ("embed", "embed_proj"), when=_projected),
+    embedding("lm_head", "lm_head.weight", None, ("vocab", "embed_proj"), head=True,
+              when=lambda c: not c.tie_word_embeddings),
+), layers=(
+    norm("attn_norm", "self_attn_layer_norm.weight", None, when=_affine),
+    bias("attn_norm_b", "self_attn_layer_norm.bias", None, when=_affine),
+    *_qkv("q", "q"), *_qkv("k", "k"), *_qkv("v", "v"),
+    linear("wo", "self_attn.out_proj.weight", None, ("heads", "head_dim", "embed"), n_in=2),
+    bias("bo", "self_attn.out_proj.bias", None, when=_biased),
+    norm("mlp_norm", "final_layer_norm.weight", None, when=_affine),
+    bias("mlp_norm_b", "final_layer_norm.bias", None, when=_affine),
+    linear("w_up", "fc1.weight", None, ("embed", "mlp")),
+    bias("b_up", "fc1.bias", None, ("mlp",), when=_biased),
+    linear("w_down", "fc2.weight", None, ("mlp", "embed")),
+    bias("b_down", "fc2.bias", None, when=_biased),
+))
+
+
+class OPT(CausalLM):
+    """OPT causal LM (see `CausalLM`). Positions are arange(T) + 2 in the full forward, as transformers computes
+    them for an all-ones attention mask; `decode` counts them from each row's first real token."""
+
+    spec = SPEC
+    position_offset = POSITION_OFFSET
+
+    def normalize(self, x, w, b=None):
+        return L.layer_norm(x, w, b, LAYER_NORM_EPS)
+
+    def block(self, p, x, ctx, xs, attend):
+        """Pre-LN (x + attn(ln(x)), x + mlp(ln(x))) or post-LN (ln(x + attn(x)), ln(x + mlp(x))) layer; q is scaled
+        before the product, as transformers does."""
+        pre = self.config.do_layer_norm_before
+        ln1 = lambda t: self.normalize(t, p.get("attn_norm"), p.get("attn_norm_b"))  # noqa: E731
+        ln2 = lambda t: self.normalize(t, p.get("mlp_norm"), p.get("mlp_norm_b"))  # noqa: E731
+        h = ln1(x) if pre else x
+        proj = lambda n: plus(jnp.einsum("btd,dhk->bthk", h, p[f"w{n}"]), p, f"b{n}")  # noqa: E731
+        attn = attend(proj("q") * jnp.asarray(self.config.head_dim ** -0.5, h.dtype), proj("k"), proj("v"), 1.0)
+        x = plus(x + jnp.einsum("bthk,hkd->btd", attn, p["wo"]), p, "bo")
+        x = x if pre else ln1(x)
+        h = ln2(x) if pre else x
+        h = L.mlp_activation(self.config.activation_function, plus(h @ p["w_up"], p, "b_up"))
+        x = plus(x + h @ p["w_down"], p, "b_down")
+        return x if pre else ln2(x)
+
+    def final(self, x):
+        if self.config.final_layer_norm and self.norm is None:  # layer_norm_elementwise_affine=False
+            x = self.normalize(x, None, None)
+        return super().final(x)
+
+
+params_from_hf, from_params = SPEC.from_hf, OPT.from_params
