@@ -262,7 +262,9 @@ def worker_b(args, loaded, encoded, texts, result):
                   scores=scores)
 
 
-def worker_c(args, loaded, encoded, texts, result):
+def transformers_model(loaded, **config_overrides):
+    """The transformers + torch model (eval mode) built from the same GGUF file as `loaded` (a LoadedModel), with
+    transformers' ``load_gguf_checkpoint``; ``config_overrides`` go to the config (e.g. ``attn_implementation``)."""
     import torch
     import transformers
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -278,11 +280,18 @@ def worker_c(args, loaded, encoded, texts, result):
     import transformers.utils.logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    t0 = time.perf_counter()
-    model = cls(transformers.AutoConfig.from_pretrained(folder, gguf_file=fname)).eval()
+    config = transformers.AutoConfig.from_pretrained(folder, gguf_file=fname, **config_overrides)
+    model = cls(config).eval()
     tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
     model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    del tensors
+    return model
+
+
+def worker_c(args, loaded, encoded, texts, result):
+    import torch
+
+    t0 = time.perf_counter()
+    model = transformers_model(loaded)
     result["torch_load_seconds"] = time.perf_counter() - t0
     result["torch_threads"] = torch.get_num_threads()
     from mia_jax.batching import real_vocab_size

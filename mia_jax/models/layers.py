@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 
 from mia_jax.errors import UserError
+from mia_jax.models import attention as _attention
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -107,27 +108,19 @@ def apply_rope(x, cos, sin):
 
 def causal_mask(t: int, sliding_window: int | None):
     """[T, T] bool: query i sees key j when j <= i (and i - j < sliding_window when set)."""
-    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
-    mask = j <= i
-    return mask if sliding_window is None else mask & (i - j < sliding_window)
+    return _attention.dense_mask(t, t, causal=True, sliding_window=sliding_window)
 
 
 def gqa_attention(q, k, v, mask, scale: float):
     """Grouped-query attention. q [B, T, H, Dh], k/v [B, S, KV, Dh], mask bool [T, S] or per row [B, T, S]
-    -> [B, T, H, Dh]; scores and softmax in float32."""
-    B, T, H, Dh = q.shape
-    KV = k.shape[2]
-    q = q.reshape(B, T, KV, H // KV, Dh)  # query heads grouped by their kv head
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-    mask = mask[:, None, None] if mask.ndim == 3 else mask
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H, Dh)
+    -> [B, T, H, Dh]; scores and softmax in float32 (`mia_jax.models.attention.attention`: chunked, memory
+    linear in T, for long sequences)."""
+    return _attention.attention(q, k, v, scale=scale, mask=mask)
 
 
 def causal_attention(q, k, v, scale):
-    """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; causal, scores and softmax in float32."""
-    return gqa_attention(q, k, v, causal_mask(q.shape[1], None), scale)
+    """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; causal (no [T, T] mask is built), scores and softmax in float32."""
+    return _attention.attention(q, k, v, scale=scale, causal=True)
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -144,10 +137,9 @@ def cache_masks(cache: dict, t_new: int, key_mask, sliding_window: int | None = 
     is not after the query, valid in `key_mask` [B, S], and (window) fewer than `sliding_window` slots back.
     Left-padded rows hold their real tokens in consecutive slots, so slot distance is position distance."""
     s = cache["k"].shape[2]
-    q = cache["index"] + jnp.arange(t_new)[:, None]
-    k = jnp.arange(s)[None, :]
-    full = (k <= q)[None] & key_mask[:, None, :].astype(bool)
-    window = full if sliding_window is None else full & (q - k < sliding_window)[None]
+    full = _attention.dense_mask(t_new, s, q_offset=cache["index"], key_mask=key_mask)
+    window = full if sliding_window is None else _attention.dense_mask(
+        t_new, s, sliding_window=sliding_window, q_offset=cache["index"], key_mask=key_mask)
     return full, window
 
 

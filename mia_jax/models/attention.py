@@ -1,0 +1,308 @@
+"""Attention for every causal LM family: one entry point, `attention`, three implementations behind it.
+
+q [B, T, H, Dh] attends over k, v [B, S, KV, Dh] (H a multiple of KV: grouped-query heads). What a query sees
+is the AND of: `causal` (key slot j <= q_offset + i), `sliding_window` (q_offset + i - j < window: fewer than
+`window` slots back), `key_mask` [B, S] (valid keys, e.g. the cache's non-pad slots) and an explicit bool `mask`
+[T, S] or [B, T, S]. Scores (times `scale`, then `softcap * tanh(. / softcap)` when set) and softmax are float32;
+the output has v's dtype. A query row that sees no key gets the mean of all S values (what a softmax over equal
+scores gives; the pre-issue-14 code did the same), never NaN.
+
+Implementations (`implementation=` or $MIA_JAX_ATTENTION, read when the call is traced; argument wins):
+
+- "full": the reference: [B, KV, G, T, S] float32 scores, softmax, weighted sum (memory O(T * S) per head).
+- "dot_product": `jax.nn.dot_product_attention`; cuDNN flash attention on a GPU for bf16/fp16, its XLA path
+  (the same O(T * S) scores as "full") elsewhere. No softcap.
+- "chunked": flash-attention style: a `lax.map` over query chunks of BLOCK_Q rows, inside it a `lax.scan` over
+  key blocks of BLOCK_K slots with a running max and sum (float32), a block no query of the chunk can see is
+  skipped (`lax.cond`: causal halves the work). A custom VJP recomputes the block scores in the backward
+  pass from the saved log-sum-exp (FlashAttention-2), so forward and gradient memory grow linearly with T and S.
+- "auto" (default): "chunked" when T * S >= CHUNKED_MIN_SCORES, else "full" on CPU/TPU; on a GPU, cuDNN
+  through "dot_product" when it applies (bf16/fp16, no explicit mask, no key_mask, no softcap), with
+  "chunked"/"full" as on CPU otherwise.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mia_jax.errors import UserError
+
+ENV = "MIA_JAX_ATTENTION"
+IMPLEMENTATIONS = ("auto", "full", "dot_product", "chunked")
+# auto switches to "chunked" from T * S = 1024 * 1024 (see BENCHMARKS.md, "Long texts"): below it the full
+# scores are small and one fused XLA softmax is at least as fast; above it the chunked path is faster on CPU
+# (causal blocks skipped) and its memory stays linear
+CHUNKED_MIN_SCORES = 1024 * 1024
+BLOCK_Q = 512
+BLOCK_K = 512
+
+
+def implementation_for(t: int, s: int, implementation: str | None = None, *, dtype=jnp.float32,
+                       structural_only: bool = True, softcap: float | None = None) -> str:
+    """The implementation `attention` runs for T queries over S keys (resolving "auto" and $MIA_JAX_ATTENTION)."""
+    name = implementation or os.environ.get(ENV) or "auto"
+    if name not in IMPLEMENTATIONS:
+        source = "implementation" if implementation else f"${ENV}"
+        raise UserError(f"attention: {source}={name!r} is not one of {', '.join(IMPLEMENTATIONS)}")
+    if name == "dot_product" and softcap is not None:
+        raise UserError("attention: the 'dot_product' implementation has no softcap; use 'chunked' or 'full'")
+    if name != "auto":
+        return name
+    if (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and structural_only
+            and softcap is None):
+        return "dot_product"
+    return "chunked" if t * s >= CHUNKED_MIN_SCORES else "full"
+
+
+def dense_mask(t: int, s: int, *, causal: bool = True, sliding_window=None, q_offset=0, key_mask=None, mask=None):
+    """The bool mask `attention` applies, materialised: [T, S], or [B, T, S] with a key_mask [B, S] or a 3-D mask."""
+    i = q_offset + jnp.arange(t)[:, None]
+    j = jnp.arange(s)[None, :]
+    out = (j <= i) if causal else jnp.ones((t, s), bool)
+    if sliding_window is not None:
+        out = out & (i - j < sliding_window)
+    if mask is not None:
+        out = out & mask.astype(bool)
+    if key_mask is not None:
+        out = out[None] if out.ndim == 2 else out
+        out = out & key_mask[:, None, :].astype(bool)
+    return out
+
+
+def attention(q, k, v, *, scale=None, causal: bool = False, sliding_window=None, q_offset=0, key_mask=None,
+              mask=None, softcap: float | None = None, implementation: str | None = None,
+              block_q: int = BLOCK_Q, block_k: int = BLOCK_K):
+    """q [B, T, H, Dh], k/v [B, S, KV, Dh] -> [B, T, H, Dh] (v's dtype); see the module docstring.
+
+    `scale` defaults to Dh ** -0.5 and may be traced (e.g. a per-layer scale in a scan); `sliding_window` and
+    `q_offset` may be Python ints or traced scalars. The gradient is not taken with respect to `scale`."""
+    B, T, H, Dh = q.shape
+    S, KV = k.shape[1], k.shape[2]
+    if H % KV:
+        raise ValueError(f"attention: {H} query heads are not a multiple of {KV} key/value heads")
+    if mask is not None and (mask.ndim not in (2, 3) or mask.shape[-2:] != (T, S)):
+        raise ValueError(f"attention: mask shape {mask.shape} is not [T, S] or [B, T, S] with T={T}, S={S}")
+    scale = Dh ** -0.5 if scale is None else scale
+    structural = mask is None and key_mask is None
+    name = implementation_for(T, S, implementation, dtype=q.dtype, structural_only=structural, softcap=softcap)
+    if name == "dot_product":
+        out = _dot_product(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask)
+        if out is not None:
+            return out
+        name = "chunked" if T * S >= CHUNKED_MIN_SCORES else "full"
+    if name == "full":
+        return _full(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap)
+    return _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, block_q, block_k)
+
+
+# ----------------------------------------------------------------------------- full and dot_product
+
+
+def _full(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap):
+    """The reference: every [T, S] score of every head at once (the code every family used before issue 14)."""
+    B, T, H, Dh = q.shape
+    S, KV = k.shape[1], k.shape[2]
+    q = q.reshape(B, T, KV, H // KV, Dh)  # query heads grouped by their kv head
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        scores = softcap * jnp.tanh(scores / softcap)
+    m = dense_mask(T, S, causal=causal, sliding_window=sliding_window, q_offset=q_offset, key_mask=key_mask,
+                   mask=mask) if (causal or sliding_window is not None or key_mask is not None) else mask
+    if m is not None:
+        scores = jnp.where(m[:, None, None] if m.ndim == 3 else m, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H, Dh)
+
+
+def _dot_product(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask):
+    """`jax.nn.dot_product_attention`: cuDNN on a GPU when it accepts the call (None when it refuses: the caller
+    falls back), else its XLA path. Structural masks go in as flags (no [T, S] array) whenever they can."""
+    T, S = q.shape[1], k.shape[1]
+    static = lambda x: isinstance(x, (int, np.integer))  # noqa: E731
+    flags = (static(q_offset) and q_offset == 0 and T == S and mask is None and key_mask is None
+             and (sliding_window is None or static(sliding_window)))
+    kwargs = dict(scale=scale)
+    if flags:
+        kwargs.update(is_causal=causal,
+                      local_window_size=None if sliding_window is None else (int(sliding_window) - 1, 0))
+    elif causal or sliding_window is not None or key_mask is not None or mask is not None:
+        m = dense_mask(T, S, causal=causal, sliding_window=sliding_window, q_offset=q_offset, key_mask=key_mask,
+                       mask=mask)
+        kwargs["mask"] = m[:, None] if m.ndim == 3 else m[None, None]
+    cudnn = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+    if cudnn:
+        try:
+            return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **kwargs)
+        except (NotImplementedError, ValueError, RuntimeError):
+            return None
+    return jax.nn.dot_product_attention(q, k, v, implementation="xla", **kwargs)
+
+
+# ----------------------------------------------------------------------------- chunked (flash-attention style)
+
+
+class _Cfg(NamedTuple):
+    """Static settings of one chunked call (hashable: a nondiff argument of the custom VJP)."""
+    T: int
+    S: int
+    bq: int
+    bk: int
+    causal: bool
+    softcap: float | None
+    has_window: bool
+    has_key_mask: bool
+    has_mask: bool
+
+
+def _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, block_q, block_k):
+    B, T, H, Dh = q.shape
+    S, KV = k.shape[1], k.shape[2]
+    bq, bk = min(block_q, T), min(block_k, S)
+    Tp, Sp = -(-T // bq) * bq, -(-S // bk) * bk
+    cfg = _Cfg(T, S, bq, bk, bool(causal), None if softcap is None else float(softcap), sliding_window is not None,
+               key_mask is not None, mask is not None)
+    # heads-major inside: q [B, KV, G, Tp, Dh], k/v [B, KV, Sp, Dh], so every block product is a plain matmul
+    qh = jnp.pad(q, ((0, 0), (0, Tp - T), (0, 0), (0, 0))).reshape(B, Tp, KV, H // KV, Dh).transpose(0, 2, 3, 1, 4)
+    kh = jnp.pad(k, ((0, 0), (0, Sp - S), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+    vh = jnp.pad(v, ((0, 0), (0, Sp - S), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+    window = jnp.asarray(0 if sliding_window is None else sliding_window, jnp.int32)
+    km = (jnp.zeros((1, Sp), bool) if key_mask is None
+          else jnp.pad(key_mask.astype(bool), ((0, 0), (0, Sp - S))))
+    m = (jnp.zeros((1, 1, 1), bool) if mask is None
+         else jnp.pad((mask if mask.ndim == 3 else mask[None]).astype(bool), ((0, 0), (0, Tp - T), (0, Sp - S))))
+    out, lse = _flash(cfg, qh, kh, vh, jnp.asarray(scale, jnp.float32), jnp.asarray(q_offset, jnp.int32), window,
+                      km, m)
+    out = out.transpose(0, 3, 1, 2, 4).reshape(B, Tp, H, Dh)[:, :T]
+    empty = (lse == -jnp.inf).transpose(0, 3, 1, 2).reshape(B, Tp, H)[:, :T, :, None]
+    # rows that see no key: the mean of all values, as a softmax over equal scores gives
+    mean_v = jnp.repeat(jnp.mean(v.astype(jnp.float32), axis=1), H // KV, axis=1)[:, None]
+    return jnp.where(empty, mean_v, out).astype(v.dtype)
+
+
+def _block_mask(cfg: _Cfg, qi, kj, q_offset, window, key_mask, mask):
+    """bool [Bm, bq, bk]: which keys of block kj the queries of chunk qi see (Bm is 1 or B)."""
+    i = qi * cfg.bq + jnp.arange(cfg.bq)[:, None]
+    j = kj * cfg.bk + jnp.arange(cfg.bk)[None, :]
+    out = j < cfg.S
+    if cfg.causal:
+        out = out & (j <= i + q_offset)
+    if cfg.has_window:
+        out = out & (i + q_offset - j < window)
+    out = out[None]
+    if cfg.has_key_mask:
+        out = out & jax.lax.dynamic_slice_in_dim(key_mask, kj * cfg.bk, cfg.bk, axis=1)[:, None, :]
+    if cfg.has_mask:
+        out = out & jax.lax.dynamic_slice(mask, (0, qi * cfg.bq, kj * cfg.bk), (mask.shape[0], cfg.bq, cfg.bk))
+    return out[:, None, None]  # [Bm, 1, 1, bq, bk], broadcast over kv heads and groups
+
+
+def _scores(cfg: _Cfg, qb, kb, scale):
+    """Block scores [B, KV, G, bq, bk] float32, and tanh(raw / softcap) (for the backward pass) or None."""
+    s = jnp.einsum("bkgqd,bksd->bkgqs", qb, kb, preferred_element_type=jnp.float32) * scale
+    if cfg.softcap is None:
+        return s, None
+    t = jnp.tanh(s / cfg.softcap)
+    return cfg.softcap * t, t
+
+
+def _rows(x, i, size, axis):
+    return jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=axis)
+
+
+def _forward(cfg: _Cfg, q, k, v, scale, q_offset, window, key_mask, mask):
+    """Online softmax: out [B, KV, G, Tp, Dh] float32 (0 for rows that see no key), lse [B, KV, G, Tp]
+    (-inf for those rows)."""
+    B, KV, G, Tp, Dh = q.shape
+    nq, nk = Tp // cfg.bq, k.shape[2] // cfg.bk
+
+    def chunk(qi):
+        qb = _rows(q, qi, cfg.bq, 3)
+
+        def body(carry, kj):
+            vis = _block_mask(cfg, qi, kj, q_offset, window, key_mask, mask)
+
+            def step(carry):
+                acc, m, l = carry
+                s, _ = _scores(cfg, qb, _rows(k, kj, cfg.bk, 2), scale)
+                s = jnp.where(vis, s, -jnp.inf)
+                m_new = jnp.maximum(m, s.max(-1))
+                m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+                p = jnp.exp(s - m_safe[..., None])
+                alpha = jnp.exp(m - m_safe)
+                pv = jnp.einsum("bkgqs,bksd->bkgqd", p.astype(v.dtype), _rows(v, kj, cfg.bk, 2),
+                                preferred_element_type=jnp.float32)
+                return alpha[..., None] * acc + pv, m_new, alpha * l + p.sum(-1)
+
+            return jax.lax.cond(vis.any(), step, lambda c: c, carry), None
+
+        init = (jnp.zeros((B, KV, G, cfg.bq, Dh), jnp.float32), jnp.full((B, KV, G, cfg.bq), -jnp.inf, jnp.float32),
+                jnp.zeros((B, KV, G, cfg.bq), jnp.float32))
+        (acc, m, l), _ = jax.lax.scan(body, init, jnp.arange(nk))
+        l_safe = jnp.where(l == 0, 1.0, l)
+        return acc / l_safe[..., None], jnp.where(l == 0, -jnp.inf, m + jnp.log(l_safe))
+
+    out, lse = jax.lax.map(chunk, jnp.arange(nq))  # [nq, B, KV, G, bq, Dh], [nq, B, KV, G, bq]
+    return (jnp.moveaxis(out, 0, 3).reshape(B, KV, G, Tp, Dh), jnp.moveaxis(lse, 0, 3).reshape(B, KV, G, Tp))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg, q, k, v, scale, q_offset, window, key_mask, mask):
+    return _forward(cfg, q, k, v, scale, q_offset, window, key_mask, mask)
+
+
+def _flash_fwd(cfg, q, k, v, scale, q_offset, window, key_mask, mask):
+    out, lse = _forward(cfg, q, k, v, scale, q_offset, window, key_mask, mask)
+    return (out, lse), (q, k, v, scale, q_offset, window, key_mask, mask, out, lse)
+
+
+def _flash_bwd(cfg, res, cotangents):
+    """FlashAttention-2 backward: per query chunk, per visible key block, recompute p = exp(s - lse); then
+    dv += p^T do, ds = p * (do v^T - rowsum(do * out)) (times softcap' and scale), dq += ds k, dk += ds^T q."""
+    q, k, v, scale, q_offset, window, key_mask, mask, out, lse = res
+    dout = cotangents[0].astype(jnp.float32)  # lse only feeds a comparison outside: its cotangent is 0
+    B, KV, G, Tp, Dh = q.shape
+    nq, nk = Tp // cfg.bq, k.shape[2] // cfg.bk
+    delta = jnp.sum(dout * out, axis=-1)  # [B, KV, G, Tp]
+    lse = jnp.where(lse == -jnp.inf, 0.0, lse)
+
+    def chunk(carry, qi):
+        qb, do_i = _rows(q, qi, cfg.bq, 3).astype(jnp.float32), _rows(dout, qi, cfg.bq, 3)
+        lse_i, d_i = _rows(lse, qi, cfg.bq, 3), _rows(delta, qi, cfg.bq, 3)
+
+        def body(carry, kj):
+            vis = _block_mask(cfg, qi, kj, q_offset, window, key_mask, mask)
+
+            def step(carry):
+                dq_i, dk, dv = carry
+                kb, vb = _rows(k, kj, cfg.bk, 2).astype(jnp.float32), _rows(v, kj, cfg.bk, 2).astype(jnp.float32)
+                s, t = _scores(cfg, qb, kb, scale)
+                p = jnp.where(vis, jnp.exp(s - lse_i[..., None]), 0.0)
+                ds = p * (jnp.einsum("bkgqd,bksd->bkgqs", do_i, vb) - d_i[..., None])
+                if t is not None:
+                    ds = ds * (1.0 - t * t)
+                ds = ds * scale
+                dq_i = dq_i + jnp.einsum("bkgqs,bksd->bkgqd", ds, kb)
+                add = lambda acc, x: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
+                    acc, _rows(acc, kj, cfg.bk, 2) + x, kj * cfg.bk, axis=2)
+                return (dq_i, add(dk, jnp.einsum("bkgqs,bkgqd->bksd", ds, qb)),
+                        add(dv, jnp.einsum("bkgqs,bkgqd->bksd", p, do_i)))
+
+            return jax.lax.cond(vis.any(), step, lambda c: c, carry), None
+
+        dk, dv = carry
+        (dq_i, dk, dv), _ = jax.lax.scan(body, (jnp.zeros((B, KV, G, cfg.bq, Dh), jnp.float32), dk, dv),
+                                         jnp.arange(nk))
+        return (dk, dv), dq_i
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    (dk, dv), dq = jax.lax.scan(chunk, (zeros, zeros), jnp.arange(nq))
+    dq = jnp.moveaxis(dq, 0, 3).reshape(q.shape)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
