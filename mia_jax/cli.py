@@ -265,10 +265,9 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
     if not sharding.is_main_process():  # every process holds all records; process 0 writes the outputs
         return
     if labeled:
-        scores = runner.scores_by_method(records, methods)
         labels = [r["label"] for r in records]
-        summary = {m: metrics.evaluate(labels, scores[m], n_bootstrap=args.n_bootstrap, seed=args.seed)
-                   for m in methods}
+        summary = metrics.evaluate_records(records, methods, labels, n_bootstrap=args.n_bootstrap, seed=args.seed)
+        scores = metrics.scores_by_method(records, methods)
         if generator is not None:
             summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
         notes = list(counts)

@@ -1,4 +1,6 @@
-"""Reports: markdown / CSV / JSON summary tables and ROC / score-histogram plots.
+"""Reports: markdown / CSV / JSON summary tables and ROC / score-histogram plots, and the table and plot helpers
+every report of the package is written with (``fmt``, ``markdown``, ``best_in_bold``, ``write_csv``, ``pyplot``,
+``save_figure``: also used by ``reproduce`` and ``train/tables``).
 
 ``summary`` arguments are ``{method: metrics.evaluate(...) dict}``; rows keep the dict's order.
 """
@@ -9,7 +11,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -21,16 +23,69 @@ _HEADER = ["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "TPR@1%FPR", "FPR@9
            "Best bal. acc.", "n (NaN)"]
 
 
-def _num(x) -> str:
+# ----------------------------------------------------------------------------- table and plot helpers
+
+
+def fmt(x) -> str:
+    """A number as a table shows it: three decimals; None or NaN as n/a."""
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
 
+def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub markdown table of ready-made cells: the first column left-aligned, the others right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def best_in_bold(rows: Sequence[Sequence], *, never: Collection = (), shown_ties: bool = False) -> list[list[str]]:
+    """Rows ``[label, value, ...]`` as cells: values through :func:`fmt`, the largest of each column in bold (every
+    tie: equal values or, with ``shown_ties``, values that look equal); rows labelled in ``never`` (a baseline)
+    are shown but neither compete nor get bold."""
+    out = [[str(r[0])] + [fmt(v) for v in r[1:]] for r in rows]
+    compete = [i for i, r in enumerate(rows) if r[0] not in never]
+    for j in range(1, max((len(r) for r in rows), default=0)):
+        col = [rows[i][j] for i in compete if rows[i][j] is not None]
+        best = max(col, default=None)
+        for i in compete:
+            v = rows[i][j]
+            if v is not None and best is not None and (fmt(v) == fmt(best) if shown_ties else v == best):
+                out[i][j] = f"**{out[i][j]}**"
+    return out
+
+
+def write_csv(path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
+    """A CSV file: the header, then the rows (None as an empty cell)."""
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (files only, no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path, dpi: int = 120, tight: bool = True) -> None:
+    """Save a figure (laid out with ``tight_layout`` unless ``tight`` is False) and close it."""
+    if tight:
+        fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
+# ----------------------------------------------------------------------------- the summary of one run
+
+
 def _with_ci(x, ci, bold: bool = False) -> str:
-    s = _num(x)
+    s = fmt(x)
     if bold and x is not None:
         s = f"**{s}**"
     if x is not None and ci is not None:
-        s += f" [{_num(ci[0])}, {_num(ci[1])}]"
+        s += f" [{fmt(ci[0])}, {fmt(ci[1])}]"
     return s
 
 
@@ -38,20 +93,20 @@ def markdown_table(summary: dict[str, dict]) -> str:
     """GitHub markdown table, one row per method; the best AUROC (all ties) in bold, None as n/a."""
     aucs = [r.get("auroc") for r in summary.values() if r.get("auroc") is not None]
     best = max(aucs) if aucs else None
-    lines = ["| " + " | ".join(_HEADER) + " |", "|" + "|".join(["---"] + ["---:"] * (len(_HEADER) - 1)) + "|"]
+    rows = []
     for method, r in summary.items():
         n = r.get("n_scored")
         cells = [
             str(method).replace("|", "\\|"),
             _with_ci(r.get("auroc"), r.get("auroc_ci"), bold=best is not None and r.get("auroc") == best),
             _with_ci(r.get("tpr_at_5pct_fpr"), r.get("tpr_at_5pct_fpr_ci")),
-            _num(r.get("tpr_at_1pct_fpr")),
-            _num(r.get("fpr_at_95pct_tpr")),
-            _num(r.get("best_balanced_accuracy")),
+            fmt(r.get("tpr_at_1pct_fpr")),
+            fmt(r.get("fpr_at_95pct_tpr")),
+            fmt(r.get("best_balanced_accuracy")),
             f"{'n/a' if n is None else n} ({r.get('n_nan', 0)})",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return markdown(_HEADER, rows)
 
 
 def _jsonable(x):
@@ -96,11 +151,7 @@ def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n")
-    with open(out / "summary.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(_csv_header())
-        for method, r in summary.items():
-            w.writerow(_csv_row(str(method), r))
+    write_csv(out / "summary.csv", _csv_header(), [_csv_row(str(method), r) for method, r in summary.items()])
     (out / "summary.md").write_text(markdown_table(summary) + "".join(f"\n{n}\n" for n in notes))
     if extra is not None:
         (out / "run.json").write_text(json.dumps(_jsonable(extra), indent=2, allow_nan=False) + "\n")
@@ -113,19 +164,12 @@ def _finite_rows(labels, scores) -> tuple[np.ndarray, np.ndarray]:
     return lab[keep], sc[keep]
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def plot_roc(path, curves: dict, title: str = "") -> None:
     """ROC curves ``{method: (labels, scores)}``: linear axes (left) and log-scale FPR from 1e-3 (right).
 
     NaN/inf rows are dropped per method; methods left with a single class are skipped and listed in the
     figure. AUROC is in the legend. Saved as PNG at 120 dpi."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_lin, ax_log) = plt.subplots(1, 2, figsize=(11, 4.8))
     skipped = []
     for method, (labels, scores) in curves.items():
@@ -165,7 +209,7 @@ def plot_histograms(path, scores_by_method: dict, labels) -> None:
     """Member vs non-member score histograms (densities on shared bins), one panel per method in a grid.
 
     ``labels`` is shared by all methods; NaN/inf scores are excluded per method (count in the title)."""
-    plt = _pyplot()
+    plt = pyplot()
     n = max(1, len(scores_by_method))
     ncols = min(3, n)
     nrows = math.ceil(n / ncols)
@@ -186,6 +230,4 @@ def plot_histograms(path, scores_by_method: dict, labels) -> None:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(scores_by_method):]:
         ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

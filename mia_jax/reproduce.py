@@ -8,14 +8,13 @@ lengths into one column per model and setting).
 """
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from mia_jax import blind, data, metrics, rundir, runner
+from mia_jax import blind, data, metrics, report, rundir, runner
 
 K_SWEEP = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # Table 1's rows: (display name, method)
@@ -51,9 +50,8 @@ def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int,
     with rundir.claim(out_dir, fingerprint, hint="use another --out") as resume:
         records = runner.score_dataset(loaded, ds.texts, methods, labels=ds.labels, out_dir=out_dir, resume=resume,
                                        report=report, **kwargs)
-    scores = runner.scores_by_method(records, methods)
-    rows = [{"method": m, **metrics.evaluate(ds.labels, scores[m], n_bootstrap=n_bootstrap, seed=seed)}
-            for m in methods]
+    summary = metrics.evaluate_records(records, methods, ds.labels, n_bootstrap=n_bootstrap, seed=seed)
+    rows = [{"method": m, **summary[m]} for m in methods]
     b = blind.blind_bow_scores(ds.texts, ds.labels, seed=seed)
     rows.append({"method": blind.NAME, **metrics.evaluate(ds.labels, b, n_bootstrap=n_bootstrap, seed=seed)})
     return rows
@@ -84,25 +82,13 @@ def pivot(results: list[dict], key: str, rows: Sequence[tuple[str, str]]) -> tup
     return header, body
 
 
-def markdown(header, body, bold_best: bool = True) -> str:
+def markdown(header, body) -> str:
     """Best detector per column in bold (the blind row is shown but never bolded)."""
-    detectors = [row for row in body if row[0] != BLIND_ROW]
-    best = [max((row[j] for row in detectors if row[j] is not None), default=None) for j in range(len(header))]
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-    for row in body:
-        cells = [str(row[0])]
-        for j, v in enumerate(row[1:], 1):
-            text = "n/a" if v is None else f"{v:.3f}"
-            cells.append(f"**{text}**" if bold_best and v is not None and v == best[j] and row[0] != BLIND_ROW else text)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return report.markdown(header, report.best_in_bold(body, never={BLIND_ROW}))
 
 
 def write_table(out: Path, stem: str, title: str, header, body, note: str = "") -> str:
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows([[("" if v is None else v) for v in row] for row in body])
+    report.write_csv(out / f"{stem}.csv", header, body)
     text = f"### {title}\n\n{markdown(header, body)}" + (f"\n{note}\n" if note else "")
     (out / f"{stem}.md").write_text(text)
     return text
@@ -125,11 +111,7 @@ def k_sweep(results: list[dict]) -> tuple[list[str], list[list]]:
 
 def plot_lengths(path: Path, results: list[dict], rows: Sequence[tuple[str, str]]) -> None:
     """Figure 2b: AUROC against text length, one panel per model, original setting."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = report.pyplot()
     models = list(dict.fromkeys(r["model"] for r in results))
     lengths = sorted({r["length"] for r in results})
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
@@ -144,18 +126,12 @@ def plot_lengths(path: Path, results: list[dict], rows: Sequence[tuple[str, str]
         ax.set_xticklabels([str(n) for n in lengths])
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 def plot_k_sweep(path: Path, header, body) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    """AUROC against k, one line per (model, method)."""
+    fig, ax = report.pyplot().subplots(figsize=(6, 4))
     ks = [row[0] for row in body]
     for j, name in enumerate(header[1:], 1):
         ax.plot(ks, [np.nan if row[j] is None else row[j] for row in body], marker="o", label=name)
@@ -163,9 +139,7 @@ def plot_k_sweep(path: Path, header, body) -> None:
     ax.set(xlabel="k (fraction of tokens)", ylabel="AUROC", title="k sweep (original setting, mean over lengths)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 def write_reports(out: Path, results: list[dict], rows: Sequence[tuple[str, str]] = PAPER_METHODS) -> str:

@@ -93,3 +93,23 @@ def test_plot_histograms(tmp_path, data):
     path = tmp_path / "hist.png"
     report.plot_histograms(path, s, y)
     assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 10_000
+
+
+def test_table_helpers():
+    rows = [["a", 0.5, None, 0.71234], ["b", 0.7, 0.2, 0.71229], ["base", 0.9, 0.1, float("nan")]]
+    cells = report.best_in_bold(rows, never={"base"})
+    assert cells == [["a", "0.500", "n/a", "**0.712**"], ["b", "**0.700**", "**0.200**", "0.712"],
+                     ["base", "0.900", "0.100", "n/a"]]  # the baseline never competes; exact ties only
+    assert report.best_in_bold(rows[:2], shown_ties=True)[1][3] == "**0.712**"  # equal as shown
+    md = report.markdown(["Method", "x"], [["a", "1"], ["b", "2"]])
+    assert md == "| Method | x |\n|---|---:|\n| a | 1 |\n| b | 2 |\n"
+
+
+def test_write_csv_and_save_figure(tmp_path):
+    report.write_csv(tmp_path / "t.csv", ["k", "v"], [[1, 0.5], [2, None]])
+    assert (tmp_path / "t.csv").read_bytes() == b"k,v\r\n1,0.5\r\n2,\r\n"
+    plt = report.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    report.save_figure(fig, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 1000 and not plt.get_fignums()

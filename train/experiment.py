@@ -82,17 +82,11 @@ def score(loaded, texts, labels, methods, out_dir: Path, cfg: ExperimentConfig, 
 
 
 def evaluate_by_dataset(records: list[dict], eval_set: list[dict], methods: list[str], cfg: ExperimentConfig) -> dict:
-    from mia_jax import metrics, runner
+    """{dataset: {method: metrics}} of the records of the eval set, datasets in order of first appearance."""
+    from mia_jax import metrics
 
-    out = {}
-    for name in dict.fromkeys(r["dataset"] for r in eval_set):
-        idx = [i for i, r in enumerate(eval_set) if r["dataset"] == name]
-        recs = [records[i] for i in idx]
-        scores = runner.scores_by_method(recs, methods)
-        labels = [eval_set[i]["label"] for i in idx]
-        out[name] = {m: metrics.evaluate(labels, scores[m], n_bootstrap=cfg.score.n_bootstrap, seed=cfg.score.seed)
-                     for m in methods}
-    return out
+    return metrics.evaluate_records(records, methods, [r["label"] for r in eval_set], n_bootstrap=cfg.score.n_bootstrap,
+                                    seed=cfg.score.seed, groups=[r["dataset"] for r in eval_set])
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | None = None,

@@ -10,11 +10,12 @@
 """
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import numpy as np
+
+from mia_jax.report import best_in_bold, fmt, markdown, pyplot, save_figure, write_csv
 
 DATASET_NAMES = {"boolq": "BoolQ", "commonsenseqa": "CommonsenseQA", "imdb": "IMDB", "truthfulqa": "TruthfulQA",
                  "news": "News 2023"}
@@ -34,31 +35,9 @@ def headline(methods, base: str = "min_k") -> str | None:
     return next((m for m in methods if m.partition("@")[0] == base), None)
 
 
-def _fmt(x) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
 def _avg(values) -> float | None:
     vals = [v for v in values if v is not None]
     return float(np.mean(vals)) if vals and len(vals) == len(values) else None
-
-
-def _markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
-
-
-def _bold_best(rows: list[list], first_col: int = 1) -> list[list[str]]:
-    """Format numbers, the best of each column in bold."""
-    out = [[r[0]] + [_fmt(v) for v in r[1:]] for r in rows]
-    for j in range(first_col, len(rows[0]) if rows else 0):
-        col = [r[j] for r in rows if r[j] is not None]
-        if col:
-            best = max(col)
-            for i, r in enumerate(rows):
-                if r[j] is not None and _fmt(r[j]) == _fmt(best):
-                    out[i][j] = f"**{out[i][j]}**"
-    return out
 
 
 def metric_table(results: dict, methods: list[str], key: str) -> tuple[list[str], list[list]]:
@@ -78,36 +57,34 @@ def write_run_tables(out: Path, results: dict, methods: list[str]) -> None:
         for model, label in (("trained", "after continued pretraining"), ("base", "base model, before training")):
             ms = [m for m in methods if any(m in v for v in results[model].values())]
             header, rows = metric_table(results[model], ms, key)
-            parts.append(f"{title}, {label}:\n\n" + _markdown(header, _bold_best(rows)))
+            parts.append(f"{title}, {label}:\n\n" + markdown(header, best_in_bold(rows, shown_ties=True)))
         gain_header, trained_rows = metric_table(results["trained"], methods, key)
         _, base_rows = metric_table(results["base"], [m for m in methods if m != "ref"], key)
         base_by = {r[0]: r for r in base_rows}
         gains = [[r[0], *[(a - b) if a is not None and b is not None else None
                           for a, b in zip(r[1:], base_by[r[0]][1:])]] for r in trained_rows if r[0] in base_by]
         parts.append(f"{title} gain over the base model (trained - base):\n\n" +
-                     _markdown(gain_header, [[g[0], *(_fmt(v) for v in g[1:])] for g in gains]))
+                     markdown(gain_header, [[g[0], *(fmt(v) for v in g[1:])] for g in gains]))
         (out / f"{name}.md").write_text("\n".join(parts))
-        with open(out / f"{name}.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["model", "dataset", "method", key, f"{key}_ci_lo", f"{key}_ci_hi", "n_members", "n_nonmembers"])
-            for model, by_dataset in results.items():
-                for d, by_method in by_dataset.items():
-                    for m, r in by_method.items():
-                        ci = r.get("auroc_ci" if key == "auroc" else "tpr_at_5pct_fpr_ci") or (None, None)
-                        w.writerow([model, d, m, r[key], ci[0], ci[1], r["n_members"], r["n_nonmembers"]])
+        ci_key = "auroc_ci" if key == "auroc" else "tpr_at_5pct_fpr_ci"
+        write_csv(out / f"{name}.csv",
+                  ["model", "dataset", "method", key, f"{key}_ci_lo", f"{key}_ci_hi", "n_members", "n_nonmembers"],
+                  [[model, d, m, r[key], *(r.get(ci_key) or (None, None)), r["n_members"], r["n_nonmembers"]]
+                   for model, by_dataset in results.items() for d, by_method in by_dataset.items()
+                   for m, r in by_method.items()])
 
 
 def plot_run_rocs(out: Path, records: list[dict], eval_set: list[dict], methods: list[str]) -> None:
     """roc.png: one panel per dataset, ROC curves of the headline methods for the trained model."""
-    from mia_jax import metrics, runner
+    from mia_jax import metrics
 
     datasets = list(dict.fromkeys(r["dataset"] for r in eval_set))
     shown = [m for m in methods if m.partition("@")[0] in (*HEADLINE, "zlib", "lowercase", "ref")]
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(datasets), figsize=(3.6 * len(datasets), 3.6), squeeze=False)
     for ax, d in zip(axes[0], datasets):
         idx = [i for i, r in enumerate(eval_set) if r["dataset"] == d]
-        scores = runner.scores_by_method([records[i] for i in idx], shown)
+        scores = metrics.scores_by_method([records[i] for i in idx], shown)
         labels = np.array([eval_set[i]["label"] for i in idx])
         for m in shown:
             keep = np.isfinite(scores[m])
@@ -121,8 +98,7 @@ def plot_run_rocs(out: Path, records: list[dict], eval_set: list[dict], methods:
         ax.set_ylabel("TPR", fontsize=8)
         ax.legend(fontsize=6, loc="lower right")
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.14, top=0.9, wspace=0.3)
-    fig.savefig(out / "roc.png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, out / "roc.png", dpi=100, tight=False)
 
 
 # ----------------------------------------------------------------------------- ablations
@@ -142,10 +118,10 @@ def write_table4(out: Path, runs: dict[float, dict], methods: list[str]) -> str:
             rows.append([f"{lr:g}", *vals, _avg(vals)])
             rows_csv += [[lr, m, d, v] for d, v in zip(datasets, vals)]
         header = ["Learning rate", *(DATASET_NAMES.get(d, d) for d in datasets), "Avg."]
-        parts.append(f"AUROC, {method_name(m)}:\n\n" + _markdown(header, _bold_best(rows)))
+        parts.append(f"AUROC, {method_name(m)}:\n\n" + markdown(header, best_in_bold(rows, shown_ties=True)))
     text = "\n".join(parts)
     (out / "table4.md").write_text(text)
-    _csv(out / "table4.csv", ["lr", "method", "dataset", "auroc"], rows_csv)
+    write_csv(out / "table4.csv", ["lr", "method", "dataset", "auroc"], rows_csv)
     return text
 
 
@@ -156,14 +132,13 @@ def write_size_figure(out: Path, name: str, runs: list[tuple[dict, dict]], metho
     datasets = list(points[0][2]["trained"])
     rows = [[rate, man["tokens"]["total"], man["tokens"]["background"], d, res["trained"][d][m]["auroc"],
              res["base"][d][m]["auroc"]] for rate, man, res in points for d in datasets]
-    _csv(out / f"{name}.csv", ["contamination_pct", "total_tokens", "background_tokens", "dataset",
+    write_csv(out / f"{name}.csv", ["contamination_pct", "total_tokens", "background_tokens", "dataset",
                                "auroc_trained", "auroc_base"], rows)
     header = ["Corpus tokens", "Contamination %", *(DATASET_NAMES.get(d, d) for d in datasets)]
-    md = [[str(man["tokens"]["total"]), f"{rate:.2f}", *(_fmt(res["trained"][d][m]["auroc"]) for d in datasets)]
+    md = [[str(man["tokens"]["total"]), f"{rate:.2f}", *(fmt(res["trained"][d][m]["auroc"]) for d in datasets)]
           for rate, man, res in points]
-    (out / f"{name}.md").write_text(f"{title} ({method_name(m)} AUROC):\n\n" + _markdown(header, md))
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    (out / f"{name}.md").write_text(f"{title} ({method_name(m)} AUROC):\n\n" + markdown(header, md))
+    fig, ax = pyplot().subplots(figsize=(5.5, 4))
     for d in datasets:
         ax.plot([p[0] for p in points], [p[2]["trained"][d][m]["auroc"] for p in points], "o-",
                 label=DATASET_NAMES.get(d, d))
@@ -173,21 +148,19 @@ def write_size_figure(out: Path, name: str, runs: list[tuple[dict, dict]], metho
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / f"{name}.png")
 
 
 def occurrence_curve(records: list[dict], eval_set: list[dict], methods: list[str], min_members: int = 3) -> list:
     """[(dataset or 'all', k, n_members, {method: AUROC of members with k occurrences vs all non-members})]."""
-    from mia_jax import metrics, runner
+    from mia_jax import metrics
 
     groups = {"all": list(range(len(eval_set)))}
     for i, r in enumerate(eval_set):
         groups.setdefault(r["dataset"], []).append(i)
     rows = []
     for g, idx in groups.items():
-        scores = runner.scores_by_method([records[i] for i in idx], methods)
+        scores = metrics.scores_by_method([records[i] for i in idx], methods)
         occ = np.array([eval_set[i]["occurrences"] for i in idx])
         lab = np.array([eval_set[i]["label"] for i in idx])
         for k in sorted(set(occ[lab == 1].tolist())):
@@ -203,14 +176,13 @@ def write_occurrence_figure(out: Path, records: list[dict], eval_set: list[dict]
     """Figure 5c -> fig5c.png / .csv / .md."""
     shown = [m for m in (headline(methods, b) for b in HEADLINE) if m]
     rows = occurrence_curve(records, eval_set, shown)
-    _csv(out / "fig5c.csv", ["dataset", "occurrences", "n_members", *shown],
+    write_csv(out / "fig5c.csv", ["dataset", "occurrences", "n_members", *shown],
          [[g, k, n, *(r[m] for m in shown)] for g, k, n, r in rows])
     header = ["Dataset", "Occurrences", "Members", *(method_name(m) for m in shown)]
-    md = [[DATASET_NAMES.get(g, g), str(k), str(n), *(_fmt(r[m]) for m in shown)] for g, k, n, r in rows]
+    md = [[DATASET_NAMES.get(g, g), str(k), str(n), *(fmt(r[m]) for m in shown)] for g, k, n, r in rows]
     (out / "fig5c.md").write_text("AUROC of the members inserted k times against all non-members:\n\n"
-                                  + _markdown(header, md))
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+                                  + markdown(header, md))
+    fig, ax = pyplot().subplots(figsize=(5.5, 4))
     for g in dict.fromkeys(r[0] for r in rows):
         pts = [(k, r[shown[0]]) for gg, k, n, r in rows if gg == g]
         ax.plot(*zip(*pts), "o-", lw=2.5 if g == "all" else 1.2, label=DATASET_NAMES.get(g, g))
@@ -219,22 +191,7 @@ def write_occurrence_figure(out: Path, records: list[dict], eval_set: list[dict]
     ax.set_title("Figure 5c: detection vs occurrence frequency", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "fig5c.png", dpi=120)
-    plt.close(fig)
-
-
-def _csv(path: Path, header: list[str], rows: list[list]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-
-
-def _pyplot():
-    from mia_jax.report import _pyplot as pyplot
-
-    return pyplot()
+    save_figure(fig, out / "fig5c.png")
 
 
 def load_metrics(run_dir: Path) -> dict:
