@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mia_jax.models import checkpoint, phi3
+from mia_jax.models import checkpoint, gguf_io, phi3
 from mia_jax.models.layers import ConfigError
 
 IDS = np.random.default_rng(0).integers(0, 96, (2, 12))
@@ -17,20 +17,21 @@ TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_laye
 
 
 def hf_reference(tmp_path, **overrides):
-    """A seeded transformers Phi-3 with every parameter randomised, saved as safetensors."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    """A seeded transformers Phi-3 with every parameter randomised, saved as safetensors; returns (model,
+    config.json dict, tensors, reference logits)."""
+    torch, transformers = pytest.importorskip("torch"), pytest.importorskip("transformers")
     from safetensors.numpy import load_file
 
     torch.manual_seed(0)
     model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**{**TINY, **overrides})).eval()
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            p.copy_(p + 0.1 * torch.randn_like(p) if p.ndim == 1 else 0.08 * torch.randn_like(p))
+    noise = {k: v + 0.1 * torch.randn_like(v) if v.ndim == 1 else 0.08 * torch.randn_like(v)
+             for k, v in model.state_dict().items()}
+    model.load_state_dict(noise)
     model.save_pretrained(tmp_path, safe_serialization=True)
     with torch.no_grad():
         ref = model(torch.as_tensor(IDS)).logits.float().numpy()
-    return model, json.loads((tmp_path / "config.json").read_text()), load_file(str(tmp_path / "model.safetensors")), ref
+    config = json.loads((tmp_path / "config.json").read_text())
+    return model, config, load_file(str(tmp_path / "model.safetensors")), ref
 
 
 def diff(model, ref):
@@ -55,7 +56,8 @@ def test_phi3_parity(tmp_path, overrides):
     # the fused tensors were split: q rows first, then k, then v; gate rows first, then up
     qkv = tensors["model.layers.0.self_attn.qkv_proj.weight"]
     np.testing.assert_array_equal(np.asarray(f32.layers.wk[...][0]).reshape(32, -1), qkv[32:48].T)
-    np.testing.assert_array_equal(np.asarray(f32.layers.w_up[...][0]), tensors["model.layers.0.mlp.gate_up_proj.weight"][48:].T)
+    gate_up = tensors["model.layers.0.mlp.gate_up_proj.weight"]
+    np.testing.assert_array_equal(np.asarray(f32.layers.w_up[...][0]), gate_up[48:].T)
 
 
 @pytest.mark.parity
@@ -76,28 +78,22 @@ def test_phi3_decode_matches_the_full_forward(tmp_path):
 
 @pytest.mark.parity
 def test_phi3_gguf_round_trip(tmp_path):
-    """Written as llama.cpp's convert_hf_to_gguf.py does for Phi-3 (fused attn_qkv / ffn_up kept fused)."""
+    """Written as llama.cpp's convert_hf_to_gguf.py does for Phi-3 (fused attn_qkv / ffn_up kept fused), read back
+    by the library's GGUF reader (config_from_gguf, tensors_from_gguf from the weight spec)."""
     gguf = pytest.importorskip("gguf")
     _, config, tensors, ref = hf_reference(tmp_path)
-    inverse = {hf.format(i=i): g.format(i=i) for g, hf in phi3.GGUF_TO_HF.items() for i in range(2)}
+    to_gguf = {hf.format(i=i): g.format(i=i) for g, hf in phi3.GGUF_TO_HF.items() for i in range(2)}
     writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "phi3")
-    for key, value in dict(context_length=64, embedding_length=32, block_count=2, feed_forward_length=48,
-                           head_count=4, head_count_kv=2, layer_norm_rms_eps=config["rms_norm_eps"],
-                           rope_freq_base=10000.0, bos_token_id=1, eos_token_id=2).items():
-        getattr(writer, f"add_{key}")(value)
+    writer.add_context_length(64), writer.add_embedding_length(32), writer.add_block_count(2)
+    writer.add_feed_forward_length(48), writer.add_head_count(4), writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"]), writer.add_rope_freq_base(10000.0)
+    writer.add_bos_token_id(1), writer.add_eos_token_id(2)
     for name, a in tensors.items():
-        writer.add_tensor(inverse[name], np.ascontiguousarray(a))
-    for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
-        step()
-    writer.close()
-    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
-    fields = {name: f.contents() for name, f in reader.fields.items()}
-    arrays = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
-              .reshape(tuple(int(n) for n in reversed(t.shape))) for t in reader.tensors}
-    cfg = phi3.config_from_gguf(fields, arrays)
+        writer.add_tensor(to_gguf[name], np.ascontiguousarray(a))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    cfg, hf_tensors, _ = gguf_io.read_gguf(str(tmp_path / "m.gguf"), lambda arch: checkpoint.architecture(arch)[0])
     assert isinstance(cfg, phi3.Phi3Config) and not cfg.tie_word_embeddings and cfg.vocab_size == 96
-    model = phi3.from_params(cfg, phi3.params_from_hf(cfg, phi3.tensors_from_gguf(cfg, arrays)))
-    assert diff(model, ref) < 1e-4
+    assert diff(phi3.from_params(cfg, phi3.params_from_hf(cfg, hf_tensors)), ref) < 1e-4
 
 
 def test_phi3_is_registered_and_refuses_what_it_does_not_implement():

@@ -45,11 +45,8 @@ class BertConfig:
     pad_token_id: int | None = 0
 
     def __post_init__(self):
-        if self.model_type not in MODEL_TYPES:
-            raise ConfigError(f"unsupported model_type {self.model_type!r} for a masked LM; supported: {MODEL_TYPES}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size={self.hidden_size} is not a multiple of "
-                              f"num_attention_heads={self.num_attention_heads}")
+        L.check_model_type(self.model_type, MODEL_TYPES, "a masked LM")
+        L.check_heads(self.hidden_size, self.num_attention_heads)
         L.check_activation("hidden_act", self.hidden_act)
         if self.model_type == "roberta" and self.pad_token_id is None:
             raise ConfigError("RoBERTa needs pad_token_id (its positions start at pad_token_id + 1)")
@@ -72,9 +69,7 @@ class BertConfig:
     def from_hf(cls, hf: Mapping[str, Any]) -> "BertConfig":
         """From a BertForMaskedLM / RobertaForMaskedLM config.json dict; options this implementation does not
         have (relative position embeddings, decoder/cross-attention use) are refused by name."""
-        mt = hf.get("model_type")
-        if mt not in MODEL_TYPES:
-            raise ConfigError(f"unsupported model_type {mt!r} for a masked LM; supported: {MODEL_TYPES}")
+        mt = L.check_model_type(hf.get("model_type"), MODEL_TYPES, "a masked LM")
         pos = hf.get("position_embedding_type", "absolute")
         if pos not in (None, "absolute"):
             raise ConfigError(f"position_embedding_type={pos!r} is not supported (only 'absolute')")
@@ -84,20 +79,9 @@ class BertConfig:
         act = hf.get("hidden_act", "gelu")
         if not isinstance(act, str):
             raise ConfigError(f"unsupported hidden_act {act!r}")
-        return cls(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            num_hidden_layers=hf["num_hidden_layers"],
-            num_attention_heads=hf["num_attention_heads"],
-            intermediate_size=hf["intermediate_size"],
-            max_position_embeddings=hf.get("max_position_embeddings", 512),
-            type_vocab_size=hf.get("type_vocab_size", 2),
-            layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12 if mt == "bert" else 1e-5)),
-            hidden_act=act,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            model_type=mt,
-            pad_token_id=hf.get("pad_token_id", 0 if mt == "bert" else 1),
-        )
+        eps, pad = (1e-12, 0) if mt == "bert" else (1e-5, 1)
+        return L.config_from_hf(cls, hf, layer_norm_eps=float(hf.get("layer_norm_eps", eps)),
+                                pad_token_id=hf.get("pad_token_id", pad))
 
 
 def bidirectional_attention(q, k, v, scale, key_mask):
@@ -138,7 +122,8 @@ def _spec(model_type: str) -> WeightSpec:
     return WeightSpec("BERT" if model_type == "bert" else "RoBERTa", dims, top=top, layer_hf="encoder.layer.{i}.",
                       prefixes=((body, head_prefix), ("", head_prefix)),
                       layers=(*qkv,
-                              linear("wo", "attention.output.dense.weight", None, ("heads", "head_dim", "embed"), n_in=2),
+                              linear("wo", "attention.output.dense.weight", None, ("heads", "head_dim", "embed"),
+                                     n_in=2),
                               bias("bo", "attention.output.dense.bias", None),
                               norm("attn_norm", "attention.output.LayerNorm.weight", None),
                               bias("attn_norm_b", "attention.output.LayerNorm.bias", None),

@@ -113,8 +113,8 @@ class CausalLM(nnx.Module):
                 return causal_attention(q, k, v, scale)
             return gqa_attention(q, k, v, jnp.where(sliding, window, full), scale)
 
-        x = self.layers.scan(lambda p, h, xs: self.block(p, h, ctx, xs, attend), self.embed_tokens(input_ids, positions),
-                             self.layer_inputs())
+        x = self.embed_tokens(input_ids, positions)
+        x = self.layers.scan(lambda p, h, xs: self.block(p, h, ctx, xs, attend), x, self.layer_inputs())
         return self.final(x)
 
     def unembedding(self):

@@ -20,8 +20,10 @@ import numpy as np
 
 from mia_jax.models import llama
 from mia_jax.models.causal_lm import CausalLM
-from mia_jax.models.layers import ConfigError, apply_rope, inv_freq, rope_at
-from mia_jax.models.llama import check_layer_types, check_rope_scaling, first_id
+from mia_jax.models.layers import (
+    BaseConfig, ConfigError, apply_rope, check_heads, config_to_hf, inv_freq, rope_at, token_ids,
+)
+from mia_jax.models.llama import check_layer_types, check_rope_scaling
 from mia_jax.models.tensors import GGUFMeta
 from mia_jax.models.weights import WeightSpec, linear, norm
 
@@ -49,14 +51,10 @@ def _rope_for(hf: Mapping[str, Any]) -> tuple[float, dict | None, float, dict | 
 
 
 @dataclasses.dataclass(frozen=True)
-class Gemma3Config:
+class Gemma3Config(BaseConfig):
     """Hyper-parameters of a Gemma 3 text model (Hugging Face names; `from_hf` reads a config.json)."""
 
-    vocab_size: int
-    hidden_size: int
     intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
     layer_types: tuple[str, ...] | None = None  # None: every 6th layer full_attention, the rest sliding
@@ -70,14 +68,9 @@ class Gemma3Config:
     max_position_embeddings: int = 131072
     tie_word_embeddings: bool = True
     model_type: str = "gemma3_text"
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
 
     def __post_init__(self):
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                              f"num_key_value_heads={self.num_key_value_heads}")
+        check_heads(self.hidden_size, self.num_attention_heads, self.num_key_value_heads)
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even for RoPE")
         check_rope_scaling(self.rope_scaling)
@@ -138,10 +131,18 @@ class Gemma3Config:
             query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
             max_position_embeddings=hf.get("max_position_embeddings", 131072),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            bos_token_id=first_id(hf.get("bos_token_id", 2)),
-            eos_token_id=first_id(hf.get("eos_token_id", 1)),
-            pad_token_id=first_id(hf.get("pad_token_id", 0)),
+            **token_ids(hf, bos=2, eos=1, pad=0),
         )
+
+    def to_hf(self) -> dict:
+        """A config.json dict (gemma3_text) that `from_hf` reads back into this config (export)."""
+        rope = lambda theta, scaling: {"rope_type": "default", **(scaling or {}), "rope_theta": theta}  # noqa: E731
+        return config_to_hf(
+            self, ("rope_theta", "rope_scaling", "rope_local_base_freq", "rope_local_scaling"),
+            architectures=["Gemma3ForCausalLM"], hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=int(q) if (q := self.query_pre_attn_scalar).is_integer() else q,  # transformers: int
+            rope_parameters={"full_attention": rope(self.rope_theta, self.rope_scaling),
+                             "sliding_attention": rope(self.rope_local_base_freq, self.rope_local_scaling)})
 
 
 def gemma_rms_norm(x, weight, eps):

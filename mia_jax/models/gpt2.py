@@ -22,11 +22,10 @@ MODEL_TYPE = "gpt2"
 
 
 @dataclasses.dataclass(frozen=True)
-class GPT2Config:
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
+class GPT2Config(L.MultiHeadConfig):
+    MODEL_TYPE, FAMILY, ACTIVATION = MODEL_TYPE, "GPT-2", "activation_function"
+    DERIVED = {"intermediate_size": lambda c: 4 * c.hidden_size}  # GPT-2's n_inner=None
+
     max_position_embeddings: int = 1024
     intermediate_size: int | None = None  # n_inner; None = 4 * hidden_size
     activation_function: str = "gelu_new"
@@ -35,23 +34,6 @@ class GPT2Config:
     scale_attn_by_inverse_layer_idx: bool = False
     tie_word_embeddings: bool = True
     model_type: str = MODEL_TYPE
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
-
-    def __post_init__(self):
-        if self.model_type != MODEL_TYPE:
-            raise ConfigError(f"model_type {self.model_type!r} is not {MODEL_TYPE!r}")
-        if self.intermediate_size is None:
-            object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size={self.hidden_size} is not a multiple of "
-                              f"num_attention_heads={self.num_attention_heads}")
-        L.check_activation("activation_function", self.activation_function)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> "GPT2Config":
@@ -60,37 +42,23 @@ class GPT2Config:
         `reorder_and_upcast_attn` only changes the precision of transformers' eager attention; scores are
         always float32 here, so it is accepted. Cross-attention (`add_cross_attention`) is not supported.
         """
-        if hf.get("model_type") != MODEL_TYPE:
-            raise ConfigError(f"unsupported model_type {hf.get('model_type')!r} for GPT-2")
+        L.check_model_type(hf.get("model_type"), (MODEL_TYPE,), "GPT-2")
         if hf.get("add_cross_attention"):
             raise ConfigError("add_cross_attention=True is not supported by the GPT-2 implementation")
         pick = lambda *keys, default=None: next((hf[k] for k in keys if hf.get(k) is not None), default)  # noqa: E731
-        return cls(
-            vocab_size=hf["vocab_size"],
-            hidden_size=pick("n_embd", "hidden_size"),
-            num_hidden_layers=pick("n_layer", "num_hidden_layers"),
-            num_attention_heads=pick("n_head", "num_attention_heads"),
-            max_position_embeddings=pick("n_positions", "max_position_embeddings", default=1024),
-            intermediate_size=pick("n_inner", "intermediate_size"),
-            activation_function=hf.get("activation_function", "gelu_new"),
-            layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-5)),
-            scale_attn_weights=bool(hf.get("scale_attn_weights", True)),
-            scale_attn_by_inverse_layer_idx=bool(hf.get("scale_attn_by_inverse_layer_idx", False)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=hf.get("eos_token_id"),
-            pad_token_id=hf.get("pad_token_id"),
-        )
+        given = {name: pick(gpt2, name) for gpt2, name in _NAMES.items()}
+        given["max_position_embeddings"] = given["max_position_embeddings"] or 1024
+        return L.config_from_hf(cls, hf, **L.token_ids(hf), **given)
 
     def to_hf(self) -> dict:
-        """A config.json dict that `from_hf` reads back into this config (export)."""
-        return {"model_type": MODEL_TYPE, "architectures": ["GPT2LMHeadModel"], "torch_dtype": "float32",
-                "n_embd": self.hidden_size, "n_layer": self.num_hidden_layers, "n_head": self.num_attention_heads,
-                "n_positions": self.max_position_embeddings, "n_inner": self.intermediate_size,
-                **{k: getattr(self, k) for k in (
-                    "vocab_size", "activation_function", "layer_norm_epsilon", "scale_attn_weights",
-                    "scale_attn_by_inverse_layer_idx", "tie_word_embeddings", "bos_token_id", "eos_token_id",
-                    "pad_token_id")}}
+        """A config.json dict that `from_hf` reads back into this config (export; GPT-2's own names)."""
+        return L.config_to_hf(self, tuple(_NAMES.values()), architectures=["GPT2LMHeadModel"],
+                              **{gpt2: getattr(self, name) for gpt2, name in _NAMES.items()})
+
+
+# GPT-2's config.json names for the generic ones
+_NAMES = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+          "n_positions": "max_position_embeddings", "n_inner": "intermediate_size"}
 
 
 def attention_scales(cfg: GPT2Config) -> np.ndarray:

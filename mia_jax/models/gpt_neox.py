@@ -22,12 +22,10 @@ MODEL_TYPE = "gpt_neox"
 
 
 @dataclasses.dataclass(frozen=True)
-class GPTNeoXConfig:
-    vocab_size: int
-    hidden_size: int
+class GPTNeoXConfig(L.MultiHeadConfig):
+    MODEL_TYPE, FAMILY, ACTIVATION = MODEL_TYPE, "GPT-NeoX", "hidden_act"
+
     intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
     max_position_embeddings: int = 2048
     rotary_pct: float = 0.25
     rotary_emb_base: float = 10000.0
@@ -37,23 +35,11 @@ class GPTNeoXConfig:
     attention_bias: bool = True
     tie_word_embeddings: bool = False
     model_type: str = MODEL_TYPE
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
 
     def __post_init__(self):
-        if self.model_type != MODEL_TYPE:
-            raise ConfigError(f"model_type {self.model_type!r} is not {MODEL_TYPE!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size={self.hidden_size} is not a multiple of "
-                              f"num_attention_heads={self.num_attention_heads}")
-        L.check_activation("hidden_act", self.hidden_act)
+        super().__post_init__()
         if self.rotary_ndims % 2:
             raise ConfigError(f"rotary_pct={self.rotary_pct} gives an odd rotary dimension {self.rotary_ndims}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def rotary_ndims(self) -> int:
@@ -62,42 +48,23 @@ class GPTNeoXConfig:
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> "GPTNeoXConfig":
         """From a config.json dict (rotary as rope_parameters, rope_scaling or rotary_pct/rotary_emb_base)."""
-        if hf.get("model_type") != MODEL_TYPE:
-            raise ConfigError(f"unsupported model_type {hf.get('model_type')!r} for GPT-NeoX")
+        L.check_model_type(hf.get("model_type"), (MODEL_TYPE,), "GPT-NeoX")
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
             raise ConfigError(f"unsupported rope_parameters rope_type {rope_type!r} for GPT-NeoX; only 'default'")
         if hf.get("head_dim") not in (None, hf["hidden_size"] // hf["num_attention_heads"]):
             raise ConfigError(f"head_dim={hf['head_dim']} != hidden_size / num_attention_heads is not supported")
-        return cls(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"],
-            num_attention_heads=hf["num_attention_heads"],
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        return L.config_from_hf(
+            cls, hf, **L.token_ids(hf),
             rotary_pct=float(rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))),
-            rotary_emb_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", hf.get("rope_theta", 10000.0)))),
-            layer_norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
-            use_parallel_residual=bool(hf.get("use_parallel_residual", True)),
-            hidden_act=hf.get("hidden_act", "gelu"),
-            attention_bias=bool(hf.get("attention_bias", True)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=hf.get("eos_token_id"),
-            pad_token_id=hf.get("pad_token_id"),
-        )
+            rotary_emb_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", hf.get("rope_theta", 10000.0)))))
 
     def to_hf(self) -> dict:
         """A config.json dict that `from_hf` reads back into this config (export)."""
-        return {"model_type": MODEL_TYPE, "architectures": ["GPTNeoXForCausalLM"], "torch_dtype": "float32",
-                "rope_parameters": {"rope_type": "default", "rope_theta": self.rotary_emb_base,
-                                    "partial_rotary_factor": self.rotary_pct},
-                **{k: getattr(self, k) for k in (
-                    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "max_position_embeddings", "layer_norm_eps", "use_parallel_residual", "hidden_act",
-                    "attention_bias", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")}}
+        return L.config_to_hf(self, ("rotary_pct", "rotary_emb_base"), architectures=["GPTNeoXForCausalLM"],
+                              rope_parameters={"rope_type": "default", "rope_theta": self.rotary_emb_base,
+                                               "partial_rotary_factor": self.rotary_pct})
 
 
 def _regroup_qkv(a, cfg):

@@ -5,8 +5,9 @@ decoder in `causal_lm.py`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Callable
+from typing import Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,88 @@ def check_dtype(dtype: str):
     if dtype not in DTYPES:
         raise ConfigError(f"unsupported dtype {dtype!r}; supported: {list(DTYPES)}")
     return DTYPES[dtype]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaseConfig:
+    """The fields every causal LM family's config has (Hugging Face names). Keyword-only, so that a family's config
+    dataclass can subclass this whatever its own fields."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MultiHeadConfig(BaseConfig):
+    """A config whose attention heads split the hidden size (GPT-2, GPT-NeoX, OPT): `head_dim` is derived and
+    `__post_init__` fills the fields of `DERIVED` left None ({name: fn(config)}) and checks the model_type
+    (`MODEL_TYPE`), the heads and the activation option named `ACTIVATION`."""
+
+    MODEL_TYPE: ClassVar[str]
+    FAMILY: ClassVar[str]
+    ACTIVATION: ClassVar[str]
+    DERIVED: ClassVar[dict[str, Callable]] = {}
+
+    def __post_init__(self):
+        for name, fn in self.DERIVED.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, fn(self))
+        check_model_type(self.model_type, (self.MODEL_TYPE,), self.FAMILY)
+        check_heads(self.hidden_size, self.num_attention_heads)
+        check_activation(self.ACTIVATION, getattr(self, self.ACTIVATION))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def check_model_type(model_type, supported: tuple[str, ...], family: str) -> str:
+    if model_type not in supported:
+        raise ConfigError(f"unsupported model_type {model_type!r} for {family}; supported: {supported}")
+    return model_type
+
+
+def check_heads(hidden_size: int, num_heads: int, num_kv_heads: int | None = None) -> None:
+    """Attention heads must split the hidden size (num_kv_heads None) or group evenly over the key/value heads."""
+    if num_kv_heads is None and hidden_size % num_heads:
+        raise ConfigError(f"hidden_size={hidden_size} is not a multiple of num_attention_heads={num_heads}")
+    if num_kv_heads is not None and num_heads % num_kv_heads:
+        raise ConfigError(f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}")
+
+
+def first_id(value):
+    """Llama 3 configs list several eos ids; the first is the one used here."""
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def token_ids(hf, bos=None, eos=None, pad=None) -> dict:
+    """The bos/eos/pad_token_id config arguments from a config.json dict (defaults: the family's)."""
+    defaults = {"bos": bos, "eos": eos, "pad": pad}
+    return {f"{k}_token_id": first_id(hf.get(f"{k}_token_id", d)) for k, d in defaults.items()}
+
+
+def config_from_hf(cls, hf, **given):
+    """`cls(...)` from a config.json dict: each dataclass field from `given`, else from `hf` under the same name (a
+    family's config fields carry Hugging Face names), else its default. A required field that `hf` lacks is a
+    KeyError naming it (`hf.parse_config` reports it as a missing key)."""
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in given or f.name in hf:
+            kwargs[f.name] = given[f.name] if f.name in given else hf[f.name]
+        elif f.default is dataclasses.MISSING:
+            raise KeyError(f.name)
+    return cls(**kwargs)
+
+
+def config_to_hf(cfg, drop: tuple[str, ...] = (), **extra) -> dict:
+    """The inverse of `config_from_hf`: every field but `drop`, plus `extra` (architectures, renamed fields)."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in drop}
+    return {**fields, "torch_dtype": "float32", **extra}
 
 
 def layer_norm(x, weight, bias, eps):

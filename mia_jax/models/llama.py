@@ -18,19 +18,16 @@ import numpy as np
 
 from mia_jax.errors import UserError
 from mia_jax.models.causal_lm import CausalLM, plus
-from mia_jax.models.layers import ConfigError, apply_rope, inv_freq, rope_at  # ConfigError: also imported from here
+from mia_jax.models.layers import (  # ConfigError: also imported from here
+    ConfigError, BaseConfig, apply_rope, check_heads, check_model_type, config_from_hf, config_to_hf, inv_freq, rope_at,
+    token_ids,
+)
 from mia_jax.models.tensors import GGUFMeta
 from mia_jax.models.weights import WeightSpec, bias, embedding, linear, norm
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_SCALING = (None, "linear", "llama3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-def _check_model_type(model_type, supported=SUPPORTED_MODEL_TYPES):
-    if model_type not in supported:
-        raise ConfigError(f"unsupported model_type {model_type!r}; supported: {supported}")
-    return model_type
 
 
 def check_rope_scaling(rope_scaling: dict | None) -> None:
@@ -58,13 +55,8 @@ def parse_rope(hf: Mapping[str, Any], default_theta: float = 10000.0) -> tuple[f
     return float(theta), (None if rope_type == "default" else {**rope, "rope_type": rope_type})
 
 
-def first_id(value):
-    """Llama 3 configs list several eos ids; the first is the one used here."""
-    return value[0] if isinstance(value, (list, tuple)) else value
-
-
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(BaseConfig):
     """Hyper-parameters of a Llama-family model (Hugging Face names; `from_hf` reads a config.json).
 
     `sliding_window` applies to the layers whose `layer_types` entry is 'sliding_attention', or to every
@@ -72,11 +64,7 @@ class LlamaConfig:
     `attention_out_bias`: so does the output projection (Llama's attention_bias sets both, Qwen2 only the first).
     """
 
-    vocab_size: int
-    hidden_size: int
     intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
     num_key_value_heads: int | None = None
     head_dim: int | None = None
     rms_norm_eps: float = 1e-6
@@ -90,22 +78,15 @@ class LlamaConfig:
     attention_bias: bool = False
     attention_out_bias: bool = False
     model_type: str = "llama"
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
     model_types: ClassVar[tuple[str, ...]] = SUPPORTED_MODEL_TYPES
 
     def __post_init__(self):
-        _check_model_type(self.model_type, self.model_types)
+        check_model_type(self.model_type, self.model_types, "the Llama implementation")
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
+        check_heads(self.hidden_size, self.num_attention_heads, self.num_key_value_heads)
         check_rope_scaling(self.rope_scaling)
         object.__setattr__(self, "layer_types", check_layer_types(self.layer_types, self.num_hidden_layers))
 
@@ -123,7 +104,7 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> "LlamaConfig":
         """From a Hugging Face `config.json` dict (rope given as rope_theta/rope_scaling or rope_parameters)."""
-        model_type = _check_model_type(hf.get("model_type"))
+        model_type = check_model_type(hf.get("model_type"), cls.model_types, "the Llama implementation")
         if hf.get("mlp_bias"):
             raise ConfigError("mlp_bias=True is not supported by the Llama implementation")
         act = hf.get("hidden_act", "silu")
@@ -142,48 +123,24 @@ class LlamaConfig:
                 layer_types = ["sliding_attention" if i >= start else "full_attention" for i in range(layers)]
         elif model_type == "llama":
             sliding_window, layer_types = None, None
-        return cls(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=layers,
-            num_attention_heads=hf["num_attention_heads"],
-            num_key_value_heads=hf.get("num_key_value_heads"),
-            head_dim=hf.get("head_dim"),
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=theta,
-            rope_scaling=rope_scaling,
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            sliding_window=sliding_window,
-            layer_types=layer_types,
-            attention_bias=qkv_bias,
-            attention_out_bias=out_bias,
-            model_type=model_type,
-            bos_token_id=first_id(hf.get("bos_token_id")),
-            eos_token_id=first_id(hf.get("eos_token_id")),
-            pad_token_id=first_id(hf.get("pad_token_id")),
-        )
+        return config_from_hf(cls, hf, **token_ids(hf), rope_theta=theta, rope_scaling=rope_scaling,
+                              sliding_window=sliding_window, layer_types=layer_types, attention_bias=qkv_bias,
+                              attention_out_bias=out_bias)
 
     def to_hf(self) -> dict:
         """A config.json dict that `from_hf` reads back into this config (export)."""
         if self.rope_freq_factors is not None:
             raise UserError("export: this model has GGUF rope_freqs factors, which a Hugging Face config.json "
                             "cannot express")
-        hf = {"model_type": self.model_type, "hidden_act": "silu", "mlp_bias": False, "torch_dtype": "float32",
-              **{k: getattr(self, k) for k in (
-                  "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
-                  "attention_bias", "bos_token_id", "eos_token_id", "pad_token_id")},
-              "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta, **(self.rope_scaling or {})}}
+        hf = config_to_hf(self, ("rope_theta", "rope_scaling", "rope_freq_factors", "attention_out_bias"),
+                          hidden_act="silu", mlp_bias=False, rope_parameters={
+                              "rope_type": "default", "rope_theta": self.rope_theta, **(self.rope_scaling or {})})
         hf["architectures"] = [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                                 "qwen2": "Qwen2ForCausalLM"}.get(self.model_type)]
         if self.model_type == "llama" and self.attention_bias != self.attention_out_bias:
             raise UserError("export: q/k/v biases without an output bias (Qwen2 style) are not a 'llama' config")
         if self.model_type == "qwen2":
             hf["use_sliding_window"] = self.sliding_window is not None
-        if self.model_type != "llama":
-            hf.update(sliding_window=self.sliding_window, layer_types=self.layer_types and list(self.layer_types))
         return hf
 
 

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 
 from mia_jax.models import layers as L
 from mia_jax.models.causal_lm import CausalLM, plus
-from mia_jax.models.layers import ConfigError
 from mia_jax.models.weights import WeightSpec, bias, embedding, linear, norm
 
 MODEL_TYPE = "opt"
@@ -21,12 +20,11 @@ LAYER_NORM_EPS = 1e-5  # transformers' nn.LayerNorm default; OPT has no config o
 
 
 @dataclasses.dataclass(frozen=True)
-class OPTConfig:
-    vocab_size: int
-    hidden_size: int
+class OPTConfig(L.MultiHeadConfig):
+    MODEL_TYPE, FAMILY, ACTIVATION = MODEL_TYPE, "OPT", "activation_function"
+    DERIVED = {"word_embed_proj_dim": lambda c: c.hidden_size}  # no project_in / project_out
+
     ffn_dim: int
-    num_hidden_layers: int
-    num_attention_heads: int
     max_position_embeddings: int = 2048
     word_embed_proj_dim: int | None = None  # None = hidden_size (no project_in / project_out)
     do_layer_norm_before: bool = True
@@ -36,23 +34,6 @@ class OPTConfig:
     layer_norm_elementwise_affine: bool = True
     tie_word_embeddings: bool = True
     model_type: str = MODEL_TYPE
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
-
-    def __post_init__(self):
-        if self.model_type != MODEL_TYPE:
-            raise ConfigError(f"model_type {self.model_type!r} is not {MODEL_TYPE!r}")
-        if self.word_embed_proj_dim is None:
-            object.__setattr__(self, "word_embed_proj_dim", self.hidden_size)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size={self.hidden_size} is not a multiple of "
-                              f"num_attention_heads={self.num_attention_heads}")
-        L.check_activation("activation_function", self.activation_function)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def projected(self) -> bool:
@@ -65,36 +46,14 @@ class OPTConfig:
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> "OPTConfig":
         """From a config.json dict."""
-        if hf.get("model_type") != MODEL_TYPE:
-            raise ConfigError(f"unsupported model_type {hf.get('model_type')!r} for OPT")
-        return cls(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            ffn_dim=hf["ffn_dim"],
-            num_hidden_layers=hf["num_hidden_layers"],
-            num_attention_heads=hf["num_attention_heads"],
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            word_embed_proj_dim=hf.get("word_embed_proj_dim"),
-            do_layer_norm_before=bool(hf.get("do_layer_norm_before", True)),
-            remove_final_layer_norm=bool(hf.get("_remove_final_layer_norm", False)),
-            activation_function=hf.get("activation_function", "relu"),
-            enable_bias=bool(hf.get("enable_bias", True)),
-            layer_norm_elementwise_affine=bool(hf.get("layer_norm_elementwise_affine", True)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=hf.get("eos_token_id"),
-            pad_token_id=hf.get("pad_token_id"),
-        )
+        L.check_model_type(hf.get("model_type"), (MODEL_TYPE,), "OPT")
+        return L.config_from_hf(cls, hf, **L.token_ids(hf),
+                                remove_final_layer_norm=bool(hf.get("_remove_final_layer_norm", False)))
 
     def to_hf(self) -> dict:
         """A config.json dict that `from_hf` reads back into this config (export)."""
-        return {"model_type": MODEL_TYPE, "architectures": ["OPTForCausalLM"], "torch_dtype": "float32",
-                "_remove_final_layer_norm": self.remove_final_layer_norm,
-                **{k: getattr(self, k) for k in (
-                    "vocab_size", "hidden_size", "ffn_dim", "num_hidden_layers", "num_attention_heads",
-                    "max_position_embeddings", "word_embed_proj_dim", "do_layer_norm_before", "activation_function",
-                    "enable_bias", "layer_norm_elementwise_affine", "tie_word_embeddings", "bos_token_id",
-                    "eos_token_id", "pad_token_id")}}
+        return L.config_to_hf(self, ("remove_final_layer_norm",), architectures=["OPTForCausalLM"],
+                              _remove_final_layer_norm=self.remove_final_layer_norm)
 
 
 def dims(c: OPTConfig) -> dict[str, int]:

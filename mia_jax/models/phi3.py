@@ -15,8 +15,8 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from mia_jax.models import llama
-from mia_jax.models.layers import ConfigError
-from mia_jax.models.llama import Llama, LlamaConfig, first_id, parse_rope
+from mia_jax.models.layers import ConfigError, check_model_type, config_from_hf, token_ids
+from mia_jax.models.llama import Llama, LlamaConfig, parse_rope
 from mia_jax.models.tensors import GGUFMeta
 from mia_jax.models.weights import WeightSpec, linear
 
@@ -33,8 +33,7 @@ class Phi3Config(LlamaConfig):
 
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> "Phi3Config":
-        if hf.get("model_type") != MODEL_TYPE:
-            raise ConfigError(f"unsupported model_type {hf.get('model_type')!r} for Phi-3")
+        check_model_type(hf.get("model_type"), cls.model_types, "Phi-3")
         if hf.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"unsupported hidden_act {hf['hidden_act']!r}; only 'silu' (SwiGLU) is implemented")
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
@@ -45,28 +44,14 @@ class Phi3Config(LlamaConfig):
         if rope_scaling is not None:
             rope_scaling = {k: v for k, v in rope_scaling.items() if k != "partial_rotary_factor"}
             rope_scaling = None if rope_scaling == {"rope_type": "default"} else rope_scaling
-        return cls(
-            vocab_size=hf.get("vocab_size", 32064),
-            hidden_size=hf.get("hidden_size", 3072),
-            intermediate_size=hf.get("intermediate_size", 8192),
-            num_hidden_layers=hf.get("num_hidden_layers", 32),
-            num_attention_heads=hf.get("num_attention_heads", 32),
-            num_key_value_heads=hf.get("num_key_value_heads"),
-            head_dim=hf.get("head_dim"),
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
-            rope_theta=theta,
-            rope_scaling=rope_scaling,
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            sliding_window=hf.get("sliding_window"),
-            bos_token_id=first_id(hf.get("bos_token_id", 1)),
-            eos_token_id=first_id(hf.get("eos_token_id", 32000)),
-            pad_token_id=first_id(hf.get("pad_token_id", 32000)),
-        )
+        return config_from_hf(cls, hf, **token_ids(hf, bos=1, eos=32000, pad=32000), rope_theta=theta,
+                              rope_scaling=rope_scaling, rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
+                              max_position_embeddings=hf.get("max_position_embeddings", 4096),
+                              attention_bias=False, attention_out_bias=False, layer_types=None)
 
     def to_hf(self) -> dict:
         hf = {k: v for k, v in super().to_hf().items() if k not in ("attention_bias", "mlp_bias", "layer_types")}
-        return {**hf, "model_type": MODEL_TYPE, "architectures": ["Phi3ForCausalLM"], "sliding_window": self.sliding_window}
+        return {**hf, "architectures": ["Phi3ForCausalLM"], "sliding_window": self.sliding_window}
 
 
 # Hugging Face Phi3ForCausalLM <-> GGUF phi3: Llama's table with the fused projections
