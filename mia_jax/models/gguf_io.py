@@ -166,7 +166,8 @@ def read_arrays(path: str) -> tuple[dict, dict[str, Lazy]]:
             try:
                 a = gguf.quants.dequantize(np.array(raw), qtype)
             except NotImplementedError as e:
-                raise UserError(f"{path}: tensor {name!r} has type {qtype.name}, which cannot be dequantized: {e}") from e
+                raise UserError(f"{path}: tensor {name!r} has type {qtype.name}, which cannot be "
+                                f"dequantized: {e}") from e
             return np.asarray(a, np.float32).reshape((stop - first, *shape[1:]) if len(shape) > 1 else shape)
 
         def take(index):
