@@ -107,9 +107,12 @@ def run_worker(args):
         import jax
         from flax import nnx
 
-        from mia_jax.models import attention
+        try:
+            from mia_jax.models import attention
 
-        result["implementation"] = attention.implementation_for(ids.shape[1], ids.shape[1])
+            result["implementation"] = attention.implementation_for(ids.shape[1], ids.shape[1])
+        except ImportError:  # a checkout from before issue 14 (PYTHONPATH=<old tree>): its only attention
+            result["implementation"] = "pre-issue-14"
         result["device"] = str(jax.devices()[0])
         graphdef, state = nnx.split(loaded.model)  # as the runner calls the model
         hidden = jax.jit(lambda state, x: nnx.merge(graphdef, state).hidden_states(x))

@@ -27,8 +27,8 @@ def reference(q, k, v, scale, visible, softcap=None):
     s = np.where(vis, s, -np.inf)
     m = s.max(-1, keepdims=True)
     p = np.where(vis, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
-    l = p.sum(-1, keepdims=True)
-    p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 1.0 / s.shape[-1])
+    total = p.sum(-1, keepdims=True)
+    p = np.where(total > 0, p / np.where(total > 0, total, 1.0), 1.0 / s.shape[-1])
     return np.einsum("bhts,bshd->bthd", p, v)
 
 
