@@ -238,11 +238,19 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
         "mesh": sharding.mesh_str(mesh) if mesh is not None else None,
         "n_processes": jax.process_count(),
         "platform": platform.platform(),
-        "model": {"name": loaded.name, "source": loaded.source, "dtype": loaded.dtype, "files": loaded.files,
-                  "add_bos": loaded.add_bos, "max_length": loaded.max_length,
-                  "first_token_policy": "first token not scored" + (" (BOS is prepended, so every text token is "
-                                                                   "scored)" if loaded.add_bos else "")},
-        "ref_model": {"name": ref.name, "source": ref.source, "files": ref.files, "add_bos": ref.add_bos} if ref else None,
+        "model": {
+            "name": loaded.name,
+            "source": loaded.source,
+            "dtype": loaded.dtype,
+            "files": loaded.files,
+            "add_bos": loaded.add_bos,
+            "max_length": loaded.max_length,
+            "first_token_policy": "first token not scored"
+            + (" (BOS is prepended, so every text token is scored)" if loaded.add_bos else ""),
+        },
+        "ref_model": {"name": ref.name, "source": ref.source, "files": ref.files, "add_bos": ref.add_bos}
+        if ref
+        else None,
         "data": {"name": ds.name, "files": ds.files, "n": len(ds)},
         "neighbors": _neighbor_meta(generator, records) if generator is not None else None,
         "n_skipped": len(skipped),

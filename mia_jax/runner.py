@@ -175,9 +175,10 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     run computes every batch exactly as an uninterrupted one and writes a byte-identical file.
 
     ``mesh`` (a ``jax.sharding.Mesh`` from ``sharding.make_mesh``): shard the parameters (``loaded.model`` is
-    placed on the mesh in place) and the batches over it (see the module docstring). On several processes every process must call this with the same
-    arguments; each appends its own records to ``<out_path>.process<i>-of-<n>`` as it goes, and process 0
-    writes ``out_path`` at the end (the part files are then removed).
+    placed on the mesh in place) and the batches over it (see the module docstring). On several processes every
+    process must call this with the same arguments; each appends its own records to
+    ``<out_path>.process<i>-of-<n>`` as it goes, and process 0 writes ``out_path`` at the end (the part files are
+    then removed).
 
     ``report`` (a dict, filled in): ``texts`` (this process's), ``reused`` (records taken from ``out_path``),
     ``computed`` (texts scored by a forward pass here), ``batches_computed``, ``skipped``. A resume that reuses

@@ -144,7 +144,9 @@ def model_flops(loaded, n_tokens_per_text):
     v, d = loaded.model.unembedding().shape
     cfg = loaded.config
     n_layers = cfg.num_hidden_layers
-    attn_width = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    attn_width = cfg.num_attention_heads * (
+        getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    )
     per_token = 2 * layer_matmul + 2 * v * d
     return sum(n * per_token + 4 * n * n * n_layers * attn_width for n in n_tokens_per_text)
 
@@ -427,8 +429,11 @@ def report(args, results):
         ratio = lambda o: f"{tps / (n_tok / results[o]['steady']):.2f}" if o in results else "-"  # noqa: E731
         mfu = r["model_flops"] / r["steady"] / rate
         comp = f"{r['compile_seconds_first']:.1f} s / {r['compiles_first']}" if k != "c" else "-"
-        print(f"| {label[k]} | {r['first_pass']:.1f} s | {comp} | {r['steady']:.1f} s | {tps:.0f} | {ratio('c')} | "
-              f"{ratio('b')} | {100 * mfu:.0f}% | {r['peak_rss'] / 2**20:.0f} MiB ({(r['peak_rss'] - r['rss_after_load']) / 2**20:+.0f}) |")
+        print(
+            f"| {label[k]} | {r['first_pass']:.1f} s | {comp} | {r['steady']:.1f} s | {tps:.0f} | {ratio('c')} | "
+            f"{ratio('b')} | {100 * mfu:.0f}% | {r['peak_rss'] / 2**20:.0f} MiB "
+            f"({(r['peak_rss'] - r['rss_after_load']) / 2**20:+.0f}) |"
+        )
     if "a" in results:
         a = results["a"]
         print(f"\n(a): {a['programs']} compiled (batch, bucket) programs; steady-state pass compiled "
@@ -436,9 +441,12 @@ def report(args, results):
         for name in ("forward", "fused_stats_step"):
             f = a[name]
             g = f["flops"] / f["seconds"] / 1e9
-            print(f"(a) {name.replace('_', ' ')} on [{f['shape'][0]}, {f['shape'][1]}] (with padding): {f['seconds'] * 1e3:.1f} ms, "
-                  f"{g:.0f} GFLOP/s = {100 * g / mm['xla']:.0f}% of the XLA matmul rate "
-                  f"({100 * g / mm['numpy']:.0f}% of NumPy's)")
+            print(
+                f"(a) {name.replace('_', ' ')} on [{f['shape'][0]}, {f['shape'][1]}] (with padding): "
+                f"{f['seconds'] * 1e3:.1f} ms, "
+                f"{g:.0f} GFLOP/s = {100 * g / mm['xla']:.0f}% of the XLA matmul rate "
+                f"({100 * g / mm['numpy']:.0f}% of NumPy's)"
+            )
         parts = a["matmuls_alone"]
         for name, part in parts.items():
             g = part["flops"] / part["seconds"] / 1e9
@@ -460,7 +468,9 @@ def report(args, results):
                     if u is None or v is None:
                         continue
                     worst[m] = max(worst.get(m, 0.0), abs(u - v) / max(abs(u), 1e-6))
-            print(f"max relative score difference ({x}) vs ({y}): " + ", ".join(f"{m} {w:.1e}" for m, w in worst.items()))
+            print(
+                f"max relative score difference ({x}) vs ({y}): " + ", ".join(f"{m} {w:.1e}" for m, w in worst.items())
+            )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ def main():
     ap.add_argument("--chunk-size", type=int, default=8192)
     args = ap.parse_args()
     print(f"device: {jax.devices()[0]}, hidden size {args.dim}, chunk {args.chunk_size}")
-    print("| [B, T, V] | float32 logits | full log_softmax: peak / temp / time | chunked from hidden: peak / temp / time"
-          " | chunked / logits |")
+    print("| [B, T, V] | float32 logits | full log_softmax: peak / temp / time "
+          "| chunked from hidden: peak / temp / time | chunked / logits |")
     print("|---|---:|---:|---:|---:|")
     mib = 2**20
     for shape in args.shapes:
@@ -66,7 +66,8 @@ def main():
                           (hidden, w, targets))
         # what the statistics add on top of the inputs (hidden states and the unembedding already exist)
         print(f"| {b}, {t}, {v} | {logits_bytes / mib:.0f} MiB | {full[0] / mib:.0f} / {full[1] / mib:.0f} MiB / "
-              f"{full[2] * 1e3:.0f} ms | {chunked[0] / mib:.0f} / {chunked[1] / mib:.1f} MiB / {chunked[2] * 1e3:.0f} ms"
+              f"{full[2] * 1e3:.0f} ms | {chunked[0] / mib:.0f} / {chunked[1] / mib:.1f} MiB / "
+              f"{chunked[2] * 1e3:.0f} ms"
               f" | temp {chunked[1] / logits_bytes:.1%} |")
 
 

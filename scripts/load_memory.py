@@ -64,10 +64,22 @@ def write_synthetic(folder, hidden: int, layers: int, vocab: int) -> str:
     tensors = {"model.embed_tokens.weight": w(vocab, d), "lm_head.weight": w(vocab, d), "model.norm.weight": w(d)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        tensors.update({p + n: w(*s) for n, s in [
-            ("self_attn.q_proj.weight", (d, d)), ("self_attn.k_proj.weight", (d, d)), ("self_attn.v_proj.weight", (d, d)),
-            ("self_attn.o_proj.weight", (d, d)), ("mlp.gate_proj.weight", (f, d)), ("mlp.up_proj.weight", (f, d)),
-            ("mlp.down_proj.weight", (d, f)), ("input_layernorm.weight", (d,)), ("post_attention_layernorm.weight", (d,))]})
+        tensors.update(
+            {
+                p + n: w(*s)
+                for n, s in [
+                    ("self_attn.q_proj.weight", (d, d)),
+                    ("self_attn.k_proj.weight", (d, d)),
+                    ("self_attn.v_proj.weight", (d, d)),
+                    ("self_attn.o_proj.weight", (d, d)),
+                    ("mlp.gate_proj.weight", (f, d)),
+                    ("mlp.up_proj.weight", (f, d)),
+                    ("mlp.down_proj.weight", (d, f)),
+                    ("input_layernorm.weight", (d,)),
+                    ("post_attention_layernorm.weight", (d,)),
+                ]
+            }
+        )
     save_file(tensors, os.path.join(folder, "model.safetensors"))
     Tokenizer(tok_models.WordLevel({"a": 0, "b": 1}, unk_token="a")).save(os.path.join(folder, "tokenizer.json"))
     config = dict(model_type="llama", hidden_size=d, intermediate_size=f, num_hidden_layers=layers,
@@ -95,14 +107,17 @@ def main(argv=None):
         tmp = tempfile.TemporaryDirectory()
         args.model = write_synthetic(tmp.name, *(int(x) for x in args.synthetic.split(",")))
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices}", JAX_PLATFORMS="cpu")
-    print(f"model {args.synthetic and f'synthetic Llama D,L,V={args.synthetic}' or args.model}, {args.devices} CPU devices")
+    name = f"synthetic Llama D,L,V={args.synthetic}" if args.synthetic else args.model
+    print(f"model {name}, {args.devices} CPU devices")
     print(f"{'load':<22} {'params MiB':>11} {'peak-before MiB':>16} {'transient MiB':>14} {'host peak MiB':>14}")
     for mesh in ("", args.mesh):
         out = subprocess.run([sys.executable, __file__, "--child", args.model, mesh], env=env, check=True,
                              capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
-        print(f"{r['mesh']:<22} {r['params_mib']:>11.0f} {r['peak_above_before_mib']:>16.0f} {r['transient_mib']:>14.0f} "
-              f"{r['traced_mib']:>14.0f}")
+        print(
+            f"{r['mesh']:<22} {r['params_mib']:>11.0f} {r['peak_above_before_mib']:>16.0f} {r['transient_mib']:>14.0f} "
+            f"{r['traced_mib']:>14.0f}"
+        )
 
 
 if __name__ == "__main__":

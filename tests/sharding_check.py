@@ -67,7 +67,9 @@ def meshes(out_dir):
         for family, lm in loaded.items():
             ref = refs[family] = runner.score_texts(lm, texts(), METHODS, batch_size=5, chunk_size=96, progress=False)
             for spec in MESHES:
-                if (family == "gpt_neox") != (spec in ("data=2,fsdp=2,model=2", "model=8")) and spec != "data=2,fsdp=2,model=2":
+                if (family == "gpt_neox") != (
+                    spec in ("data=2,fsdp=2,model=2", "model=8")
+                ) and spec != "data=2,fsdp=2,model=2":
                     continue  # Llama: every mesh but model=8; GPT-NeoX: model=8 and the 3-axis mesh
                 t0 = time.perf_counter()
                 mesh = sharding.make_mesh(spec)
@@ -213,7 +215,8 @@ def streamed(folder, eager, ref):
     shard_shapes = {k: x.sharding.shard_shape(x.shape) for k, x in got.items()}
     out = runner.score_texts(lm, texts(), METHODS, batch_size=5, chunk_size=96, progress=False, mesh=mesh)
     return {
-        "params_equal": all(np.array_equal(want[k], np.asarray(x)) for k, x in got.items()) and want.keys() == got.keys(),
+        "params_equal": all(np.array_equal(want[k], np.asarray(x)) for k, x in got.items())
+        and want.keys() == got.keys(),
         "placed_by_rules": all(x.sharding.spec == specs[k] for k, x in got.items()),
         "blocks_are_shards": all(shape == shard_shapes[path] for path, shape in blocks),
         "paths_read": sorted({path for path, _ in blocks}) == sorted(got),

@@ -75,30 +75,29 @@ def mamba_gguf(tmp_path) -> str:
     return str(path)
 
 
+def with_data(name: str, content: bytes, *extra: str):
+    """An argv builder: the tiny model and a data file ``name`` holding ``content``."""
+    return lambda m, g, t: ["--model", str(m), "--data", write(t / name, content), *extra]
+
+
 # (id, argv builder (tiny_llama_dir, tiny_gguf, tmp_path) -> the arguments after `eval --out DIR`, expected text)
-DATA = "--data"
 CASES = [
-    ("json-line", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.jsonl", jsonl(ROWS[:2]) + b'{"input": "x",\n')],
-     "d.jsonl: line 3 is not valid JSON"),
-    ("json-column", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.jsonl", b'  {"input": "\xc3\xa9\xc3\xa9" "label": 1}\n')],
+    ("json-line", with_data("d.jsonl", jsonl(ROWS[:2]) + b'{"input": "x",\n'), "d.jsonl: line 3 is not valid JSON"),
+    ("json-column", with_data("d.jsonl", b'  {"input": "\xc3\xa9\xc3\xa9" "label": 1}\n'),
      "line 1 is not valid JSON (Expecting ',' delimiter at column 18)"),  # characters, from 1
-    ("missing-field", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.jsonl", jsonl([{"text": "a b", "label": 1}]))],
-     "row 1 has no field 'input'"),
-    ("label-2", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.jsonl", jsonl([{"input": "a b", "label": 2}]))],
-     "row 1 has label 2; labels must be 0"),
-    ("text-not-string", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.jsonl", jsonl([{"input": 5, "label": 1}]))],
+    ("missing-field", with_data("d.jsonl", jsonl([{"text": "a b", "label": 1}])), "row 1 has no field 'input'"),
+    ("label-2", with_data("d.jsonl", jsonl([{"input": "a b", "label": 2}])), "row 1 has label 2; labels must be 0"),
+    ("text-not-string", with_data("d.jsonl", jsonl([{"input": 5, "label": 1}])),
      "field 'input' is int, expected a string"),
-    ("no-rows", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.jsonl", b"\n")], "no rows"),
-    ("missing-data", lambda m, g, t: ["--model", str(m), DATA, str(t / "nope.jsonl")], "data file not found"),
-    ("latin1-jsonl", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.jsonl", b'{"input": "caf\xe9", "label": 1}\n')],
+    ("no-rows", with_data("d.jsonl", b"\n"), "no rows"),
+    ("missing-data", lambda m, g, t: ["--model", str(m), "--data", str(t / "nope.jsonl")], "data file not found"),
+    ("latin1-jsonl", with_data("d.jsonl", b'{"input": "caf\xe9", "label": 1}\n'),
      "d.jsonl: line 1 is not valid utf-8 (byte 0xe9 at file offset 14); re-save the file as UTF-8 or pass"),
-    ("latin1-csv", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.csv", b"input,label\ncaf\xe9,1\n")],
-     "d.csv: line 2 is not valid utf-8 (byte 0xe9"),
-    ("latin1-tsv", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.tsv", b"input\tlabel\nna\xefve\t0\n")],
-     "d.tsv: line 2 is not valid utf-8 (byte 0xef"),
-    ("unknown-encoding", lambda m, g, t: ["--model", str(m), DATA, write(t / "d.jsonl", jsonl(ROWS)), "--encoding", "klingon"],
-     "unknown text encoding 'klingon'"),
-    ("unknown-method", lambda m, g, t: ["--model", str(m), "--methods", "loss", "minkprob"], "unknown method 'minkprob'"),
+    ("latin1-csv", with_data("d.csv", b"input,label\ncaf\xe9,1\n"), "d.csv: line 2 is not valid utf-8 (byte 0xe9"),
+    ("latin1-tsv", with_data("d.tsv", b"input\tlabel\nna\xefve\t0\n"), "d.tsv: line 2 is not valid utf-8 (byte 0xef"),
+    ("unknown-encoding", with_data("d.jsonl", jsonl(ROWS), "--encoding", "klingon"), "unknown text encoding 'klingon'"),
+    ("unknown-method", lambda m, g, t: ["--model", str(m), "--methods", "loss", "minkprob"],
+     "unknown method 'minkprob'"),
     ("batch-size-0", lambda m, g, t: ["--model", str(m), "--batch-size", "0"], "--batch-size must be at least 1"),
     ("k-1.5", lambda m, g, t: ["--model", str(m), "--methods", "min_k", "--k", "1.5"], "fraction"),
     ("length-48", lambda m, g, t: ["--model", str(m), "--length", "48"], "WikiMIA has lengths"),

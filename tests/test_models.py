@@ -178,13 +178,23 @@ def write_gguf(path, model, tokenizer, add_bos=False, arch="llama"):
     cfg = model.config
     hf_to_gguf = {hf.format(i=i): g.format(i=i) for g, hf in GGUF_TO_HF.items() for i in range(cfg.num_hidden_layers)}
     w = gguf.GGUFWriter(str(path), arch)
-    for add, value in [("block_count", cfg.num_hidden_layers), ("context_length", cfg.max_position_embeddings),
-                       ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
-                       ("head_count", cfg.num_attention_heads), ("head_count_kv", cfg.num_key_value_heads),
-                       ("rope_freq_base", cfg.rope_parameters["rope_theta"]),
-                       ("layer_norm_rms_eps", cfg.rms_norm_eps), ("vocab_size", cfg.vocab_size),
-                       ("rope_dimension_count", cfg.hidden_size // cfg.num_attention_heads),
-                       ("tokenizer_model", "gpt2"), ("tokenizer_pre", "gpt-2"), ("bos_token_id", 0), ("eos_token_id", 0), ("add_bos_token", add_bos)]:
+    for add, value in [
+        ("block_count", cfg.num_hidden_layers),
+        ("context_length", cfg.max_position_embeddings),
+        ("embedding_length", cfg.hidden_size),
+        ("feed_forward_length", cfg.intermediate_size),
+        ("head_count", cfg.num_attention_heads),
+        ("head_count_kv", cfg.num_key_value_heads),
+        ("rope_freq_base", cfg.rope_parameters["rope_theta"]),
+        ("layer_norm_rms_eps", cfg.rms_norm_eps),
+        ("vocab_size", cfg.vocab_size),
+        ("rope_dimension_count", cfg.hidden_size // cfg.num_attention_heads),
+        ("tokenizer_model", "gpt2"),
+        ("tokenizer_pre", "gpt-2"),
+        ("bos_token_id", 0),
+        ("eos_token_id", 0),
+        ("add_bos_token", add_bos),
+    ]:
         getattr(w, f"add_{add}")(value)
     vocab = tokenizer.get_vocab()
     tokens = sorted(vocab, key=vocab.get) + [f"<pad{i}>" for i in range(cfg.vocab_size - len(vocab))]

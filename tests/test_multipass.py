@@ -36,7 +36,10 @@ def test_lowercase_is_the_log_ppl_ratio(tiny, tmp_path):
     got = runner.scores_by_method(recs, ["lowercase"])["lowercase"]
     np.testing.assert_allclose(got[:6], want[:6], rtol=1e-6)
     for i in (6, 7):  # nothing to lowercase: NaN, with the reason on the record
-        assert recs[i]["scores"]["lowercase"] is None and "lowercasing changes nothing" in recs[i]["nan_reasons"]["lowercase"]
+        assert (
+            recs[i]["scores"]["lowercase"] is None
+            and "lowercasing changes nothing" in recs[i]["nan_reasons"]["lowercase"]
+        )
         assert recs[i]["scores"]["min_k@0.2"] is not None
     assert list(recs[0]["scores"]) == ["min_k@0.2", "lowercase"]  # the helper 'loss' pass is not reported
     assert {p.name for p in (tmp_path / "passes").iterdir()} == {"main.jsonl", "lowercase.jsonl"}

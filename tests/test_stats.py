@@ -115,7 +115,7 @@ def test_from_hidden_never_forms_full_logits():
 
 def test_jit_and_vmap_compose():
     logits, targets = random_case(6, shape=(4, 3), vocab=50)
-    f = jax.vmap(lambda l, y: token_stats(l, y, chunk_size=16).logprob)
+    f = jax.vmap(lambda logits, y: token_stats(logits, y, chunk_size=16).logprob)
     got = f(jnp.asarray(logits), jnp.asarray(targets))
     np.testing.assert_allclose(got, reference(logits, targets)["logprob"], rtol=1e-5)
 

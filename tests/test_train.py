@@ -76,7 +76,9 @@ def test_corpus_seeded(tok, tmp_path):
     d = build_corpus(small(datasets=["boolq"]), tok)
     assert [r["id"] for r in d.eval] == [r["id"] for r in a.eval if r["dataset"] == "boolq"]
     a.write(tmp_path)
-    assert json.loads((tmp_path / "manifest.json").read_text())["contamination_rate"] == a.manifest["contamination_rate"]
+    assert (
+        json.loads((tmp_path / "manifest.json").read_text())["contamination_rate"] == a.manifest["contamination_rate"]
+    )
     assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 64
 
 

@@ -110,7 +110,11 @@ def _csqa(row):
 
 
 def _truthfulqa(row):
-    return row["Question"], row["Question"], f"Question: {row['Question'].strip()}\nAnswer: {row['Best Answer'].strip()}"
+    return (
+        row["Question"],
+        row["Question"],
+        f"Question: {row['Question'].strip()}\nAnswer: {row['Best Answer'].strip()}",
+    )
 
 
 def _imdb(row):
@@ -266,7 +270,11 @@ def build_corpus(cfg: CorpusConfig, tokenizer, data_dir: str | Path | None = Non
         pools = {"news": load_pool("news", resolve_path(cfg.news.path))}
         n_pos, n_neg = cfg.news.n_positives, cfg.news.n_negatives
     else:
-        root = BUNDLED / "downstream" if (data_dir or cfg.data_dir) == "bundled" else resolve_path(str(data_dir or cfg.data_dir))
+        root = (
+            BUNDLED / "downstream"
+            if (data_dir or cfg.data_dir) == "bundled"
+            else resolve_path(str(data_dir or cfg.data_dir))
+        )
         pools = {d: load_pool(d, root / DOWNSTREAM_FILES[d]) for d in cfg.datasets}
         n_pos, n_neg = cfg.n_positives, cfg.n_negatives
     if not pools:
@@ -296,7 +304,9 @@ def build_corpus(cfg: CorpusConfig, tokenizer, data_dir: str | Path | None = Non
         neg_tokens = count_tokens(tokenizer, [e.text for e in neg])
         for e, k in zip(pos, occ):
             inserts += [(e, c) for c in range(k)]
-        eval_recs += [{"dataset": name, "id": e.id, "label": 1, "occurrences": k, "text": e.text} for e, k in zip(pos, occ)]
+        eval_recs += [
+            {"dataset": name, "id": e.id, "label": 1, "occurrences": k, "text": e.text} for e, k in zip(pos, occ)
+        ]
         eval_recs += [{"dataset": name, "id": e.id, "label": 0, "occurrences": 0, "text": e.text} for e in neg]
         info = pools[name][1]
         per_dataset[name] = {
