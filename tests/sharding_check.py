@@ -22,9 +22,9 @@ def tiny_models(tmp):
     """The tiny Llama of conftest (untied head, 320 rows, 2 KV heads) and a random GPT-NeoX with an odd
     vocabulary (330 rows: not divisible by the model axis) on the same tokenizer."""
     import jax
+    from conftest import write_tiny_llama
     from flax import nnx
 
-    from conftest import write_tiny_llama
     from mia_jax import models
     from mia_jax.models import gpt_neox
 

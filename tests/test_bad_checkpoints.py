@@ -8,12 +8,10 @@ import struct
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
-from tokenizers import Tokenizer
+from helpers import write_tiny_gguf
 
 from mia_jax.errors import UserError
 from mia_jax.models import load, resolve_model
-from mia_jax.models.llama import GGUF_TO_HF
 
 gguf = pytest.importorskip("gguf")
 
@@ -25,37 +23,6 @@ def user_error(path, named=None, **kwargs) -> str:
     msg = str(e.value)
     assert "\n" not in msg and str(named or path) in msg, msg
     return msg
-
-
-def write_tiny_gguf(path, folder):
-    """A float32 llama GGUF of the tiny HF folder, converted as llama.cpp does (q/k rows permuted)."""
-    cfg = json.loads((folder / "config.json").read_text())
-    n = cfg["num_hidden_layers"]
-    to_gguf = {hf.format(i=i): g.format(i=i) for g, hf in GGUF_TO_HF.items() for i in range(n)}
-    w = gguf.GGUFWriter(str(path), "llama")
-    for add, value in [("block_count", n), ("context_length", cfg["max_position_embeddings"]),
-                       ("embedding_length", cfg["hidden_size"]), ("feed_forward_length", cfg["intermediate_size"]),
-                       ("head_count", cfg["num_attention_heads"]), ("head_count_kv", cfg["num_key_value_heads"]),
-                       ("rope_freq_base", 10000.0), ("layer_norm_rms_eps", 1e-5), ("vocab_size", cfg["vocab_size"]),
-                       ("tokenizer_model", "gpt2"), ("tokenizer_pre", "gpt-2"), ("eos_token_id", cfg["eos_token_id"])]:
-        getattr(w, f"add_{add}")(value)
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    vocab = tok.get_vocab()
-    tokens = sorted(vocab, key=vocab.get) + [f"<pad{i}>" for i in range(cfg["vocab_size"] - len(vocab))]
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t == "<|endoftext|>" else 1 for t in tokens])
-    w.add_token_merges([" ".join(m) if isinstance(m, list) else m
-                        for m in json.loads(tok.to_str())["model"]["merges"]])
-    for name, a in load_file(str(folder / "model.safetensors")).items():
-        if ".q_proj." in name or ".k_proj." in name:
-            heads = cfg["num_attention_heads" if ".q_proj." in name else "num_key_value_heads"]
-            a = a.reshape(heads, 2, a.shape[0] // heads // 2, a.shape[1]).swapaxes(1, 2).reshape(a.shape)
-        w.add_tensor(to_gguf[name], a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.fixture(scope="module")

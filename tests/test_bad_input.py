@@ -12,8 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_bad_checkpoints import write_tiny_gguf
-from test_kill_resume import ENV, REPO
+from helpers import ENV, REPO, write_tiny_gguf
 
 from mia_jax.cli import main
 

@@ -1,84 +1,17 @@
 """mia_jax.models.bert: BERT / RoBERTa masked-LM logit parity with transformers (padded batches included),
 loading a Hugging Face folder, and unsupported options refused by name."""
-import json
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import hf_config, tiny_mlm_tokenizer, write_tiny_mlm
 from safetensors.numpy import save_file
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 from mia_jax.models import bert
 from mia_jax.models.llama import ConfigError
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=72)
 TEXTS = ["The cat sat on the mat, quietly.", "A much longer sentence about the history of the city and its people."]
-
-
-def tiny_mlm_tokenizer(model_type: str) -> Tokenizer:
-    """A WordPiece tokenizer ([PAD]=0 ... [MASK]=4, '[CLS] $A [SEP]') for BERT, a byte-level BPE
-    (<s>=0, <pad>=1, </s>=2, <unk>=3, <mask>=4, RobertaProcessing) for RoBERTa."""
-    texts = wikimia(32).texts[:200]
-    if model_type == "bert":
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece()
-        tok.train_from_iterator(texts, trainers.WordPieceTrainer(
-            vocab_size=400, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
-        tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
-                                                           special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    else:
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(texts, trainers.BpeTrainer(
-            vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-        tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True)
-    return tok
-
-
-def hf_config(model_type: str, vocab_size: int) -> dict:
-    extra = (dict(pad_token_id=0, layer_norm_eps=1e-12) if model_type == "bert"
-             else dict(pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5, type_vocab_size=1))
-    return dict(model_type=model_type, vocab_size=vocab_size, hidden_act="gelu", **TINY, **extra)
-
-
-def write_tiny_mlm(path, model_type: str = "bert", seed: int = 0):
-    """A random *ForMaskedLM folder written with numpy in the Hugging Face layout (no torch needed)."""
-    tok = tiny_mlm_tokenizer(model_type)
-    cfg = hf_config(model_type, tok.get_vocab_size())
-    rng = np.random.default_rng(seed)
-    w = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
-    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    p = "bert." if model_type == "bert" else "roberta."
-    t = {p + "embeddings.word_embeddings.weight": w(v, d),
-         p + "embeddings.position_embeddings.weight": w(cfg["max_position_embeddings"], d),
-         p + "embeddings.token_type_embeddings.weight": w(cfg.get("type_vocab_size", 2), d),
-         p + "embeddings.LayerNorm.weight": 1 + w(d), p + "embeddings.LayerNorm.bias": w(d)}
-    for i in range(cfg["num_hidden_layers"]):
-        q = f"{p}encoder.layer.{i}."
-        for name, shape in [("attention.self.query", (d, d)), ("attention.self.key", (d, d)),
-                            ("attention.self.value", (d, d)), ("attention.output.dense", (d, d)),
-                            ("intermediate.dense", (f, d)), ("output.dense", (d, f))]:
-            t[q + name + ".weight"], t[q + name + ".bias"] = w(*shape), w(shape[0])
-        for name in ("attention.output.LayerNorm", "output.LayerNorm"):
-            t[q + name + ".weight"], t[q + name + ".bias"] = 1 + w(d), w(d)
-    head = ({"cls.predictions.transform.dense": (d, d)} if model_type == "bert" else {"lm_head.dense": (d, d)})
-    for name, shape in head.items():
-        t[name + ".weight"], t[name + ".bias"] = w(*shape), w(d)
-    norm = "cls.predictions.transform.LayerNorm" if model_type == "bert" else "lm_head.layer_norm"
-    t[norm + ".weight"], t[norm + ".bias"] = 1 + w(d), w(d)
-    t["cls.predictions.bias" if model_type == "bert" else "lm_head.bias"] = w(v)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(t, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(cfg))
-    tok.save(str(path / "tokenizer.json"))
-    return path
 
 
 def padded_batch(tok, pad_id):

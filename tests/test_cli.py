@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ctrl_c_at_batch
+from helpers import ctrl_c_at_batch
 from sklearn.metrics import roc_auc_score
 
 from mia_jax import blind, models

@@ -6,9 +6,8 @@ import signal
 from pathlib import Path
 
 import pytest
+from helpers import complete_records, interrupt_when, start, wait_for
 from sklearn.metrics import roc_auc_score
-
-from test_kill_resume import complete_records, interrupt_when, start, wait_for
 
 from mia_jax import models
 from train import contaminate

@@ -9,13 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import PARAGRAPH, TEXTS, nll, tiny_tokenizer, torch_logits
 
-from conftest import tiny_tokenizer
 from mia_jax.errors import UserError
 from mia_jax.models import Gemma3, Gemma3Config, load, resolve_model
 from mia_jax.models.gemma3 import GGUF_TO_HF
 from mia_jax.models.gguf_io import read_metadata, tokenizer_from_gguf
-from test_models import PARAGRAPH, TEXTS, nll
 
 gguf = pytest.importorskip("gguf")
 
@@ -42,13 +41,6 @@ def hf_gemma3(tmp_path, **overrides):
     return model, tmp_path
 
 
-def torch_logits(model, ids=IDS):
-    import torch
-
-    with torch.no_grad():
-        return model(torch.as_tensor(ids)).logits.float().numpy()
-
-
 def diff(jax_model, reference):
     return float(np.abs(np.asarray(jax_model(jnp.asarray(IDS, jnp.int32))) - reference).max())
 
@@ -64,7 +56,7 @@ def variant(loaded, **changes):
                                         "tie_word_embeddings": False}])
 def test_hf_folder_logit_parity(tmp_path, extra):
     model, folder = hf_gemma3(tmp_path, **extra)
-    ref = torch_logits(model)
+    ref = torch_logits(model, IDS)
     loaded = load(str(folder))
     cfg = loaded.config
     assert isinstance(loaded.model, Gemma3) and cfg.layer_types == tuple(TINY["layer_types"])
@@ -82,7 +74,7 @@ def test_hf_folder_logit_parity(tmp_path, extra):
 @pytest.mark.parity
 def test_bf16_hidden_states_and_jit(tmp_path):
     model, folder = hf_gemma3(tmp_path)
-    ref = torch_logits(model)
+    ref = torch_logits(model, IDS)
     bf16 = load(str(folder), dtype="bfloat16")
     assert bf16.model.embed[...].dtype == jnp.bfloat16
     out = bf16.model(jnp.asarray(IDS))
@@ -114,7 +106,7 @@ def test_multimodal_gemma3_config(tmp_path):
     renamed["model.vision_tower.patch.weight"] = np.zeros((2, 2), np.float32)
     save_file(renamed, str(mm / "model.safetensors"))
     (mm / "tokenizer.json").write_text((folder / "tokenizer.json").read_text())
-    assert diff(load(str(mm)).model, torch_logits(model)) < 1e-4
+    assert diff(load(str(mm)).model, torch_logits(model, IDS)) < 1e-4
 
 
 def test_config_from_hf():

@@ -247,7 +247,8 @@ def test_cli_generate(tiny_llama_dir, capsys):
 @pytest.mark.parity
 @pytest.mark.parametrize("family", ["gpt2", "opt"])
 def test_left_padded_greedy_matches_transformers(tmp_path, family):
-    from test_models_zoo import CONFIGS as ZOO_CONFIGS, TINY, hf_reference
+    from test_models_zoo import CONFIGS as ZOO_CONFIGS
+    from test_models_zoo import TINY, hf_reference
 
     torch = pytest.importorskip("torch")
     ref_model, config, tensors = hf_reference(tmp_path, family)

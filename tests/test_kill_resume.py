@@ -3,67 +3,14 @@ disk at the kill are counted and must not be computed again, and the final files
 an uninterrupted run's. `mia-jax eval` with a multi-pass method here; train/contaminate.py in test_contaminate.py
 (it shares that module's uninterrupted run). The helpers are used by both."""
 import json
-import os
 import signal
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
+from helpers import complete_records, interrupt_when, start
 
 from mia_jax import batching, models, runner
 from mia_jax.cli import main
 from mia_jax.data import wikimia
-
-REPO = Path(__file__).resolve().parents[1]
-ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
-
-
-def complete_records(path: Path) -> list[dict]:
-    """The records of a passes file that a resume can reuse (a torn last line is not one)."""
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return out
-
-
-def start(argv, cwd=REPO, env=None) -> subprocess.Popen:
-    """The command in a child Python; its stderr goes to a file (a pipe nobody reads could block it)."""
-    err = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env or ENV, stdout=subprocess.DEVNULL, stderr=err,
-                            text=True)
-    proc.err_file = err
-    return proc
-
-
-def stderr_of(proc: subprocess.Popen) -> str:
-    proc.err_file.seek(0)
-    return proc.err_file.read()
-
-
-def wait_for(proc: subprocess.Popen, condition, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended before it could be interrupted:\n{stderr_of(proc)}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError("timed out waiting for the run")
-        time.sleep(0.005)
-
-
-def interrupt_when(proc: subprocess.Popen, path: Path, n_lines: int, sig: int, timeout: float = 300) -> str:
-    """Send ``sig`` as soon as ``path`` holds ``n_lines`` complete records; returns the process's stderr."""
-    wait_for(proc, lambda: len(complete_records(path)) >= n_lines, timeout)
-    proc.send_signal(sig)
-    proc.wait(timeout=120)
-    return stderr_of(proc)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from sklearn.metrics import roc_curve as sklearn_roc_curve
 
 from mia_jax import metrics as m
 
-
 # ---------------------------------------------------------------- brute-force float64 references
 
 def auroc_ref(labels, scores):

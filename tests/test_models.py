@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import PARAGRAPH, TEXTS, tiny_tokenizer, torch_logits
 from tokenizers import processors
 
-from conftest import tiny_tokenizer
 from mia_jax.errors import UserError
 from mia_jax.models import Llama, LlamaConfig, load, resolve_model
 from mia_jax.models.llama import GGUF_TO_HF, from_params
@@ -23,18 +23,7 @@ TINY_HF = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8}
 IDS = np.random.default_rng(0).integers(0, 320, (2, 16))
-TEXTS = ["Hello world", "In 2023, 1234567 people paid $19.99 each.", "  spaces   and\ttabs\n\n\nlines",
-         "naïve café — 日本語 🙂", "def f(x):\n    return x**2  # note\n", "<|endoftext|>a<|endoftext|>"]
 
-PARAGRAPH = (
-    "Bread is a staple food prepared from a dough of flour and water, usually by baking. Throughout recorded "
-    "history and around the world, it has been an important part of many cultures' diet. It is one of the oldest "
-    "human-made foods, having been of significant importance since the dawn of agriculture, and plays an essential "
-    "role in both religious rituals and secular culture. Bread may be leavened by naturally occurring microbes, "
-    "chemicals, industrially produced yeast, or high-pressure aeration, which creates the gas bubbles that fluff up "
-    "bread. In many countries, commercial bread often contains additives to improve flavor, texture, color, shelf "
-    "life, nutrition, and ease of production."
-)
 
 
 def hf_model(tmp_path, model_cls="LlamaForCausalLM", add_bos=True, **overrides):
@@ -58,13 +47,6 @@ def hf_model(tmp_path, model_cls="LlamaForCausalLM", add_bos=True, **overrides):
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|endoftext|>"}))
     return model, tmp_path
-
-
-def torch_logits(model, ids):
-    import torch
-
-    with torch.no_grad():
-        return model(torch.as_tensor(ids)).logits.float().numpy()
 
 
 def max_diff(loaded, model, ids=IDS):
@@ -300,10 +282,6 @@ def smollm2_path():
         return resolve_model("smollm2")
     except UserError as e:
         pytest.skip(str(e))
-
-
-def nll(logprobs, ids):
-    return -np.take_along_axis(logprobs[:-1], np.asarray(ids)[1:, None], axis=-1).mean()
 
 
 @pytest.mark.slow

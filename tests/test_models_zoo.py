@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import torch_logits
 
 from mia_jax.models import gpt2, gpt_neox, opt
 from mia_jax.models.layers import build_module
@@ -46,13 +47,6 @@ def hf_reference(tmp_path, family, **overrides):
     return model, config, load_file(str(tmp_path / "model.safetensors"))
 
 
-def torch_logits(model, ids=IDS):
-    import torch
-
-    with torch.no_grad():
-        return model(torch.as_tensor(ids)).logits.float().numpy()
-
-
 def diff(module, reference):
     return float(np.abs(np.asarray(module(jnp.asarray(IDS, jnp.int32))) - reference).max())
 
@@ -63,7 +57,7 @@ def check_parity(tmp_path, family, **overrides):
     model, config, tensors = hf_reference(tmp_path, family, **overrides)
     cfg = CONFIGS[family].from_hf(config)
     params = mod.params_from_hf(cfg, tensors)
-    ref = torch_logits(model)
+    ref = torch_logits(model, IDS)
     f32 = mod.from_params(cfg, params)
     out = f32(jnp.asarray(IDS, jnp.int32))
     assert out.dtype == jnp.float32 and out.shape == (*IDS.shape, cfg.vocab_size)
@@ -191,7 +185,7 @@ def _gguf_round_trip(tmp_path, family, hf_to_gguf_tensor, meta):
     cfg = mod.config_from_gguf(fields, arrays)
     assert isinstance(cfg, CONFIGS[family])
     module = mod.from_params(cfg, mod.params_from_hf(cfg, mod.tensors_from_gguf(cfg, arrays)))
-    assert diff(module, torch_logits(model)) < 1e-4
+    assert diff(module, torch_logits(model, IDS)) < 1e-4
     return cfg
 
 

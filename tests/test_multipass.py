@@ -3,8 +3,8 @@ import json
 
 import numpy as np
 import pytest
+from helpers import write_tiny_llama
 
-from conftest import write_tiny_llama
 from mia_jax import models, runner
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError

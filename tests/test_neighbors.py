@@ -6,8 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import ctrl_c_at_batch
-from test_bert import write_tiny_mlm
+from helpers import ctrl_c_at_batch, write_tiny_mlm
 
 from mia_jax import models, runner
 from mia_jax.cli import main

@@ -4,11 +4,11 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import ref_token_arrays, reference_scores
 
 from mia_jax import models, runner
-from mia_jax.errors import UserError
 from mia_jax.data import wikimia
-from reference import ref_token_arrays, reference_scores
+from mia_jax.errors import UserError
 
 METHODS = ["loss", "ppl", "zlib", "min_k@0.2", "max_k@0.2", "min_k_pp@0.2", "entropy", "rank"]
 

@@ -2,11 +2,11 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import ref_token_arrays, reference_scores
 
 from mia_jax.errors import UserError
 from mia_jax.scorers import REGISTRY, TokenBatch, expand_methods, k_count, parse_method, score_batch
 from mia_jax.stats import token_stats
-from reference import ref_token_arrays, reference_scores
 
 TEXTS = ["alpha beta gamma", "the quick brown fox jumps", "x", "lorem ipsum dolor sit amet, consectetur"]
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import write_tiny_llama
 from flax import nnx
+from helpers import write_tiny_llama
 from tokenizers import Tokenizer
 
 from mia_jax import models

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-from tokenizers import Tokenizer, models as tok_models
+from tokenizers import Tokenizer
+from tokenizers import models as tok_models
 
 from mia_jax.models import bert, gemma3, gpt2, gpt_neox, layers, llama, load, opt, phi3
 from mia_jax.sharding import PARTITION_RULES, path_str

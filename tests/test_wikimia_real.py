@@ -5,10 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import ref_token_arrays, reference_scores
 
 from mia_jax import models, runner
 from mia_jax.data import wikimia
-from reference import ref_token_arrays, reference_scores
 
 pytestmark = [
     pytest.mark.slow,
