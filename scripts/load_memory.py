@@ -56,7 +56,8 @@ def write_synthetic(folder, hidden: int, layers: int, vocab: int) -> str:
     import ml_dtypes
     import numpy as np
     from safetensors.numpy import save_file
-    from tokenizers import Tokenizer, models as tok_models
+    from tokenizers import Tokenizer
+    from tokenizers import models as tok_models
 
     rng = np.random.default_rng(0)
     w = lambda *shape: (rng.standard_normal(shape, np.float32) * 0.02).astype(ml_dtypes.bfloat16)  # noqa: E731

@@ -1,0 +1,84 @@
+"""Measuring helpers of the benchmark scripts: peak resident memory sampled while a block runs, XLA compilation
+counts and seconds (JAX monitoring events), and the machine's float32 matmul rate (XLA and NumPy)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+
+class PeakRSS:
+    """Peak resident memory of this process, sampled every ``interval`` seconds while active."""
+
+    def __init__(self, interval=0.005):
+        import psutil
+
+        self.proc, self.interval, self.peak, self._stop = psutil.Process(), interval, 0, threading.Event()
+
+    def rss(self):
+        return self.proc.memory_info().rss
+
+    def __enter__(self):
+        self.base = self.peak = self.rss()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss())
+
+
+class Compiles:
+    """Counts XLA backend compilations and sums tracing + lowering + compile seconds (JAX monitoring)."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self):
+        import jax
+
+        self.count, self.seconds, self.active = 0, 0.0, False
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, *args, **kwargs):
+        if self.active and event in self.EVENTS:
+            self.seconds += duration
+            self.count += event == self.EVENTS[-1]
+
+    def __enter__(self):
+        self.count, self.seconds, self.active = 0, 0.0, True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+
+def matmul_rate(n=2048, repeats=5):
+    """float32 GFLOP/s of an n x n x n matmul: through XLA (jitted) and through NumPy."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    f = jax.jit(jnp.matmul)
+    xa, xb = jnp.asarray(a), jnp.asarray(b)
+    f(xa, xb).block_until_ready()
+    rates = {}
+    for name, call in (("xla", lambda: f(xa, xb).block_until_ready()), ("numpy", lambda: a @ b)):
+        call()
+        best = min(_timed(call) for _ in range(repeats))
+        rates[name] = 2 * n**3 / best / 1e9
+    return rates
+
+
+def _timed(call):
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
