@@ -19,10 +19,10 @@ T0 = time.perf_counter()
 
 
 def tiny_models(tmp):
-    """The tiny Llama of conftest (untied head, 320 rows, 2 KV heads) and a random GPT-NeoX with an odd
+    """The tiny Llama of tests/helpers.py (untied head, 320 rows, 2 KV heads) and a random GPT-NeoX with an odd
     vocabulary (330 rows: not divisible by the model axis) on the same tokenizer."""
     import jax
-    from conftest import write_tiny_llama
+    from helpers import write_tiny_llama
     from flax import nnx
 
     from mia_jax import models
@@ -233,7 +233,7 @@ def process(index, count, port, out_dir):
 
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        from conftest import write_tiny_llama
+        from helpers import write_tiny_llama
 
         write_tiny_llama(Path(tmp) / "llama", tie=False)  # the Llama of tiny_models, not loaded whole here
         mesh = sharding.make_mesh("data=2,model=2")

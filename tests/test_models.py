@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import PARAGRAPH, TEXTS, tiny_tokenizer, torch_logits
+from helpers import PARAGRAPH, TEXTS, nll, tiny_tokenizer, torch_logits
 from tokenizers import processors
 
 from mia_jax.errors import UserError

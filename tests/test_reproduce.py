@@ -46,7 +46,7 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys):
     import importlib.util
     from pathlib import Path
 
-    from conftest import ctrl_c_at_batch, write_tiny_llama
+    from helpers import ctrl_c_at_batch, write_tiny_llama
 
     ref_dir = tmp_path / "ref"
     write_tiny_llama(ref_dir, seed=3, vocab_size=400)
