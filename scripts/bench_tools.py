@@ -2,6 +2,7 @@
 counts and seconds (JAX monitoring events), and the machine's float32 matmul rate (XLA and NumPy)."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -82,3 +83,14 @@ def _timed(call):
     t0 = time.perf_counter()
     call()
     return time.perf_counter() - t0
+
+
+def runnable(approaches, torch_approach: str) -> list:
+    """The approaches asked for, less the transformers + torch one when those are not installed (said on stderr)."""
+    import importlib.util
+
+    approaches = list(approaches)
+    if torch_approach in approaches and any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")):
+        print(f"torch / transformers not installed: skipping {torch_approach}", file=sys.stderr)
+        approaches.remove(torch_approach)
+    return approaches

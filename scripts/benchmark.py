@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_tools import Compiles, PeakRSS, _timed, matmul_rate
+from bench_tools import Compiles, PeakRSS, _timed, matmul_rate, runnable
 
 METHODS = ["loss", "min_k@0.2", "min_k_pp@0.2"]
 K = 0.2
@@ -299,13 +299,7 @@ def main():
     args = ap.parse_args()
     if args.worker:
         return run_worker(args)
-    approaches = list(args.approaches)
-    if "c" in approaches:
-        import importlib.util
-
-        if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
-            print("torch / transformers not installed: skipping (c)", file=sys.stderr)
-            approaches.remove("c")
+    approaches = runnable(args.approaches, "c")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ["matmul", *approaches]:

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_tools import runnable
 
 PILE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pile" / "wikipedia_en.jsonl"
 APPROACHES = ["full", "auto", "torch"]
@@ -160,13 +161,7 @@ def main():
     args = ap.parse_args()
     if args.worker:
         return run_worker(args)
-    approaches = list(args.approaches)
-    if "torch" in approaches:
-        import importlib.util
-
-        if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
-            print("torch / transformers not installed: skipping torch", file=sys.stderr)
-            approaches.remove("torch")
+    approaches = runnable(args.approaches, "torch")
     print(f"load average before: {load_average()}", file=sys.stderr)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
