@@ -39,17 +39,17 @@ def paraphrased(length: int, para_dir: str | Path | None):
     return data.load_records(path, "input", "label", name=f"wikimia-{length}-para") if path.exists() else None
 
 
-def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int, report: dict | None = None,
+def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int, pass_counts: dict | None = None,
              **kwargs) -> list[dict]:
     """Score one dataset with one model in its own run folder (claimed with the cell's fingerprint, so a killed
     reproduction resumes each cell where it stopped and a changed one is refused); long-format rows
-    {method, auroc, tpr_at_5pct_fpr, ...}. ``report`` receives the per-pass counts of ``runner.score_dataset``."""
+    {method, auroc, tpr_at_5pct_fpr, ...}. ``pass_counts`` receives the per-pass counts of ``runner.score_dataset``."""
     options = {k: kwargs[k] for k in ("batch_size", "chunk_size") if k in kwargs}
     fingerprint = runner.run_fingerprint(loaded, ds.texts, ds.labels, methods, ref=kwargs.get("ref"),
                                          neighbors=kwargs.get("neighbors"), data_files=ds.files, **options)
     with rundir.claim(out_dir, fingerprint, hint="use another --out") as resume:
         records = runner.score_dataset(loaded, ds.texts, methods, labels=ds.labels, out_dir=out_dir, resume=resume,
-                                       report=report, **kwargs)
+                                       report=pass_counts, **kwargs)
     summary = metrics.evaluate_records(records, methods, ds.labels, n_bootstrap=n_bootstrap, seed=seed)
     rows = [{"method": m, **summary[m]} for m in methods]
     b = blind.blind_bow_scores(ds.texts, ds.labels, seed=seed)

@@ -38,7 +38,7 @@ from mia_jax.errors import UserError
 LOCK = ".lock"
 FINGERPRINT = "config.json"
 HINT = "use another --out, or --overwrite to replace it"
-_HELD: dict[str, list] = {}  # resolved path -> [fd, depth]
+_HELD: dict[str, int | None] = {}  # resolved path -> the lock's fd (None on processes other than 0)
 _INTERRUPTED = False
 
 
@@ -97,12 +97,6 @@ def check_path(path: str | os.PathLike, flag: str = "--out") -> Path:
     return path
 
 
-def _main_process() -> bool:
-    import jax
-
-    return jax.process_index() == 0
-
-
 def _lock(path: Path) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -134,16 +128,14 @@ def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite
     path = check_path(path)
     key = str(path.resolve())
     if key in _HELD:  # re-entrant: the outer claim already holds the lock
-        _HELD[key][1] += 1
-        try:
-            yield _decide(path, fingerprint, overwrite, file, hint, writer=_HELD[key][0] is not None, fresh=False)
-        finally:
-            _HELD[key][1] -= 1
+        yield _decide(path, fingerprint, overwrite, file, hint, writer=_HELD[key] is not None, fresh=False)
         return
-    main = _main_process()
+    from mia_jax.sharding import is_main_process
+
+    main = is_main_process()
     path.mkdir(parents=True, exist_ok=True)
     fd = _lock(path) if main else None
-    _HELD[key] = [fd, 1]
+    _HELD[key] = fd
     try:
         resume = _decide(path, fingerprint, overwrite, file, hint, writer=main, fresh=True)
         if main:

@@ -210,8 +210,10 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     row_multiple = shd.local_batch_shards(mesh) if mesh is not None else 1
     steps = schedule(plan, buckets, batch_size, row_multiple, lambda idx: all(i in records for i in idx),
                      shd.allgather_ints if multi else None)
-    pending = {i for _, _, idx in steps for i in idx}  # a batch finished only in part is computed again, whole
-    reused = sum(1 for i in todo if i in records and i not in pending)
+    # texts whose batch is finished are reused; a batch finished only in part is computed again, whole (a step kept
+    # only to stay in lockstep with other processes computes nothing here)
+    remaining = sum(len(idx) for _, _, idx in steps if not all(i in records for i in idx))
+    reused = len(todo) - remaining
     counts = {"texts": len(mine), "reused": reused, "computed": 0, "batches_computed": 0,
               "skipped": len(mine) - len(todo)}
     if report is not None:
@@ -229,8 +231,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         stats_fn = shared_stats_fn(loaded, chunk_size, mesh)
         _, state = nnx.split(loaded.model)
         pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
-        remaining = sum(len(idx) for _, _, idx in steps if not all(i in records for i in idx))
-        bar = tqdm(total=len(todo), initial=len(todo) - remaining, desc=desc, unit="text",
+        bar = tqdm(total=len(todo), initial=reused, desc=desc, unit="text",
                    disable=not progress or not shd.is_main_process())
 
         def dispatch(step):  # returns at once: the computation runs while the previous batch is scored

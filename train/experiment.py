@@ -63,12 +63,13 @@ def base_model_path(cfg: ExperimentConfig, cache: Path) -> str:
 
 
 def _eval_key(loaded, texts: list[str], labels: list[int], methods: list[str], cfg: ExperimentConfig) -> str:
-    """The base-model scores' folder key: everything that can change one of their records."""
-    h = hashlib.sha256(json.dumps([sorted(loaded.files.items()), methods, cfg.score.batch_size, loaded.dtype,
-                                   labels]).encode())
-    for t in texts:
-        h.update(t.encode() + b"\x00")
-    return h.hexdigest()[:16]
+    """The base-model scores' folder key: a hash of the run fingerprint of that scoring (everything that can change
+    one of its records, as for any other run)."""
+    from mia_jax import runner
+
+    fingerprint = runner.run_fingerprint(loaded, texts, labels, methods, batch_size=cfg.score.batch_size,
+                                         dtype=loaded.dtype)
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def score(loaded, texts, labels, methods, out_dir: Path, cfg: ExperimentConfig, ref=None,
