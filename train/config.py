@@ -97,6 +97,9 @@ class TrainConfig:
     eps: float = 1e-8
     max_grad_norm: float | None = 1.0  # None: no clipping
     compute_dtype: str = "float32"  # "float32" | "bfloat16" (master weights stay float32)
+    remat: str = "none"  # "none" | "layer": recompute each decoder layer's activations in the backward pass
+    loss_chunk: int = 8192  # vocabulary rows per chunk of the cross-entropy (the [B, T, V] logits never exist)
+    mesh: str | None = None  # device mesh, as `mia-jax --mesh`: "data=8", "fsdp=4,model=2"; None: every device on data
     epochs: int = 1
     shuffle: bool = True  # shuffle the order of packed sequences (seeded)
     seed: int = 0
@@ -351,6 +354,8 @@ def validate(cfg: ExperimentConfig) -> None:
         (t.schedule in ("constant", "cosine"), f"train.schedule must be 'constant' or 'cosine', got {t.schedule!r}"),
         (t.compute_dtype in ("float32", "bfloat16"),
          f"train.compute_dtype must be 'float32' or 'bfloat16', got {t.compute_dtype!r}"),
+        (t.remat in ("none", "layer"), f"train.remat must be 'none' or 'layer', got {t.remat!r}"),
+        (t.loss_chunk >= 1, f"train.loss_chunk must be at least 1, got {t.loss_chunk}"),
         (t.epochs >= 1, f"train.epochs must be at least 1, got {t.epochs}"),
         (t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}"),
         (c.variant in ("downstream", "news"), f"corpus.variant must be 'downstream' or 'news', got {c.variant!r}"),

@@ -4,8 +4,8 @@
   warm-up and cosine decay; global-norm gradient clipping; gradient accumulation over micro-batches
   (``lax.scan`` inside one jit-compiled step, gradients summed and divided by the step's real token count,
   so the update equals one big batch's).
-* Master weights and optimizer state are float32; ``compute_dtype="bfloat16"`` casts the parameters to
-  bfloat16 inside the loss (gradients flow back to the float32 copy). Log-softmax and the loss are float32.
+* The step (loss, accumulation, update) is train/step.py: float32 master weights and optimizer state,
+  optional bfloat16 compute.
 * Checkpoints: an Orbax ``CheckpointManager`` in ``workdir/checkpoints`` every ``checkpoint_every`` steps and
   at the end, holding the parameters, the optimizer state and the metric history. Orbax writes a step into a
   temporary folder and renames it when complete, so a write interrupted by a crash or a full disk never
@@ -35,6 +35,7 @@ from mia_jax import rundir
 from mia_jax.errors import UserError
 from train.config import TrainConfig
 from train.data import Batches
+from train.step import make_step
 
 # what may differ between an interrupted run and its resumption without changing the result
 NOT_IN_FINGERPRINT = ("checkpoint_every", "keep_checkpoints", "progress")
@@ -76,42 +77,9 @@ def train_step_for(model: nnx.Module, cfg: TrainConfig, total_steps: int):
 
 
 def make_train_step(model: nnx.Module, opt: optax.GradientTransformation, compute_dtype: str):
-    """A jitted ``(params, opt_state, ids, mask) -> (params, opt_state, metrics)``; ids/mask [A, M, T]."""
-    graphdef, abstract = nnx.split(model)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
-    dtype = jnp.bfloat16 if compute_dtype == "bfloat16" else jnp.float32
-
-    def rebuild(params):
-        state = jax.tree.map(lambda x: x, abstract)
-        nnx.replace_by_pure_dict(state, jax.tree.map(lambda x: x.astype(dtype), params))
-        return nnx.merge(graphdef, state)
-
-    def nll_sum(params, ids, mask):
-        m = rebuild(params)
-        hidden = m.hidden_states(ids[:, :-1])
-        logits = jnp.einsum("btd,vd->btv", hidden, m.unembedding(), preferred_element_type=jnp.float32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
-        valid = mask[:, 1:]
-        return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid)
-
-    grad_fn = jax.value_and_grad(nll_sum, has_aux=True)
-
-    def step(params, opt_state, ids, mask):
-        def micro(carry, xs):
-            g_acc, l_acc, n_acc = carry
-            (loss, n), g = grad_fn(params, *xs)
-            return (jax.tree.map(jnp.add, g_acc, g), l_acc + loss, n_acc + n), None
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        (g, loss, n), _ = jax.lax.scan(micro, (zeros, jnp.float32(0), jnp.int32(0)), (ids, mask))
-        denom = jnp.maximum(n, 1).astype(jnp.float32)
-        grads = jax.tree.map(lambda x: x / denom, g)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss / denom, "grad_norm": optax.global_norm(grads), "tokens": n}
-
-    return jax.jit(step, donate_argnums=(0, 1))
+    """A jitted ``(params, opt_state, ids, mask) -> (params, opt_state, metrics)``; ids/mask [A, M, T]
+    (``train.step.make_step``)."""
+    return jax.jit(make_step(model, opt, compute_dtype), donate_argnums=(0, 1))
 
 
 @dataclass

@@ -1,0 +1,55 @@
+"""The training step: loss of a micro-batch, gradient accumulation, the optimizer update.
+
+``make_step(model, opt, compute_dtype)`` returns a pure, un-jitted ``step(params, opt_state, ids, mask) ->
+(params, opt_state, metrics)``; ``train.trainer.make_train_step`` jits it (with the mesh's shardings when there is
+one). ids/mask are [A, M, T]: A micro-batches of M sequences, scanned with ``lax.scan``; the gradients are summed
+and divided by the step's real token count, so the update equals one big batch's.
+
+Master weights and optimizer state are float32; ``compute_dtype="bfloat16"`` casts the parameters to bfloat16
+inside the loss (gradients flow back to the float32 copy). Log-softmax and the loss are float32.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+def make_step(model: nnx.Module, opt: optax.GradientTransformation, compute_dtype: str = "float32"):
+    """A pure ``(params, opt_state, ids, mask) -> (params, opt_state, metrics)`` for ``model``'s graph."""
+    graphdef, abstract = nnx.split(model)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
+    dtype = jnp.bfloat16 if compute_dtype == "bfloat16" else jnp.float32
+
+    def rebuild(params):
+        state = jax.tree.map(lambda x: x, abstract)
+        nnx.replace_by_pure_dict(state, jax.tree.map(lambda x: x.astype(dtype), params))
+        return nnx.merge(graphdef, state)
+
+    def nll_sum(params, ids, mask):
+        m = rebuild(params)
+        hidden = m.hidden_states(ids[:, :-1])
+        logits = jnp.einsum("btd,vd->btv", hidden, m.unembedding(), preferred_element_type=jnp.float32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+        valid = mask[:, 1:]
+        return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid)
+
+    grad_fn = jax.value_and_grad(nll_sum, has_aux=True)
+
+    def step(params, opt_state, ids, mask):
+        def micro(carry, xs):
+            g_acc, l_acc, n_acc = carry
+            (loss, n), g = grad_fn(params, *xs)
+            return (jax.tree.map(jnp.add, g_acc, g), l_acc + loss, n_acc + n), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (g, loss, n), _ = jax.lax.scan(micro, (zeros, jnp.float32(0), jnp.int32(0)), (ids, mask))
+        denom = jnp.maximum(n, 1).astype(jnp.float32)
+        grads = jax.tree.map(lambda x: x / denom, g)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss / denom, "grad_norm": optax.global_norm(grads), "tokens": n}
+
+    return step
