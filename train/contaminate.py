@@ -38,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation", choices=ABLATIONS, help="run a sweep instead of a single run")
     p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--mesh", metavar="SPEC",
+                   help="train and score on a device mesh, as `mia-jax --mesh`: comma-separated axis=size over data, "
+                        "fsdp, model, e.g. data=8 or fsdp=4,model=2 (same as train.mesh=...; default: every device on "
+                        "data). A run may resume on another mesh")
+    p.add_argument("--distributed", action="store_true",
+                   help="multi-host: call jax.distributed.initialize() first (also when $MIA_JAX_DISTRIBUTED=1; see "
+                        "the README's multi-host section for $MIA_JAX_COORDINATOR etc.); every host runs the same "
+                        "command")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.lr=1e-5 corpus.n_positives=50")
     return p
 
@@ -72,6 +80,9 @@ def plan(cfg: ExperimentConfig, ablation: str | None) -> list[tuple[str, Experim
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from mia_jax import sharding
+
+        sharding.initialize_distributed(args.distributed)  # before anything touches a device
         run(args)
     except UserError as e:
         print(f"contaminate: error: {e}", file=sys.stderr)
@@ -105,6 +116,8 @@ def run(args) -> Path:
     cfg = load_config(args.config, args.overrides)
     if args.no_progress:
         cfg.train.progress = False
+    if args.mesh:
+        cfg.train.mesh = args.mesh
     methods = expand_methods(cfg.score.methods, cfg.score.k)  # validated before any work
     out = rundir.check_path(args.out)
     # what defines the sweep: the config (less display-only keys) and, for a sweep, its ablation settings

@@ -104,10 +104,13 @@ class Batches:
         idx = self.order(epoch)[i * self.batch_size: (i + 1) * self.batch_size]
         return np.concatenate([idx, np.full(self.batch_size - len(idx), -1, idx.dtype)])
 
-    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        idx = self.indices(step)
+    def batch(self, step: int, rows: slice | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, mask) of a step, [grad_accum, micro, seq_len]; ``rows``: only these rows of each micro-batch (a
+        process's own block of a batch split over several hosts; only those rows are gathered)."""
+        idx = self.indices(step).reshape(self.grad_accum, self.batch_size // self.grad_accum)
+        if rows is not None:
+            idx = idx[:, rows]
         real = idx >= 0
-        ids = np.where(real[:, None], self.data.tokens[np.maximum(idx, 0)], self.data.separator).astype(np.int32)
-        mask = real[:, None] & self.data.mask[np.maximum(idx, 0)]
-        shape = (self.grad_accum, self.batch_size // self.grad_accum, ids.shape[1])
-        return ids.reshape(shape), mask.reshape(shape)
+        ids = np.where(real[..., None], self.data.tokens[np.maximum(idx, 0)], self.data.separator).astype(np.int32)
+        mask = real[..., None] & self.data.mask[np.maximum(idx, 0)]
+        return ids, mask

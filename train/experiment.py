@@ -29,7 +29,8 @@ from mia_jax import rundir
 from mia_jax.errors import UserError
 from train.config import ExperimentConfig
 
-NOT_COMPARED = {("train", "progress"), ("train", "checkpoint_every"), ("train", "keep_checkpoints")}
+# display-only keys, and the mesh: a run may resume on another mesh (the trainer restores its checkpoint onto it)
+NOT_COMPARED = {("train", "progress"), ("train", "checkpoint_every"), ("train", "keep_checkpoints"), ("train", "mesh")}
 
 
 def comparable(cfg: ExperimentConfig) -> dict:
@@ -62,24 +63,28 @@ def base_model_path(cfg: ExperimentConfig, cache: Path) -> str:
     return str(folder)
 
 
-def _eval_key(loaded, texts: list[str], labels: list[int], methods: list[str], cfg: ExperimentConfig) -> str:
+def _eval_key(loaded, texts: list[str], labels: list[int], methods: list[str], cfg: ExperimentConfig, mesh) -> str:
     """The base-model scores' folder key: a hash of the run fingerprint of that scoring (everything that can change
     one of its records, as for any other run)."""
     from mia_jax import runner
 
+    from mia_jax.sharding import mesh_str
+
+    sharded = {} if mesh is None else {"mesh": mesh_str(mesh)}
     fingerprint = runner.run_fingerprint(loaded, texts, labels, methods, batch_size=cfg.score.batch_size,
-                                         dtype=loaded.dtype)
+                                         dtype=loaded.dtype, **sharded)
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def score(loaded, texts, labels, methods, out_dir: Path, cfg: ExperimentConfig, ref=None,
-          report: dict | None = None) -> list[dict]:
+          report: dict | None = None, mesh=None) -> list[dict]:
     """``runner.score_dataset`` into ``out_dir``, resuming from its finished batches (the folder is keyed by
     everything that can change a record: the run's fingerprint, or ``_eval_key`` for base scores)."""
     from mia_jax import runner
 
     return runner.score_dataset(loaded, texts, methods, ref=ref, labels=labels, out_dir=out_dir, resume=True,
-                                batch_size=cfg.score.batch_size, progress=cfg.train.progress, report=report)
+                                batch_size=cfg.score.batch_size, progress=cfg.train.progress, report=report,
+                                mesh=mesh)
 
 
 def evaluate_by_dataset(records: list[dict], eval_set: list[dict], methods: list[str], cfg: ExperimentConfig) -> dict:
@@ -103,7 +108,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | N
 def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
     import jax
 
-    from mia_jax import __version__, models
+    from mia_jax import __version__, models, sharding
     from mia_jax.scorers import expand_methods
     from train import tables
     from train.corpus import build_corpus
@@ -116,9 +121,24 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
     base_methods = [m for m in methods if m != "ref"]
 
     t0 = time.perf_counter()
-    base = models.load(base_model_path(cfg, cache), dtype=cfg.model.dtype)
+    mesh = sharding.make_mesh(cfg.train.mesh)
+    # on one device the plain load and jit; on a mesh every tensor streams to its sharding (training and scoring)
+    scoring_mesh = mesh if mesh.size > 1 else None
+    main = sharding.is_main_process()
+
+    def load(path):
+        if scoring_mesh is None:
+            return models.load(path, dtype=cfg.model.dtype)
+        return sharding.load_sharded(path, mesh, dtype=cfg.model.dtype)
+
+    base = load(base_model_path(cfg, cache))
+    from train.placement import check
+
+    check(base.model, mesh, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.seq_len, cfg.train.remat,
+          cfg.train.loss_chunk)  # a mesh, batch or memory that cannot work: refused before any work
     corpus = build_corpus(cfg.corpus, base.tokenizer)
-    corpus.write(out / "corpus")
+    if main:
+        corpus.write(out / "corpus")
     texts, labels = [r["text"] for r in corpus.eval], [r["label"] for r in corpus.eval]
     sep = separator_id(base.tokenizer, base.eos_token_id, cfg.train.separator)
     data = pack(corpus.documents, base.tokenizer, cfg.train.seq_len, sep)
@@ -128,9 +148,9 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
          f"{cfg.train.seq_len}")
 
     t0 = time.perf_counter()
-    base_dir = cache / "base_scores" / _eval_key(base, texts, labels, base_methods, cfg)
+    base_dir = cache / "base_scores" / _eval_key(base, texts, labels, base_methods, cfg, scoring_mesh)
     scoring = {"base": {}, "trained": {}}  # per pass: texts reused from disk / computed here
-    base_records = score(base, texts, labels, base_methods, base_dir, cfg, report=scoring["base"])
+    base_records = score(base, texts, labels, base_methods, base_dir, cfg, report=scoring["base"], mesh=scoring_mesh)
     timings["score_base_s"] = time.perf_counter() - t0
 
     batches = Batches(data, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.epochs, cfg.train.shuffle,
@@ -143,38 +163,43 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
         train_info = json.loads(done_path.read_text())["train"]
     else:
         t0 = time.perf_counter()
-        result = train(base.model, batches, cfg.train, out / "train", run_fp, on_step=on_step)
+        result = train(base.model, batches, cfg.train, out / "train", run_fp, on_step=on_step, mesh=mesh)
         trained_model = apply_params(base.model, result.params)
-        save_hf(model_dir, trained_model, base.tokenizer)
+        if main:
+            save_hf(model_dir, trained_model, base.tokenizer)
         train_info = {"steps": result.steps, "tokens": int(sum(m["tokens"] for m in result.metrics)),
                       "sequences": data.n_sequences, "tokens_per_second": result.tokens_per_second,
                       "seconds": time.perf_counter() - t0, "resumed_from": result.resumed_from,
                       "first_loss": result.metrics[0]["loss"], "final_loss": result.metrics[-1]["loss"]}
-        done_path.write_text(json.dumps({"fingerprint": run_fp, "train": train_info}, indent=2) + "\n")
+        if main:
+            done_path.write_text(json.dumps({"fingerprint": run_fp, "train": train_info}, indent=2) + "\n")
         del trained_model
+        sharding.sync("model exported")
     _log(f"training: {train_info['steps']} steps, loss {train_info['first_loss']:.3f} -> "
          f"{train_info['final_loss']:.3f}, {train_info['tokens_per_second'] or 0:.0f} tokens/s")
 
     t0 = time.perf_counter()
-    trained = models.load(str(model_dir), dtype=cfg.model.dtype)
+    trained = load(str(model_dir))
     trained_records = score(trained, texts, labels, methods, out / "scores" / "trained", cfg, ref=base,
-                            report=scoring["trained"])
+                            report=scoring["trained"], mesh=scoring_mesh)
     timings["score_trained_s"] = time.perf_counter() - t0
 
     results = {"trained": evaluate_by_dataset(trained_records, corpus.eval, methods, cfg),
                "base": evaluate_by_dataset(base_records, corpus.eval, base_methods, cfg)}
-    (out / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
-    tables.write_run_tables(out, results, methods)
-    tables.plot_run_rocs(out, trained_records, corpus.eval, methods)
-    (out / "run.json").write_text(json.dumps({
-        "command": " ".join(sys.argv), "config": dataclasses.asdict(cfg), "package_version": __version__,
-        "jax_version": jax.__version__, "device": str(jax.devices()[0]), "platform": platform.platform(),
-        "base_model": {"name": base.name, "source": base.source, "files": base.files, "add_bos": base.add_bos},
-        "separator_token_id": sep, "methods": methods,
-        "corpus": {k: corpus.manifest[k] for k in ("tokens", "contamination_rate", "n_documents",
-                                                   "n_inserted_segments")},
-        "train": train_info, "scoring": scoring, "timings_s": timings,
-    }, indent=2, default=str) + "\n")
+    if main:  # on several processes every one holds every record; process 0 writes
+        (out / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+        tables.write_run_tables(out, results, methods)
+        tables.plot_run_rocs(out, trained_records, corpus.eval, methods)
+        (out / "run.json").write_text(json.dumps({
+            "command": " ".join(sys.argv), "config": dataclasses.asdict(cfg), "package_version": __version__,
+            "jax_version": jax.__version__, "device": str(jax.devices()[0]), "platform": platform.platform(),
+            "base_model": {"name": base.name, "source": base.source, "files": base.files, "add_bos": base.add_bos},
+            "mesh": sharding.mesh_str(mesh), "processes": jax.process_count(), "separator_token_id": sep,
+            "methods": methods,
+            "corpus": {k: corpus.manifest[k] for k in ("tokens", "contamination_rate", "n_documents",
+                                                       "n_inserted_segments")},
+            "train": train_info, "scoring": scoring, "timings_s": timings,
+        }, indent=2, default=str) + "\n")
     return results
 
 

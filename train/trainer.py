@@ -25,20 +25,23 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm.auto import tqdm
 
-from mia_jax import rundir
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from mia_jax import rundir, sharding
 from mia_jax.errors import UserError
+from train import placement
 from train.config import TrainConfig
 from train.data import Batches
 from train.step import make_step
 
-# what may differ between an interrupted run and its resumption without changing the result
-NOT_IN_FINGERPRINT = ("checkpoint_every", "keep_checkpoints", "progress")
+# what may differ between an interrupted run and its resumption without changing the result (the mesh changes
+# the order of floating-point reductions only: a run resumed on another mesh ends within float32 rounding)
+NOT_IN_FINGERPRINT = ("checkpoint_every", "keep_checkpoints", "progress", "mesh")
 
 
 def learning_rate(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
@@ -58,28 +61,44 @@ def optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransformatio
     return adamw if cfg.max_grad_norm is None else optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
 
 
-_STEP_CACHE: dict = {}  # (graphdef, optimizer config, steps) -> jitted step: one compilation per process
+_STEP_CACHE: dict = {}  # (graphdef, shapes, optimizer config, steps, mesh) -> jitted step: one compilation per process
 OPTIMIZER_FIELDS = ("lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2", "eps",
-                    "max_grad_norm", "compute_dtype")
+                    "max_grad_norm", "compute_dtype", "remat", "loss_chunk")
 
 
-def train_step_for(model: nnx.Module, cfg: TrainConfig, total_steps: int):
-    """``make_train_step`` for this model and config, memoised (a resumed or repeated run reuses the compiled step)."""
+def train_step_for(model: nnx.Module, cfg: TrainConfig, total_steps: int, mesh: Mesh | None = None):
+    """``make_train_step`` for this model, config and mesh, memoised (a resumed or repeated run reuses the compiled
+    step)."""
     graphdef, state = nnx.split(model)
     shapes = tuple((str(p), x.shape, str(x.dtype)) for p, x in jax.tree_util.tree_flatten_with_path(state)[0])
     # the schedule depends on the number of steps only when it decays
     steps = total_steps if cfg.schedule == "cosine" else None
-    key = (graphdef, shapes, tuple(getattr(cfg, f) for f in OPTIMIZER_FIELDS), steps)
+    key = (graphdef, shapes, tuple(getattr(cfg, f) for f in OPTIMIZER_FIELDS), steps, mesh)
     if key not in _STEP_CACHE:
         _STEP_CACHE.clear()  # keep at most one (a compiled step holds no parameters, but keep memory flat)
-        _STEP_CACHE[key] = make_train_step(model, optimizer(cfg, total_steps), cfg.compute_dtype)
+        _STEP_CACHE[key] = make_train_step(model, optimizer(cfg, total_steps), cfg.compute_dtype, mesh=mesh,
+                                           remat=cfg.remat, loss_chunk=cfg.loss_chunk)
     return _STEP_CACHE[key]
 
 
-def make_train_step(model: nnx.Module, opt: optax.GradientTransformation, compute_dtype: str):
+def make_train_step(model: nnx.Module, opt: optax.GradientTransformation, compute_dtype: str = "float32", *,
+                    mesh: Mesh | None = None, remat: str = "none", loss_chunk: int = 8192):
     """A jitted ``(params, opt_state, ids, mask) -> (params, opt_state, metrics)``; ids/mask [A, M, T]
-    (``train.step.make_step``)."""
-    return jax.jit(make_step(model, opt, compute_dtype), donate_argnums=(0, 1))
+    (``train.step.make_step``). With ``mesh``: parameters and AdamW moments on their rule shardings, the batch
+    split over data x fsdp (``train.placement``), metrics replicated; params and optimizer state are donated."""
+    try:  # TEMPORARY until train/step.py takes these keywords
+        step = make_step(model, opt, compute_dtype, remat=remat, loss_chunk=loss_chunk, mesh=mesh)
+    except TypeError:
+        step = make_step(model, opt, compute_dtype)
+    if mesh is None:
+        return jax.jit(step, donate_argnums=(0, 1))
+    params_sh = placement.param_shardings(model, mesh)
+    abstract = jax.eval_shape(lambda: jax.tree.map(lambda x: x.astype(jnp.float32),
+                                                   nnx.to_pure_dict(nnx.state(model))))
+    opt_sh = placement.like_params(jax.eval_shape(opt.init, abstract), abstract, params_sh, mesh)
+    batch = placement.batch_sharding(mesh)
+    return jax.jit(step, in_shardings=(params_sh, opt_sh, batch, batch),
+                   out_shardings=(params_sh, opt_sh, NamedSharding(mesh, P())), donate_argnums=(0, 1))
 
 
 @dataclass
@@ -105,21 +124,26 @@ def _manager(workdir: Path, cfg: TrainConfig) -> ocp.CheckpointManager:
 
 
 def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | Path, run_fingerprint: dict,
-          on_step: Callable[[int], None] | None = None) -> TrainResult:
+          on_step: Callable[[int], None] | None = None, mesh: Mesh | None = None) -> TrainResult:
     """Train ``model``'s parameters for ``batches.total_steps`` steps, resuming from ``workdir`` when it holds a
-    checkpoint of the same run. ``on_step(step)`` is called after each step (and its checkpoint, if any)."""
+    checkpoint of the same run (written on any mesh). ``mesh``: default ``sharding.make_mesh(cfg.mesh)`` (every
+    device on ``data`` when ``train.mesh`` is unset). ``on_step(step)`` is called after each step (and its
+    checkpoint, if any). On several processes every process calls this with the same arguments; process 0 writes
+    the files besides the checkpoints (Orbax coordinates those)."""
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh)
+    placement.check(model, mesh, batches.batch_size, batches.grad_accum, batches.data.tokens.shape[1], cfg.remat,
+                    cfg.loss_chunk)  # before anything is written
+    main = sharding.is_main_process()
     total = batches.total_steps
     opt = optimizer(cfg, total)
-    params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), nnx.to_pure_dict(nnx.state(model)))
-    opt_state = opt.init(params)
     schedule = learning_rate(cfg, total)
-    mngr = _manager(workdir, cfg)
-    metrics: list[dict] = []
-    start, resumed_from = 0, None
-    latest = mngr.latest_step()
+    params_sh = placement.param_shardings(model, mesh)
+    abstract = jax.eval_shape(lambda: jax.tree.map(lambda x: x.astype(jnp.float32),
+                                                   nnx.to_pure_dict(nnx.state(model))))
+    opt_sh = placement.like_params(jax.eval_shape(opt.init, abstract), abstract, params_sh, mesh)
     fp_path = workdir / "fingerprint.json"
+    latest = _latest_step(workdir)
     if latest is not None:
         old = json.loads(fp_path.read_text()) if fp_path.exists() else {}
         changes = rundir.diff(old, run_fingerprint)
@@ -127,21 +151,38 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
             raise UserError(f"{workdir} holds checkpoints of a different training run; refusing to resume with a "
                             f"changed config ({'; '.join(changes[:8])}). Use another --out, restore the original "
                             "config, or delete the folder (--overwrite) to start afresh")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state})
-        restored = mngr.restore(latest, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+    workdir.mkdir(parents=True, exist_ok=True)
+    mngr = _manager(workdir, cfg)
+    latest = mngr.latest_step()
+    metrics: list[dict] = []
+    start, resumed_from = 0, None
+    if latest is not None:
+        # each array is read straight onto its sharding on *this* mesh (the checkpoint's mesh does not matter)
+        target = {"params": jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                         abstract, params_sh),
+                  "opt_state": jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                            jax.eval_shape(opt.init, abstract), opt_sh)}
+        restored = mngr.restore(latest, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                 meta=ocp.args.JsonRestore()))
         params, opt_state = restored["state"]["params"], restored["state"]["opt_state"]
         metrics = restored["meta"]["metrics"]
         start = resumed_from = int(latest)
-    fp_path.write_text(json.dumps(run_fingerprint, indent=2) + "\n")
+    else:
+        params = placement.place_params(model, params_sh)
+        opt_state = jax.jit(opt.init, out_shardings=opt_sh)(params)
+    if main:
+        fp_path.write_text(json.dumps(run_fingerprint, indent=2) + "\n")
 
-    step_fn = train_step_for(model, cfg, total)
-    bar = tqdm(total=total, initial=start, desc="training", unit="step", disable=not cfg.progress)
+    step_fn = train_step_for(model, cfg, total, mesh)
+    shape = (batches.grad_accum, batches.batch_size // batches.grad_accum, batches.data.tokens.shape[1])
+    rows = placement.local_rows(mesh, shape)
+    bar = tqdm(total=total, initial=start, desc="training", unit="step", disable=not (cfg.progress and main))
     t_first, tokens_timed, seconds = None, 0, 0.0
     for step in range(start, total):
-        ids, mask = batches.batch(step)
+        ids, mask = batches.batch(step, rows)
         t0 = time.perf_counter()
-        params, opt_state, m = step_fn(params, opt_state, jnp.asarray(ids), jnp.asarray(mask))
+        params, opt_state, m = step_fn(params, opt_state, placement.global_batch(mesh, ids, shape),
+                                       placement.global_batch(mesh, mask, shape))
         m = jax.device_get(m)
         dt = time.perf_counter() - t0
         if t_first is None:
@@ -156,16 +197,26 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
         if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
             mngr.save(step + 1, args=ocp.args.Composite(
                 state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-                meta=ocp.args.JsonSave({"metrics": metrics, "fingerprint": run_fingerprint})))
+                meta=ocp.args.JsonSave({"metrics": metrics, "fingerprint": run_fingerprint,
+                                        "mesh": sharding.mesh_str(mesh)})))
             mngr.wait_until_finished()
         if on_step is not None:
             on_step(step + 1)
         rundir.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here
     bar.close()
     mngr.close()
-    (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
-    return TrainResult(jax.tree.map(np.asarray, jax.device_get(params)), metrics, total, resumed_from,
-                       seconds, tokens_timed / seconds if seconds else None)
+    if main:
+        (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    return TrainResult(placement.to_host(params), metrics, total, resumed_from, seconds,
+                       tokens_timed / seconds if seconds else None)
+
+
+def _latest_step(workdir: Path) -> int | None:
+    """The last complete checkpoint's step, read without creating anything (Orbax names them by step; its
+    temporary folders of an interrupted write carry a suffix and are not counted)."""
+    folder = workdir / "checkpoints"
+    steps = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()] if folder.is_dir() else []
+    return max(steps) if steps else None
 
 
 def apply_params(model: nnx.Module, params: dict) -> nnx.Module:
