@@ -141,3 +141,65 @@ def test_bad_meshes_refused_before_any_step(report):
     assert "GiB per device" in refused["memory"] and "available" in refused["memory"]
     assert all("\n" not in m for m in refused.values())
     assert report["unchanged_after_refusals"]
+
+
+def test_contaminate_refuses_bad_meshes_with_one_line(tmp_path):
+    """`train/contaminate.py --mesh` on 8 devices: a mesh that does not use the devices, or whose batch axes do not
+    divide the micro-batch, is refused before anything is written (a folder holding an earlier run is unchanged);
+    a model axis that does not divide the heads, or a memory estimate over the budget, before any training step.
+    Exit code 2, one line, no traceback."""
+    from mia_jax import rundir
+
+    earlier = tmp_path / "earlier"
+    with rundir.claim(earlier, {"an": "earlier run"}):
+        (earlier / "results.jsonl").write_text('{"index": 0}\n')
+    before = {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(earlier.rglob("*")) if p.is_file()}
+    config = str(HERE.parent / "configs/contamination/tiny.yaml")
+    cases = {"devices": (["--mesh", "fsdp=3"], earlier, {}, "8 devices are not divisible by 3"),
+             "batch": (["--mesh", "data=8", "train.batch_size=12", "train.grad_accum=1"], earlier, {},
+                       "a micro-batch of 12 sequences"),
+             "heads": (["--mesh", "data=1,model=8"], tmp_path / "heads", {}, "does not divide the 4 attention heads"),
+             "memory": (["--mesh", "data=8"], tmp_path / "memory", {"MIA_JAX_DEVICE_MEMORY_GIB": "0.0001"},
+                        "GiB per device")}
+    procs = {name: subprocess.Popen([sys.executable, str(HERE.parent / "train/contaminate.py"), "--config", config,
+                                     "--no-progress", "--out", str(out), *args], env={**_env(8), **env},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, (args, out, env, _) in cases.items()}
+    for name, p in procs.items():
+        _, err = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 2, (name, err[-3000:])
+        assert len(err.splitlines()) == 1 and err.startswith("contaminate: error: ") and "Traceback" not in err, err
+        assert cases[name][3] in err, (name, err)
+        if name in ("heads", "memory"):  # refused before the first step: no checkpoint, no scores
+            assert not (cases[name][1] / "train").exists() and not (cases[name][1] / "scores").exists()
+    after = {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(earlier.rglob("*")) if p.is_file()}
+    assert after == before
+
+
+def test_paper_config_fits_eight_80gb_accelerators_only_when_sharded():
+    """configs/contamination/paper.yaml (LLaMA-7B, 64 x 2048 tokens in 8 micro-batches, mesh fsdp=8, remat=layer):
+    the trainer's memory estimate per device is under 80 GiB on its mesh, and over it with the parameters replicated
+    (data=8) — the check that refuses a run before its first step."""
+    from flax import nnx
+    from jax.sharding import AbstractMesh
+
+    from mia_jax.models import Llama, LlamaConfig
+    from mia_jax.sharding import AXES, parse_mesh
+    from train.config import load_config
+    from train.placement import estimate_bytes
+
+    cfg = load_config(str(HERE.parent / "configs/contamination/paper.yaml"), [])
+    t = cfg.train
+    llama7b = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                          num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048)
+    model = nnx.eval_shape(lambda: Llama(llama7b, dtype=cfg.model.dtype, rngs=nnx.Rngs(0)))
+
+    def gib(mesh, remat=t.remat):
+        sizes = parse_mesh(mesh, 8)
+        return estimate_bytes(model, AbstractMesh(tuple(sizes[a] for a in AXES), AXES), t.batch_size // t.grad_accum,
+                              t.seq_len, remat, t.loss_chunk) / 2**30
+
+    assert t.mesh == "fsdp=8" and t.remat == "layer" and t.seq_len == 2048
+    assert 12 < gib(t.mesh) < 80  # 6.7e9 parameters x 22 bytes / 8 = 17 GiB, plus activations
+    assert gib("data=8") > 80
+    assert gib(t.mesh, "none") > gib(t.mesh)

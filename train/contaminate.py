@@ -119,6 +119,10 @@ def run(args) -> Path:
     if args.mesh:
         cfg.train.mesh = args.mesh
     methods = expand_methods(cfg.score.methods, cfg.score.k)  # validated before any work
+    from mia_jax import sharding
+    from train.placement import check_batch
+
+    check_batch(sharding.make_mesh(cfg.train.mesh), cfg.train.batch_size, cfg.train.grad_accum)  # before any write
     out = rundir.check_path(args.out)
     # what defines the sweep: the config (less display-only keys) and, for a sweep, its ablation settings
     fingerprint = {"ablation": args.ablation, "config": comparable(cfg)}
@@ -137,7 +141,8 @@ def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
     runs = []
     for sub, run_cfg in plan(cfg, args.ablation):
         folder = out / sub if sub else out
-        print(f"== run {sub or out} ==", file=sys.stderr, flush=True)
+        if sub:
+            print(f"== run {sub} ==", file=sys.stderr, flush=True)
         runs.append((sub, run_cfg, folder, run_experiment(run_cfg, folder, cache=out)))
 
     if args.ablation == "lr":

@@ -112,11 +112,13 @@ def estimate_bytes(model: nnx.Module, mesh: Mesh, micro: int, seq_len: int, rema
     parameter's shards), the compute copy of the parameters, the activations kept for the backward pass
     (per layer ~ (8 D + 3 I) floats per token without remat, only the layer inputs with ``remat=layer``, plus one
     layer's worth recomputed) and the chunked loss's [tokens, loss_chunk] block."""
-    shardings = param_shardings(model, mesh)
+    specs = sharding.state_specs(model, mesh)  # needs only the mesh's axis sizes (an AbstractMesh will do)
     total = 0
-    for x, s in zip(jax.tree.leaves(nnx.to_pure_dict(nnx.state(model))), jax.tree.leaves(shardings)):
-        shard = s.shard_shape(tuple(x.shape))
-        total += int(np.prod(shard)) * (5 * 4 + jnp.dtype(x.dtype).itemsize)
+    for path, x in jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]:
+        n = int(np.prod(x.shape))
+        for axes in specs[sharding.path_str(path)]:
+            n //= int(np.prod([mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes or ())]))
+        total += n * (5 * 4 + jnp.dtype(x.dtype).itemsize)
     dims = model.spec.dims(model.config)
     d, inter, layers = dims["embed"], dims.get("mlp", 4 * dims["embed"]), model.config.num_hidden_layers
     tokens = max(1, micro // sharding.batch_shards(mesh)) * seq_len
@@ -149,16 +151,21 @@ def available_bytes() -> float | None:
         return None
 
 
+def check_batch(mesh: Mesh, batch_size: int, grad_accum: int) -> None:
+    """UserError when a micro-batch cannot be split over the mesh's batch axes (needs no model)."""
+    micro, shards = batch_size // grad_accum, sharding.batch_shards(mesh)
+    if micro % shards:
+        raise UserError(f"mesh {sharding.mesh_str(mesh)}: a micro-batch of {micro} sequences (train.batch_size="
+                        f"{batch_size} / train.grad_accum={grad_accum}) cannot be split over data x fsdp = {shards} "
+                        "devices; make batch_size / grad_accum a multiple of it, or use another --mesh")
+
+
 def check(model: nnx.Module, mesh: Mesh, batch_size: int, grad_accum: int, seq_len: int, remat: str,
           loss_chunk: int) -> None:
     """UserError (one line) when the run cannot work on this mesh; see the module docstring."""
+    check_batch(mesh, batch_size, grad_accum)
     where = f"mesh {sharding.mesh_str(mesh)}"
-    micro = batch_size // grad_accum
-    shards = sharding.batch_shards(mesh)
-    if micro % shards:
-        raise UserError(f"{where}: a micro-batch of {micro} sequences (train.batch_size={batch_size} / "
-                        f"train.grad_accum={grad_accum}) cannot be split over data x fsdp = {shards} devices; "
-                        "make batch_size / grad_accum a multiple of it, or use another --mesh")
+    micro, shards = batch_size // grad_accum, sharding.batch_shards(mesh)
     dims = model.spec.dims(model.config)
     tp = mesh.shape["model"]
     if dims.get("heads") and dims["heads"] % tp:
