@@ -104,7 +104,7 @@ def _stats_fn(graphdef, vocab: int, chunk_size: int, mesh=None):
 
     @partial(jax.jit, out_shardings=shd.batch_sharding(mesh, 2))
     def sharded_fn(state, ids):
-        model = nnx.merge(graphdef, state)
+        model = nnx.merge(graphdef, shd.gathered_for_lookup(state, mesh))
         hidden = jax.lax.with_sharding_constraint(model.hidden_states(ids), shd.batch_sharding(mesh, 3))
         return token_stats_from_hidden_sharded(hidden[:, :-1], model.unembedding(), ids[:, 1:], mesh=mesh,
                                                vocab_size=vocab, chunk_size=chunk_size, vocab_axis=shd.VOCAB_AXIS,

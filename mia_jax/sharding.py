@@ -280,6 +280,20 @@ def placer(mesh: Mesh, on_block: Callable[[str, np.ndarray], None] | None = None
     return place
 
 
+def gathered_for_lookup(tree, mesh: Mesh):
+    """``tree`` (an nnx state or its pure dict, inside a jitted function) with the token embedding ``embed``
+    constrained to its sharding without ``fsdp`` (all-gathered over fsdp, as FSDP gathers any weight before use;
+    still split over ``model``). Without it, XLA's SPMD partitioner cannot partition the lookup of a batch that is
+    split over fsdp from a table whose hidden dimension is split over fsdp too, and gives up by replicating the
+    whole batch's [B, T, D] embeddings on every device ("involuntary full rematerialization")."""
+    def constrain(path, x):
+        if path_str(path) != "embed" or "fsdp" not in mesh.axis_names or mesh.shape["fsdp"] == 1:
+            return x
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, fit_spec(P(VOCAB_AXIS), x.shape, mesh)))
+
+    return jax.tree_util.tree_map_with_path(constrain, tree)
+
+
 def load_sharded(name_or_path: str, mesh: Mesh, **kwargs):
     """``models.load`` with every tensor streamed from the checkpoint straight to its sharding on ``mesh``."""
     from mia_jax import models

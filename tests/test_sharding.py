@@ -160,19 +160,13 @@ def test_scoring_batch_is_split_over_data_and_fsdp(report, mesh, rows_per_device
         assert b["hlo_full_batch_shapes"] == []
 
 
-def test_fsdp_embedding_lookup_is_no_larger_than_the_local_activations(report):
-    """With the vocabulary replicated over fsdp and the hidden dimension split, the lookup gathers every row's
-    embedding slice: [B*T, D/fsdp], as large as the device's own [B/fsdp, T, D] activations, no larger."""
-    b = report["cases"]["llama fsdp=8"]["batch"]
-    assert b["hlo_full_batch_largest_float_vs_local_hidden"] == 1.0, b["hlo_full_batch_shapes"]
-
-
-@pytest.mark.xfail(strict=True, reason="XLA's SPMD partitioner cannot reshard the embedding gather on data x fsdp x "
-                   "model ('Involuntary full rematerialization'): every device holds the whole batch's [B, T, D] "
-                   "embeddings, data*fsdp times its own activations (mia_jax.sharding/models, not fixed yet)")
-def test_embedding_lookup_is_not_replicated_on_the_three_axis_mesh(report):
-    b = report["cases"]["llama data=2,fsdp=2,model=2"]["batch"]
-    assert b["hlo_full_batch_largest_float_vs_local_hidden"] <= 1.0, b["hlo_full_batch_shapes"]
+@pytest.mark.parametrize("mesh", ["fsdp=8", "data=2,fsdp=2,model=2"])
+def test_embedding_lookup_holds_only_the_local_rows(report, mesh):
+    """With the hidden dimension of the table split over fsdp like the batch, the table is gathered over fsdp before
+    the lookup (``sharding.gathered_for_lookup``), so no device holds the whole batch's [B, T, D] (or [B*T, D/fsdp])
+    embeddings: on data x fsdp x model XLA replicated them before ("involuntary full rematerialization")."""
+    b = report["cases"][f"llama {mesh}"]["batch"]
+    assert b["hlo_full_batch_shapes"] == [], b["hlo_full_batch_shapes"]
 
 
 def test_loading_streams_each_tensor_to_its_sharding(report):
