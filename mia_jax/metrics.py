@@ -17,6 +17,11 @@ Conventions
 * Bootstrap CIs (in :func:`evaluate`) are seeded percentile intervals over **stratified** resamples:
   members and non-members are resampled separately, with replacement, at their observed counts, so every
   resample has both classes and the same class balance as the data.
+* **Comparisons** (:func:`paired_bootstrap`): two score vectors on the same examples (two methods, or two models
+  scoring one eval set) share every resample, and the interval is that of the difference A - B; a comparison is
+  stated ("A > B") only when that interval excludes 0, else it is "not distinguishable". :func:`subset_bootstrap`
+  does the same for two member subsets against shared non-members, :func:`evaluate_mean` gives the interval of
+  an average over datasets.
 """
 
 from __future__ import annotations
@@ -224,3 +229,195 @@ def evaluate_records(records: Sequence[dict], methods: Sequence[str], labels: Se
                                     n_bootstrap=n_bootstrap, seed=seed) for g, idx in rows.items()}
     scores = scores_by_method(records, methods)
     return {m: evaluate(labels, scores[m], n_bootstrap=n_bootstrap, seed=seed) for m in methods}
+
+
+# ---------------------------------------------------------------- paired comparisons (vectorised, stratified)
+
+VERDICTS = ("A > B", "B > A", "not distinguishable")
+
+
+def _tpr_key(fpr: float) -> str:
+    return _TPR_KEYS.get(fpr, f"tpr_at_{fpr:g}_fpr")
+
+
+def _group_rows(lab: np.ndarray, groups, n: int) -> tuple[list, list[tuple[np.ndarray, np.ndarray]]]:
+    """(group keys in order of first appearance, [(member rows, non-member rows)] per group); every group must
+    hold both classes."""
+    if groups is None:
+        keys, key_of = [None], np.zeros(n, np.int64)
+    else:
+        g = list(groups)
+        if len(g) != n:
+            raise ValueError(f"groups and labels differ in length: {len(g)} groups, {n} labels")
+        keys = list(dict.fromkeys(g))
+        index = {k: i for i, k in enumerate(keys)}
+        key_of = np.array([index[k] for k in g], np.int64)
+    rows = []
+    for i, k in enumerate(keys):
+        pos = np.flatnonzero((key_of == i) & (lab == 1))
+        neg = np.flatnonzero((key_of == i) & (lab == 0))
+        if pos.size == 0 or neg.size == 0:
+            where = "" if k is None else f" in group {k!r}"
+            raise ValueError(f"need both classes{where}; got {pos.size} members and {neg.size} non-members")
+        rows.append((pos, neg))
+    return keys, rows
+
+
+def _grouped_bootstrap(vectors: Sequence[np.ndarray], rows, n_bootstrap: int, seed: int, fpr: float):
+    """Mean over groups of AUROC and TPR@``fpr`` of each score vector, on the data and on ``n_bootstrap`` stratified
+    resamples that are **shared by all vectors** (paired): -> (auroc [V], tpr [V], boot_auroc [B, V], boot_tpr [B, V]).
+
+    The draws, in order: per block of ``max(1, _CHUNK_ELEMENTS // (V * n))`` resamples, per group in order,
+    ``rng.integers(0, P_g, (b, P_g))`` for its members, then ``rng.integers(0, N_g, (b, N_g))`` for its
+    non-members (``rng = np.random.default_rng(seed)``)."""
+    n_groups = len(rows)
+    point_auc = np.zeros(len(vectors))
+    point_tpr = np.zeros(len(vectors))
+    for pos, neg in rows:
+        for v, sc in enumerate(vectors):
+            point_auc[v] += _auroc_rows(sc[pos][None], sc[neg][None])[0]
+            point_tpr[v] += _tpr_at_fpr_rows(sc[pos][None], sc[neg][None], fpr)[0]
+    n_total = sum(p.size + q.size for p, q in rows)
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _CHUNK_ELEMENTS // (len(vectors) * n_total))
+    aucs, tprs = [], []
+    for start in range(0, n_bootstrap, chunk):
+        b = min(chunk, n_bootstrap - start)
+        auc = np.zeros((b, len(vectors)))
+        tpr = np.zeros((b, len(vectors)))
+        for pos, neg in rows:
+            ip = pos[rng.integers(0, pos.size, size=(b, pos.size))]
+            iq = neg[rng.integers(0, neg.size, size=(b, neg.size))]
+            for v, sc in enumerate(vectors):
+                p, q = sc[ip], sc[iq]
+                auc[:, v] += _auroc_rows(p, q)
+                tpr[:, v] += _tpr_at_fpr_rows(p, q, fpr)
+        aucs.append(auc / n_groups)
+        tprs.append(tpr / n_groups)
+    boot_auc = np.concatenate(aucs) if aucs else np.zeros((0, len(vectors)))
+    boot_tpr = np.concatenate(tprs) if tprs else np.zeros((0, len(vectors)))
+    return point_auc / n_groups, point_tpr / n_groups, boot_auc, boot_tpr
+
+
+def verdict(ci) -> str:
+    """"A > B" when the interval of A - B lies above 0, "B > A" when below, else "not distinguishable"."""
+    lo, hi = ci
+    return VERDICTS[0] if lo > 0 else VERDICTS[1] if hi < 0 else VERDICTS[2]
+
+
+def _check_bootstrap_args(n_bootstrap: int, confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n_bootstrap < 1:
+        raise ValueError(f"n_bootstrap must be >= 1 for an interval, got {n_bootstrap}")
+
+
+def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = None, n_bootstrap: int = 1000,
+                     seed: int = 0, confidence: float = 0.95, fpr: float = 0.05) -> dict:
+    """Paired bootstrap of A - B for two score vectors on the **same** examples: two methods scored by one model,
+    or one method scored by two models (e.g. two learning rates) on the same eval set.
+
+    Examples are resampled, stratified by label (members and non-members separately, with replacement, at their
+    observed counts, as :func:`evaluate`'s intervals), and each resample is applied to both A and B, so what the
+    interval measures is the difference on the same examples. Per resample: AUROC(A) - AUROC(B) and
+    TPR@``fpr``(A) - TPR@``fpr``(B). With ``groups`` (one key per example, e.g. its dataset) the statistic is the
+    mean over groups of the per-group metric (a table's average column), resampled within each group.
+
+    Rows where A or B is NaN/inf are dropped from both (counted in ``n_dropped``). Returns a JSON-serialisable
+    dict: ``n, n_used, n_dropped, n_members, n_nonmembers, groups, n_bootstrap, seed, confidence`` and, for
+    ``"auroc"`` and the TPR key (``"tpr_at_5pct_fpr"``), ``{"a", "b", "diff", "ci": [lo, hi], "verdict"}`` with
+    ``verdict`` one of ``"A > B"``, ``"B > A"`` or ``"not distinguishable"`` (the interval contains 0).
+    Deterministic for a given ``seed``; swapping A and B negates every difference and interval exactly."""
+    _check_bootstrap_args(n_bootstrap, confidence)
+    lab = _as_labels(labels)
+    a = _as_scores(scores_a, lab.shape[0])
+    b = _as_scores(scores_b, lab.shape[0])
+    if groups is not None and len(groups) != lab.shape[0]:
+        raise ValueError(f"groups and labels differ in length: {len(groups)} groups, {lab.shape[0]} labels")
+    keep = np.isfinite(a) & np.isfinite(b)
+    kept_groups = None if groups is None else [g for g, k in zip(groups, keep) if k]
+    lab, a, b = lab[keep], a[keep], b[keep]
+    keys, rows = _group_rows(lab, kept_groups, lab.shape[0])
+    auc, tpr, boot_auc, boot_tpr = _grouped_bootstrap([a, b], rows, n_bootstrap, seed, fpr)
+    out = {"n": int(keep.shape[0]), "n_used": int(keep.sum()), "n_dropped": int((~keep).sum()),
+           "n_members": int(lab.sum()), "n_nonmembers": int(lab.shape[0] - lab.sum()),
+           "groups": None if groups is None else [str(k) for k in keys],
+           "n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
+    for key, point, boot in (("auroc", auc, boot_auc), (_tpr_key(fpr), tpr, boot_tpr)):
+        diff = boot[:, 0] - boot[:, 1]
+        ci = _interval(diff, confidence)
+        out[key] = {"a": float(point[0]), "b": float(point[1]), "diff": float(point[0] - point[1]),
+                    "ci": ci, "verdict": verdict(ci)}
+    return out
+
+
+def evaluate_mean(labels, scores, groups: Sequence, *, n_bootstrap: int = 1000, seed: int = 0,
+                  confidence: float = 0.95) -> dict:
+    """The mean over ``groups`` (e.g. datasets) of one method's per-group AUROC and TPR@5%FPR, with stratified
+    percentile-bootstrap intervals (resampled within each group, members and non-members separately; the same
+    draws as :func:`paired_bootstrap` with the same ``seed``). NaN/inf scores are excluded (``n_nan``).
+    ``{"auroc", "auroc_ci", "tpr_at_5pct_fpr", "tpr_at_5pct_fpr_ci", "n_groups", "n_nan"}``; intervals ``None``
+    when ``n_bootstrap == 0``."""
+    if n_bootstrap < 0:
+        raise ValueError(f"n_bootstrap must be >= 0, got {n_bootstrap}")
+    lab = _as_labels(labels)
+    sc = _as_scores(scores, lab.shape[0])
+    keep = np.isfinite(sc)
+    keys, rows = _group_rows(lab[keep], [g for g, k in zip(groups, keep) if k], int(keep.sum()))
+    auc, tpr, boot_auc, boot_tpr = _grouped_bootstrap([sc[keep]], rows, n_bootstrap, seed, 0.05)
+    return {"auroc": float(auc[0]), "auroc_ci": _interval(boot_auc[:, 0], confidence) if n_bootstrap else None,
+            "tpr_at_5pct_fpr": float(tpr[0]),
+            "tpr_at_5pct_fpr_ci": _interval(boot_tpr[:, 0], confidence) if n_bootstrap else None,
+            "n_groups": len(keys), "n_nan": int((~keep).sum())}
+
+
+def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int = 1000, seed: int = 0,
+                     confidence: float = 0.95, fpr: float = 0.05) -> dict:
+    """AUROC / TPR@``fpr`` of two member subsets against the **same** non-members (e.g. members inserted k = 4
+    times vs k = 1 times): the non-members are resampled once per resample and shared by A and B (paired), each
+    member subset resampled on its own. ``members_a`` / ``members_b`` are boolean masks over the examples (members
+    only). Returns the same layout as :func:`paired_bootstrap` (``a`` = subset A vs the non-members).
+    Draws: per block, non-members first, then subset A's members, then subset B's."""
+    _check_bootstrap_args(n_bootstrap, confidence)
+    lab = _as_labels(labels)
+    sc = _as_scores(scores, lab.shape[0])
+    ma, mb = np.asarray(members_a, bool), np.asarray(members_b, bool)
+    fin = np.isfinite(sc)
+    if ((ma | mb) & (lab == 0)).any():
+        raise ValueError("members_a / members_b must select members (label 1) only")
+    neg, pa, pb = sc[(lab == 0) & fin], sc[ma & fin], sc[mb & fin]
+    if min(neg.size, pa.size, pb.size) == 0:
+        raise ValueError(f"need non-members and members in both subsets; got {neg.size}, {pa.size}, {pb.size}")
+    point = [(_auroc_rows(p[None], neg[None])[0], _tpr_at_fpr_rows(p[None], neg[None], fpr)[0]) for p in (pa, pb)]
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _CHUNK_ELEMENTS // (2 * (neg.size + pa.size + pb.size)))
+    d_auc, d_tpr = [], []
+    for start in range(0, n_bootstrap, chunk):
+        b = min(chunk, n_bootstrap - start)
+        q = neg[rng.integers(0, neg.size, size=(b, neg.size))]
+        p1 = pa[rng.integers(0, pa.size, size=(b, pa.size))]
+        p2 = pb[rng.integers(0, pb.size, size=(b, pb.size))]
+        d_auc.append(_auroc_rows(p1, q) - _auroc_rows(p2, q))
+        d_tpr.append(_tpr_at_fpr_rows(p1, q, fpr) - _tpr_at_fpr_rows(p2, q, fpr))
+    out = {"n": int(lab.shape[0]), "n_used": int(neg.size + pa.size + pb.size), "n_dropped": int((~fin).sum()),
+           "n_members": [int(pa.size), int(pb.size)], "n_nonmembers": int(neg.size), "groups": None,
+           "n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
+    for j, (key, diffs) in enumerate((("auroc", d_auc), (_tpr_key(fpr), d_tpr))):
+        ci = _interval(np.concatenate(diffs), confidence)
+        out[key] = {"a": float(point[0][j]), "b": float(point[1][j]), "diff": float(point[0][j] - point[1][j]),
+                    "ci": ci, "verdict": verdict(ci)}
+    return out
+
+
+def describe(comparison: dict, name_a: str, name_b: str, key: str = "auroc", label: str = "AUROC") -> str:
+    """One sentence for a report: ``"min_k > ppl: AUROC 0.712 vs 0.655, difference +0.057 [95% CI +0.012,
+    +0.101]"``; ``"min_k vs ppl: not distinguishable (AUROC ...)"`` when the interval contains 0."""
+    c = comparison[key]
+    pct = f"{comparison['confidence']:.0%}"
+    detail = (f"{label} {c['a']:.3f} vs {c['b']:.3f}, difference {c['diff']:+.3f} "
+              f"[{pct} CI {c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}], paired bootstrap")
+    if c["verdict"] == VERDICTS[0]:
+        return f"{name_a} > {name_b}: {detail}"
+    if c["verdict"] == VERDICTS[1]:
+        return f"{name_b} > {name_a}: {detail}"
+    return f"{name_a} vs {name_b}: not distinguishable ({detail})"
