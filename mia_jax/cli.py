@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="bootstrap and blind-baseline cross-validation seed")
     ev.add_argument("--no-blind", action="store_true",
                     help="skip the model-free bag-of-words baseline that is otherwise reported beside the detectors")
+    ev.add_argument("--compare", nargs=2, action="append", metavar=("A", "B"), default=[],
+                    help="also report the paired bootstrap of method A minus method B on the same texts (AUROC and "
+                         "TPR@5%%FPR differences with 95%% CIs and a verdict: 'A > B', 'B > A' or 'not "
+                         "distinguishable'); repeatable; a bare min_k etc. names its single --k")
     sc = sub.add_parser("score", help="score unlabeled texts (no metrics)")
     _common(sc, labeled=False)
     _add_generate(sub)
@@ -121,6 +125,7 @@ NOT_IN_FINGERPRINT = {
     "n_bootstrap": "metrics only: recomputed from the records at the end of every run, resumed or not",
     "seed": "metrics and blind baseline only: recomputed from the records at the end of every run",
     "no_blind": "metrics only: the blind baseline never reads or writes a record",
+    "compare": "metrics only: paired comparisons are computed from the records at the end of every run",
     "out": "the folder itself",
     "overwrite": "decides what happens to the folder, not what a record holds",
     "no_progress": "display only",
@@ -193,6 +198,7 @@ def run(args, labeled: bool) -> Path:
                         "labeled eval anyway)")
     if blind_asked and not labeled:
         raise UserError(f"{blind.NAME} needs labels: use mia-jax eval")
+    compare = _comparisons(args, methods) if labeled else []
     ds = _load_data(args, labeled)
     if "ref" in methods and not args.ref_model:
         raise UserError("method 'ref' needs a reference model: add --ref-model PATH_OR_NAME")
@@ -209,11 +215,51 @@ def run(args, labeled: bool) -> Path:
     with rundir.claim(out, fingerprint, overwrite=args.overwrite) as resume:
         if resume:
             print(f"resuming the run in {out}", file=sys.stderr)
-        _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked)
+        _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
+                          compare)
     return out
 
 
-def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked) -> None:
+def _comparisons(args, methods: list[str]) -> list[tuple[str, str]]:
+    """The (A, B) pairs of --compare as method names of this run, checked before anything is loaded or written."""
+    pairs = []
+    for pair in args.compare:
+        names = []
+        for name in pair:
+            try:
+                expanded = expand_methods([name], args.k)
+            except UserError:
+                expanded = [name]
+            if len(expanded) != 1 or expanded[0] not in methods:
+                raise UserError(f"--compare {' '.join(pair)}: {name!r} is not one of this run's methods "
+                                f"({', '.join(methods)})")
+            names.append(expanded[0])
+        if names[0] == names[1]:
+            raise UserError(f"--compare {' '.join(pair)}: compares a method with itself")
+        pairs.append((names[0], names[1]))
+    if pairs and args.n_bootstrap < 1:
+        raise UserError(f"--compare needs --n-bootstrap of at least 1, got {args.n_bootstrap}")
+    return pairs
+
+
+def _paired(records, labels, pairs, args) -> list[dict]:
+    """metrics.paired_bootstrap of each --compare pair over the run's records."""
+    from mia_jax import metrics
+
+    scores = metrics.scores_by_method(records, sorted({m for p in pairs for m in p}))
+    out = []
+    for a, b in pairs:
+        try:
+            res = metrics.paired_bootstrap(labels, scores[a], scores[b], n_bootstrap=args.n_bootstrap,
+                                           seed=args.seed)
+        except ValueError as e:  # e.g. one class left once the texts either method could not score are dropped
+            res = {"error": str(e)}
+        out.append({"a": a, "b": b, **res})
+    return out
+
+
+def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
+                      compare=()) -> None:
     import jax
 
     from mia_jax import __version__, data, metrics, report, runner, sharding
@@ -286,12 +332,15 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
                 if blind_asked:
                     summary[blind.NAME] = blind_metrics
             notes.append(note)
-        report.write_summary(out, summary, extra=meta, notes=notes)
+        comparisons = _paired(records, labels, compare, args)
+        report.write_summary(out, summary, extra=meta, notes=notes, comparisons=comparisons)
         report.plot_roc(out / "roc.png", {m: (labels, scores[m]) for m in methods},
                         title=f"{ds.name}, {loaded.name}")
         report.plot_histograms(out / "histograms.png", scores, labels)
         print(report.markdown_table({m: summary[m] for m in methods}))
         print("".join(f"\n{n}" for n in notes).lstrip("\n"))
+        if comparisons:
+            print("\n" + report.comparisons_markdown(comparisons))
     else:
         (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     print(f"wrote {out}/", file=sys.stderr)

@@ -143,16 +143,46 @@ def _csv_row(method: str, r: dict) -> list:
     return row
 
 
-def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None, notes: Sequence[str] = ()) -> None:
+def _signed_ci(c: dict) -> str:
+    return f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]"
+
+
+def comparisons_markdown(comparisons: Sequence[dict]) -> str:
+    """The paired comparisons (``{"a": name, "b": name, **metrics.paired_bootstrap(...)}``, or with ``"error"``)
+    as a markdown table: A - B per metric with its interval and verdict, then one sentence per comparison."""
+    if not comparisons:
+        return ""
+    tpr = metrics._tpr_key(0.05)
+    rows, lines = [], []
+    for c in comparisons:
+        a, b = (str(c[k]).replace("|", "\\|") for k in ("a", "b"))
+        if "error" in c:
+            rows.append([a, b, "n/a", "n/a", "n/a", "n/a"])
+            lines.append(f"{c['a']} vs {c['b']}: not computed ({c['error']})")
+            continue
+        rows.append([a, b, _signed_ci(c["auroc"]), c["auroc"]["verdict"], _signed_ci(c[tpr]), c[tpr]["verdict"]])
+        lines.append(metrics.describe(c, c["a"], c["b"]))
+    pct = f"{comparisons[0].get('confidence', 0.95):.0%}"
+    header = ["A", "B", f"AUROC A - B [{pct} CI]", "AUROC verdict", f"TPR@5%FPR A - B [{pct} CI]", "TPR verdict"]
+    return ("Paired comparisons (bootstrap of the difference on the same texts; a verdict only where the interval "
+            "excludes 0):\n\n" + markdown(header, rows) + "\n" + "\n".join(f"- {line}" for line in lines) + "\n")
+
+
+def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None, notes: Sequence[str] = (),
+                  comparisons: Sequence[dict] = ()) -> None:
     """Write ``summary.json`` ({method: metrics}), ``summary.csv`` (COLUMNS, CIs split into ``*_lo`` /
     ``*_hi``, empty cell for None), ``summary.md`` (:func:`markdown_table`) and, if ``extra`` is given,
     ``run.json`` with it (config, model, data hashes, ...); ``notes`` are lines appended below the
-    markdown table. Creates ``out_dir`` if needed."""
+    markdown table. ``comparisons`` (paired bootstraps, see :func:`comparisons_markdown`) go under the notes in
+    ``summary.md`` and into ``summary.json`` as ``"comparisons": [...]`` (absent without comparisons).
+    Creates ``out_dir`` if needed."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n")
+    blob = dict(summary, comparisons=list(comparisons)) if comparisons else summary
+    (out / "summary.json").write_text(json.dumps(_jsonable(blob), indent=2, allow_nan=False) + "\n")
     write_csv(out / "summary.csv", _csv_header(), [_csv_row(str(method), r) for method, r in summary.items()])
-    (out / "summary.md").write_text(markdown_table(summary) + "".join(f"\n{n}\n" for n in notes))
+    (out / "summary.md").write_text(markdown_table(summary) + "".join(f"\n{n}\n" for n in notes)
+                                    + (f"\n{comparisons_markdown(comparisons)}" if comparisons else ""))
     if extra is not None:
         (out / "run.json").write_text(json.dumps(_jsonable(extra), indent=2, allow_nan=False) + "\n")
 
