@@ -1,5 +1,6 @@
 """train/contaminate.py end to end on the `tiny` config: tables, figures, resume, refusals, every ablation."""
 import csv
+import hashlib
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ from helpers import complete_records, interrupt_when, start, wait_for
 from sklearn.metrics import roc_auc_score
 
 from mia_jax import models
-from train import contaminate
+from train import contaminate, tables
 from train.config import TinyModelConfig
 from train.tiny import write_tiny_model
 
@@ -53,7 +54,7 @@ def tiny_run(tmp_path_factory):
 
 def test_tiny_experiment(tiny_run, capsys):
     out = tiny_run
-    for name in ("table3.md", "table3.csv", "table7.md", "table7.csv", "metrics.json", "run.json",
+    for name in ("table3.md", "table3.csv", "table7.md", "table7.csv", "metrics.json", "run.json", "examples.jsonl.gz",
                  "roc.png", "corpus/manifest.json", "corpus/eval.jsonl", "train/metrics.jsonl",
                  "scores/trained/results.jsonl", "model/model.safetensors", "base_model/config.json"):
         assert (out / name).exists(), name
@@ -64,7 +65,7 @@ def test_tiny_experiment(tiny_run, capsys):
         assert text in table3, text
     assert "TPR@5%FPR" in (out / "table7.md").read_text()
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics) == {"trained", "base"}
+    assert set(metrics) == {"trained", "base", "blind", "average", "gain", "best"}
     assert set(metrics["trained"]) == {"boolq", "commonsenseqa", "imdb", "truthfulqa"}
     r = metrics["trained"]["imdb"]["min_k@0.2"]
     eval_set = [json.loads(line) for line in (out / "corpus" / "eval.jsonl").read_text().splitlines()]
@@ -74,13 +75,36 @@ def test_tiny_experiment(tiny_run, capsys):
     assert r["auroc"] == pytest.approx(roc_auc_score([y for y, _ in imdb], [x for _, x in imdb]), abs=1e-12)
     assert "ref" in metrics["trained"]["boolq"] and "ref" not in metrics["base"]["boolq"]
     rows = list(csv.DictReader((out / "table3.csv").open()))
-    assert {row["model"] for row in rows} == {"trained", "base"}
+    assert {row["model"] for row in rows} == {"trained", "base", "none"}  # none: the blind baseline
+    assert {row["dataset"] for row in rows if row["model"] == "none"} == set(metrics["trained"])
     info = json.loads((out / "run.json").read_text())
     assert info["train"]["tokens_per_second"] > 0 and info["train"]["steps"] > 1
     tokens = info["corpus"]["tokens"]
     assert info["corpus"]["contamination_rate"] == pytest.approx(tokens["contaminant"] / tokens["total"])
     manifest = json.loads((out / "corpus" / "manifest.json").read_text())
     assert manifest["tokens"]["total"] == info["corpus"]["tokens"]["total"]
+    # every table of the run is rebuilt, without any model, from examples.jsonl.gz and run.json
+    rebuilt = tmp_path_factory_dir(out) / "rebuilt"
+    assert tables.main(["--from", str(out), "--out", str(rebuilt)]) == 0
+    for name in ("table3.md", "table7.md", "table3.csv", "table7.csv", "metrics.json"):
+        assert (rebuilt / name).read_bytes() == (out / name).read_bytes(), name
+    assert "python -m train.tables --from" in table3
+    # reference-free and oracle blocks apart, the oracle never bolded; the blind baseline per dataset
+    free, oracle = table3.split("oracle reference")[0], table3.split("oracle reference")[1].split("blind baseline")[0]
+    assert "Ref (base model" not in free and "Ref (base model" in oracle and "**" not in oracle
+    assert "Blind BoW (no model)" in table3 and "[" in table3.split("Blind BoW (no model)")[1].splitlines()[0]
+    examples = tables.read_examples(out / "examples.jsonl.gz")
+    assert len(examples) == len(eval_set) and all("text" not in e for e in examples)
+    assert [e["text_sha256"] for e in examples] == [hashlib.sha256(e["text"].encode()).hexdigest() for e in eval_set]
+    assert [e["trained"]["min_k@0.2"] for e in examples] == [r["scores"]["min_k@0.2"] for r in records]
+    blind_imdb = [(e["label"], e["blind"]) for e in examples if e["dataset"] == "imdb"]
+    assert metrics["blind"]["imdb"]["auroc"] == pytest.approx(
+        roc_auc_score([y for y, _ in blind_imdb], [x for _, x in blind_imdb]), abs=1e-12)
+    for d, by_method in metrics["trained"].items():  # every cell carries its interval
+        assert all(r["auroc_ci"] is not None and r["tpr_at_5pct_fpr_ci"] is not None for r in by_method.values())
+    # a method is bold only if no paired bootstrap puts another method of its column above it
+    for col, entry in metrics["best"]["trained"]["auroc"].items():
+        assert entry["best"] != "ref" and all(c["auroc"]["diff"] >= 0 for c in entry["vs"].values() if c)
     # the exported model loads with the library loader
     assert models.load(str(out / "model")).config.vocab_size == 512
 
@@ -91,6 +115,10 @@ def test_tiny_experiment(tiny_run, capsys):
     err = capsys.readouterr().err
     assert "holds a different run" in err and "train.lr: 0.003 -> 1e-05" in err and len(err.splitlines()) == 1
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
+
+
+def tmp_path_factory_dir(out):
+    return out.parent
 
 
 def test_killed_then_interrupted_mid_scoring_resumes(tiny_run, tmp_path):
@@ -126,7 +154,7 @@ def test_killed_then_interrupted_mid_scoring_resumes(tiny_run, tmp_path):
     assert scoring["base"]["main"]["reused"] == n and scoring["base"]["main"]["computed"] == 0
     assert scoring["trained"]["main"]["reused"] == done_trained
     assert scoring["trained"]["main"]["computed"] == n - done_trained
-    for name in ("table3.md", "table7.md", "metrics.json", "scores/trained/results.jsonl",
+    for name in ("table3.md", "table7.md", "metrics.json", "examples.jsonl.gz", "scores/trained/results.jsonl",
                  "scores/trained/passes/lowercase.jsonl", "scores/trained/passes/ref.jsonl", "model/model.safetensors"):
         assert (out / name).read_bytes() == (tiny_run / name).read_bytes(), name
     assert base_main().read_bytes() == next((tiny_run / "base_scores").glob("*/passes/main.jsonl")).read_bytes()
@@ -143,6 +171,13 @@ def test_ablation_lr(tmp_path, tiny_model):
         assert (out / sub / "table3.md").exists()
     # both runs scored the same texts with the same base model: the base scores are computed once
     assert len(list((out / "base_scores").iterdir())) == 1
+    # the learning rates compared by the paired bootstrap on the same examples; the sweep rebuilt without a model
+    assert "lr 0.003 vs 0.0001, Min-K% Prob (k=20%) (paired bootstrap, same examples)" in table4
+    assert table4.count("lr 0.003") >= 5 and "[0." in table4
+    rebuilt = tmp_path / "rebuilt"
+    assert tables.main(["--from", str(out), "--out", str(rebuilt)]) == 0
+    for name in ("table4.md", "table4.csv", "lr_0.0001/table3.md", "lr_0.003/metrics.json"):
+        assert (rebuilt / name).read_bytes() == (out / name).read_bytes(), name
 
 
 def test_ablation_occurrence(tmp_path, tiny_model):
@@ -153,6 +188,10 @@ def test_ablation_occurrence(tmp_path, tiny_model):
     assert any(r["dataset"] == "all" for r in rows) and (out / "fig5c.png").exists()
     occ = json.loads((out / "occurrence" / "corpus" / "manifest.json").read_text())["datasets"]["imdb"]["occurrences"]
     assert min(occ) >= 1 and max(occ) > 1
+    rebuilt = tmp_path / "rebuilt"
+    assert tables.main(["--from", str(out), "--out", str(rebuilt)]) == 0
+    assert (rebuilt / "fig5c.md").read_bytes() == (out / "fig5c.md").read_bytes()
+    assert "[" in (out / "fig5c.md").read_text()
 
 
 @pytest.mark.parametrize("ablation, figure, extra", [

@@ -8,8 +8,11 @@ config is refused)::
     train/                Orbax checkpoints, fingerprint.json, metrics.jsonl (train/trainer.py)
     model/                the trained model in the Hugging Face layout (loads with mia_jax.models.load)
     scores/trained/       runner.score_dataset output for the trained model (with `ref` = the base model)
-    metrics.json          {"trained"|"base": {dataset: {method: metrics.evaluate(...)}}}
-    table3.*, table7.*    AUROC / TPR@5%FPR per dataset and method (train/tables.py)
+    examples.jsonl.gz     per-example scores (trained and base model, every method, the blind baseline), from which
+                          `python -m train.tables --from DIR` rebuilds metrics.json, the tables and roc.png
+    metrics.json          {"trained"|"base": {dataset: {method: metrics.evaluate(...)}}, "blind", "average",
+                          "gain", "best"} (train/tables.run_results)
+    table3.*, table7.*    AUROC / TPR@5%FPR [95% CI] per dataset and method (train/tables.py)
     run.json              versions, model, corpus summary, training throughput, timings
 
 Base-model scores live in ``<cache>/base_scores/<key>/`` (shared by the runs of an ablation that score the
@@ -63,7 +66,22 @@ def base_model_path(cfg: ExperimentConfig, cache: Path) -> str:
     return str(folder)
 
 
-def _eval_key(loaded, texts: list[str], labels: list[int], methods: list[str], cfg: ExperimentConfig, mesh) -> str:
+N_NEIGHBORS = 10  # neighbours per text of the `neighbor` method (as `mia-jax eval`'s default)
+
+
+def neighbor_generator(base, methods: list[str], cfg: ExperimentConfig):
+    """The `neighbor` method's generator when it is configured: the base model proposes the word replacements
+    (``neighbors.SelfNeighbors``; no offline mask-filling model is available), the same neighbours for the base and
+    the trained model's scoring. None otherwise."""
+    if "neighbor" not in methods:
+        return None
+    from mia_jax.neighbors import SelfNeighbors
+
+    return SelfNeighbors(base, n=N_NEIGHBORS, seed=cfg.score.seed, batch_size=cfg.score.batch_size)
+
+
+def _eval_key(loaded, texts: list[str], labels: list[int], methods: list[str], cfg: ExperimentConfig, mesh,
+              neighbors=None) -> str:
     """The base-model scores' folder key: a hash of the run fingerprint of that scoring (everything that can change
     one of its records, as for any other run)."""
     from mia_jax import runner
@@ -72,17 +90,18 @@ def _eval_key(loaded, texts: list[str], labels: list[int], methods: list[str], c
 
     sharded = {} if mesh is None else {"mesh": mesh_str(mesh)}
     fingerprint = runner.run_fingerprint(loaded, texts, labels, methods, batch_size=cfg.score.batch_size,
-                                         dtype=loaded.dtype, **sharded)
+                                         dtype=loaded.dtype, neighbors=neighbors, **sharded)
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def score(loaded, texts, labels, methods, out_dir: Path, cfg: ExperimentConfig, ref=None,
-          report: dict | None = None, mesh=None) -> list[dict]:
+          report: dict | None = None, mesh=None, neighbors=None) -> list[dict]:
     """``runner.score_dataset`` into ``out_dir``, resuming from its finished batches (the folder is keyed by
     everything that can change a record: the run's fingerprint, or ``_eval_key`` for base scores)."""
     from mia_jax import runner
 
-    return runner.score_dataset(loaded, texts, methods, ref=ref, labels=labels, out_dir=out_dir, resume=True,
+    return runner.score_dataset(loaded, texts, methods, ref=ref, neighbors=neighbors, labels=labels,
+                                out_dir=out_dir, resume=True,
                                 batch_size=cfg.score.batch_size, progress=cfg.train.progress, report=report,
                                 mesh=mesh)
 
@@ -148,9 +167,11 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
          f"{cfg.train.seq_len}")
 
     t0 = time.perf_counter()
-    base_dir = cache / "base_scores" / _eval_key(base, texts, labels, base_methods, cfg, scoring_mesh)
+    generator = neighbor_generator(base, methods, cfg)
+    base_dir = cache / "base_scores" / _eval_key(base, texts, labels, base_methods, cfg, scoring_mesh, generator)
     scoring = {"base": {}, "trained": {}}  # per pass: texts reused from disk / computed here
-    base_records = score(base, texts, labels, base_methods, base_dir, cfg, report=scoring["base"], mesh=scoring_mesh)
+    base_records = score(base, texts, labels, base_methods, base_dir, cfg, report=scoring["base"], mesh=scoring_mesh,
+                         neighbors=generator)
     timings["score_base_s"] = time.perf_counter() - t0
 
     batches = Batches(data, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.epochs, cfg.train.shuffle,
@@ -181,26 +202,31 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
     t0 = time.perf_counter()
     trained = load(str(model_dir))
     trained_records = score(trained, texts, labels, methods, out / "scores" / "trained", cfg, ref=base,
-                            report=scoring["trained"], mesh=scoring_mesh)
+                            report=scoring["trained"], mesh=scoring_mesh, neighbors=generator)
     timings["score_trained_s"] = time.perf_counter() - t0
 
-    results = {"trained": evaluate_by_dataset(trained_records, corpus.eval, methods, cfg),
-               "base": evaluate_by_dataset(base_records, corpus.eval, base_methods, cfg)}
+    examples = tables.example_rows(corpus.eval, trained_records, base_records, seed=cfg.score.seed)
+    info = {
+        "command": " ".join(sys.argv), "config": dataclasses.asdict(cfg), "package_version": __version__,
+        "jax_version": jax.__version__, "device": str(jax.devices()[0]), "platform": platform.platform(),
+        "base_model": {"name": base.name, "source": base.source, "files": base.files, "add_bos": base.add_bos},
+        "mesh": sharding.mesh_str(mesh), "processes": jax.process_count(), "separator_token_id": sep,
+        "methods": methods,
+        "neighbors": {"name": generator.name, "config": generator.config} if generator is not None else None,
+        "corpus": {k: corpus.manifest[k] for k in ("tokens", "contamination_rate", "n_documents",
+                                                   "n_inserted_segments")},
+        "train": train_info, "scoring": scoring, "timings_s": timings,
+    }
+    info = json.loads(json.dumps(info, default=str))
     if main:  # on several processes every one holds every record; process 0 writes
-        (out / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
-        tables.write_run_tables(out, results, methods)
-        tables.plot_run_rocs(out, trained_records, corpus.eval, methods)
-        (out / "run.json").write_text(json.dumps({
-            "command": " ".join(sys.argv), "config": dataclasses.asdict(cfg), "package_version": __version__,
-            "jax_version": jax.__version__, "device": str(jax.devices()[0]), "platform": platform.platform(),
-            "base_model": {"name": base.name, "source": base.source, "files": base.files, "add_bos": base.add_bos},
-            "mesh": sharding.mesh_str(mesh), "processes": jax.process_count(), "separator_token_id": sep,
-            "methods": methods,
-            "corpus": {k: corpus.manifest[k] for k in ("tokens", "contamination_rate", "n_documents",
-                                                       "n_inserted_segments")},
-            "train": train_info, "scoring": scoring, "timings_s": timings,
-        }, indent=2, default=str) + "\n")
-    return results
+        # the per-example scores and run.json first: every table is then what `python -m train.tables --from` rebuilds
+        tables.write_examples(out / tables.EXAMPLES, examples)
+        (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+        results = tables.write_run(out, examples, info)
+    else:
+        results = tables.run_results(examples, methods, base_methods, n_bootstrap=cfg.score.n_bootstrap,
+                                     seed=cfg.score.seed)
+    return dict(results, examples=examples, config=info["config"], corpus=info["corpus"])
 
 
 def _log(msg: str) -> None:

@@ -1,28 +1,57 @@
-"""The paper's contamination tables and figures as markdown / CSV / PNG.
+"""The paper's contamination tables and figures as markdown / CSV / PNG, rebuilt from per-example scores.
 
-* Table 3: AUROC per dataset (and the average) for every method, after continued pretraining, with the
-  base model's AUROC beside it (same texts, same methods, before training).
+Every run writes ``examples.jsonl.gz`` (one JSON object per eval example: the corpus's eval fields but the text,
+``text_sha256``, the blind-baseline score and every method's score under the trained and the base model) beside
+``run.json``; every table and figure of the run, or of a sweep of runs, is a function of those files alone::
+
+    python -m train.tables --from results/contamination/cpu-lr     # a sweep folder, or one run's folder
+
+* Table 3: AUROC [95% CI] per dataset and the average, reference-free methods after continued pretraining with
+  the base model's AUROC beside each; the oracle reference (``ref`` = trained minus base log-likelihood, which
+  needs the pre-contamination checkpoint) in its own block, never bolded; the model-free blind baseline per
+  dataset; the gain over the base model as a paired bootstrap of trained vs base on the same examples.
+  Bold = the best method of a column and every method the paired bootstrap cannot distinguish from it.
 * Table 7: the same for TPR@5%FPR.
-* Table 4: AUROC per dataset for each learning rate (Min-K% first, then PPL and Min-K%++).
-* Figure 5a / 5b: Min-K% AUROC against the contamination rate (% of corpus tokens) over background sizes,
-  for the downstream (outlier) and news (in-distribution) contaminants.
-* Figure 5c: AUROC of the members inserted k times against all non-members, per k.
+* Table 4: AUROC [95% CI] per dataset for each learning rate (Min-K% first, then PPL and Min-K%++), with the
+  paired comparison of the learning rates on the same examples.
+* Figure 5a / 5b: Min-K% AUROC against the contamination rate (% of corpus tokens) over background sizes.
+* Figure 5c: AUROC of the members inserted k times against all non-members, per k, with the comparison of the
+  largest k against k = 1 (the same non-members, :func:`mia_jax.metrics.subset_bootstrap`).
 """
 from __future__ import annotations
 
+import argparse
+import gzip
+import hashlib
+import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from mia_jax.report import best_in_bold, fmt, markdown, pyplot, save_figure, write_csv
+from mia_jax import blind, metrics
+from mia_jax.report import fmt, markdown, pyplot, save_figure, write_csv
 
+EXAMPLES = "examples.jsonl.gz"
 DATASET_NAMES = {"boolq": "BoolQ", "commonsenseqa": "CommonsenseQA", "imdb": "IMDB", "truthfulqa": "TruthfulQA",
                  "news": "News 2023"}
 BASE_NAMES = {"loss": "Loss", "ppl": "PPL", "zlib": "Zlib", "lowercase": "Lowercase", "entropy": "Entropy",
               "rank": "Rank", "ref": "Ref (base model as reference)", "min_k": "Min-K% Prob", "min_k_pp": "Min-K%++",
-              "max_k": "Max-K%"}
+              "max_k": "Max-K%", "neighbor": "Neighbor"}
 HEADLINE = ("min_k", "ppl", "min_k_pp")  # Table 4 / Figure 5 methods, in this order
+ORACLE = ("ref",)  # methods that need the pre-contamination checkpoint: their own block, never bolded
+AVG = "avg"
+NEIGHBOR_NOTE = ("Neighbor: the base model proposes each neighbour's word replacements (`neighbors.SelfNeighbors`, "
+                 "as `mia-jax eval` without --neighbor-mlm; no offline mask-filling model is available), the same "
+                 "neighbours for the base and the trained model.")
+NO_NEIGHBOR_NOTE = ("Neighbor: not run (add `neighbor` to score.methods; the base model then proposes the "
+                    "neighbours, no offline mask-filling model being available).")
+
+
+def rebuild_line(what: str = "<this folder>") -> str:
+    return (f"Rebuilt from the per-example scores ({EXAMPLES}) by `python -m train.tables --from {what}`; "
+            "intervals: 95% stratified bootstrap; comparisons: paired bootstrap on the same examples.\n\n")
 
 
 def method_name(method: str) -> str:
@@ -40,58 +69,247 @@ def _avg(values) -> float | None:
     return float(np.mean(vals)) if vals and len(vals) == len(values) else None
 
 
-def metric_table(results: dict, methods: list[str], key: str) -> tuple[list[str], list[list]]:
-    """Rows [method, value per dataset..., average] of metric ``key`` for one model's results."""
-    datasets = list(results)
+def _ci_cell(r: dict | None, key: str) -> str:
+    if r is None or r.get(key) is None:
+        return "n/a"
+    ci = r.get(f"{key}_ci")
+    return fmt(r[key]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
+
+
+# ----------------------------------------------------------------------------- per-example records
+
+
+def example_rows(eval_set: list[dict], trained: list[dict], base: list[dict], seed: int = 0) -> list[dict]:
+    """One row per eval example: its eval fields except the text, ``text_sha256``, ``blind`` (the out-of-fold score
+    of the blind baseline fitted on its dataset's texts alone, null when the dataset is too small) and ``trained`` /
+    ``base``: {method: score or null} from the two models' scoring records."""
+    rows = []
+    for e, t, b in zip(eval_set, trained, base, strict=True):
+        row = {k: v for k, v in e.items() if k != "text"}
+        row["text_sha256"] = hashlib.sha256(e["text"].encode("utf-8")).hexdigest()
+        row.update(n_tokens=t.get("n_tokens"), blind=None, trained=t["scores"], base=b["scores"])
+        rows.append(row)
+    for d, idx in _by_dataset(rows).items():
+        try:
+            scores = blind.blind_bow_scores([eval_set[i]["text"] for i in idx], [rows[i]["label"] for i in idx],
+                                            seed=seed)
+        except Exception:  # noqa: BLE001 - too few examples for the cross-validation: no blind score
+            continue
+        for i, s in zip(idx, scores):
+            rows[i]["blind"] = float(s)
+    return rows
+
+
+def write_examples(path: Path, rows: list[dict]) -> None:
+    """``rows`` as gzip-compressed JSONL, byte-identical for the same rows (no name or time in the gzip header)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as gz:
+        for r in rows:
+            gz.write((json.dumps(r, sort_keys=True) + "\n").encode("utf-8"))
+    Path(path).write_bytes(buf.getvalue())
+
+
+def read_examples(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _by_dataset(rows: list[dict]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        out.setdefault(r["dataset"], []).append(i)
+    return out
+
+
+def _vec(rows: list[dict], model: str, method: str) -> np.ndarray:
+    vals = [r[model].get(method) if model != "blind" else r["blind"] for r in rows]
+    return np.array([np.nan if v is None else v for v in vals], np.float64)
+
+
+# ----------------------------------------------------------------------------- the metrics of one run
+
+
+def run_results(rows: list[dict], methods: list[str], base_methods: list[str], *, n_bootstrap: int = 1000,
+                seed: int = 0) -> dict:
+    """Everything the tables of one run show, from its example rows:
+
+    ``trained`` / ``base``: {dataset: {method: metrics.evaluate}}; ``blind``: {dataset: metrics.evaluate or None};
+    ``average``: {model: {method: metrics.evaluate_mean over datasets}}; ``gain``: {dataset or "avg": {method:
+    paired_bootstrap(trained, base)}}; ``best``: {model: {"auroc" | "tpr_at_5pct_fpr": {dataset or "avg":
+    {"best": method, "vs": {method: paired_bootstrap(best, method)}}}}} over the reference-free methods."""
+    groups = _by_dataset(rows)
+    labels = np.array([r["label"] for r in rows])
+    dsets = [r["dataset"] for r in rows]
+    kw = dict(n_bootstrap=n_bootstrap, seed=seed)
+    res: dict = {"trained": {}, "base": {}, "blind": {}, "average": {"trained": {}, "base": {}}, "gain": {},
+                 "best": {}}
+    vec = {model: {m: _vec(rows, model, m) for m in ms} for model, ms in (("trained", methods), ("base", base_methods))}
+    for d, idx in groups.items():
+        for model, ms in (("trained", methods), ("base", base_methods)):
+            res[model][d] = {m: metrics.evaluate(labels[idx], vec[model][m][idx], **kw) for m in ms}
+        b = _vec([rows[i] for i in idx], "blind", "")
+        res["blind"][d] = metrics.evaluate(labels[idx], b, **kw) if np.isfinite(b).all() else None
+
+    def safe(fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ValueError:  # a class left empty once NaN rows are dropped, or no bootstrap asked for
+            return None
+
+    for model, ms in (("trained", methods), ("base", base_methods)):
+        res["average"][model] = {m: safe(metrics.evaluate_mean, labels, vec[model][m], dsets, **kw) for m in ms}
+    if n_bootstrap < 1:
+        return res
+    columns = {**{d: (idx, None) for d, idx in groups.items()}, AVG: (list(range(len(rows))), dsets)}
+    for col, (idx, g) in columns.items():
+        res["gain"][col] = {m: safe(metrics.paired_bootstrap, labels[idx], vec["trained"][m][idx],
+                                    vec["base"][m][idx], groups=g, **kw) for m in base_methods}
+    for model, ms in (("trained", methods), ("base", base_methods)):
+        free = [m for m in ms if m not in ORACLE]
+        res["best"][model] = {}
+        for key in ("auroc", "tpr_at_5pct_fpr"):
+            res["best"][model][key] = {}
+            for col, (idx, g) in columns.items():
+                point = {m: (res["average"][model][m] or {}).get(key) if col == AVG else res[model][col][m][key]
+                         for m in free}
+                point = {m: v for m, v in point.items() if v is not None}
+                if not point:
+                    continue
+                best = max(point, key=lambda m: point[m])
+                res["best"][model][key][col] = {"best": best, "vs": {
+                    m: safe(metrics.paired_bootstrap, labels[idx], vec[model][best][idx], vec[model][m][idx],
+                            groups=g, **kw) for m in point if m != best}}
+    return res
+
+
+def _bold_set(res: dict, model: str, key: str, col: str) -> set[str]:
+    """The best method of a column and every method not distinguishable from it (paired bootstrap)."""
+    entry = res.get("best", {}).get(model, {}).get(key, {}).get(col)
+    if entry is None:
+        return set()
+    return {entry["best"]} | {m for m, c in entry["vs"].items() if c is None or c[key]["verdict"] != "A > B"}
+
+
+def _column(res: dict, model: str, col: str, m: str) -> dict | None:
+    return res["average"][model].get(m) if col == AVG else res[model][col].get(m)
+
+
+def metric_table(results: dict, methods: list[str], key: str, model: str = "trained") -> tuple[list[str], list]:
+    """Rows [method name, cell per dataset..., average] of metric ``key`` with intervals; with the base model's
+    value beside each trained cell when ``model == "trained"`` and the method has one."""
+    datasets = list(results[model])
+    cols = [*datasets, AVG]
+    header = ["Method"]
+    for c in cols:
+        name = "Avg." if c == AVG else DATASET_NAMES.get(c, c)
+        header += [name] + ([f"{name} base"] if model == "trained" else [])
     rows = []
     for m in methods:
-        vals = [results[d][m][key] if m in results[d] else None for d in datasets]
-        rows.append([method_name(m), *vals, _avg(vals)])
-    return ["Method", *(DATASET_NAMES.get(d, d) for d in datasets), "Avg."], rows
+        row = [method_name(m)]
+        bold = [m in _bold_set(results, model, key, c) and m not in ORACLE for c in cols]
+        for c, b in zip(cols, bold):
+            cell = _ci_cell(_column(results, model, c, m), key)
+            row.append(f"**{cell}**" if b and cell != "n/a" else cell)
+            if model == "trained":
+                base = _column(results, "base", c, m) if m in results["base"][datasets[0]] else None
+                row.append(fmt(base[key]) if base else "n/a")
+        rows.append(row)
+    return header, rows
+
+
+def _statements(results: dict, key: str, label: str) -> list[str]:
+    out = []
+    datasets = list(results["trained"])
+    for model in ("trained", "base"):
+        for col in (AVG, *datasets):
+            entry = results.get("best", {}).get(model, {}).get(key, {}).get(col)
+            if entry is None:
+                continue
+            where = "average over datasets" if col == AVG else DATASET_NAMES.get(col, col)
+            ranked = sorted(((c[key]["diff"], m, c) for m, c in entry["vs"].items() if c is not None),
+                            key=lambda t: t[0])
+            best = method_name(entry["best"])
+            if not ranked:
+                out.append(f"{model}, {where}: best reference-free {label}: {best} (no other method to compare)")
+                continue
+            _, runner, c = ranked[0]
+            verdict = ("best reference-free method" if c[key]["verdict"] == "A > B"
+                       else "highest point estimate, not distinguishable from the runner-up")
+            out.append(f"{model} model, {where}: {best}, {verdict}; "
+                       + metrics.describe(c, best, method_name(runner), key=key, label=label))
+    return out
 
 
 def write_run_tables(out: Path, results: dict, methods: list[str]) -> None:
-    """table3.{md,csv} (AUROC) and table7.{md,csv} (TPR@5%FPR) of one run."""
+    """table3.{md,csv} (AUROC) and table7.{md,csv} (TPR@5%FPR) of one run (``results`` from :func:`run_results`)."""
+    datasets = list(results["trained"])
+    free = [m for m in methods if m not in ORACLE]
+    oracle = [m for m in methods if m in ORACLE]
     for name, key, title in (("table3", "auroc", "AUROC"), ("table7", "tpr_at_5pct_fpr", "TPR@5%FPR")):
-        parts = []
-        for model, label in (("trained", "after continued pretraining"), ("base", "base model, before training")):
-            ms = [m for m in methods if any(m in v for v in results[model].values())]
-            header, rows = metric_table(results[model], ms, key)
-            parts.append(f"{title}, {label}:\n\n" + markdown(header, best_in_bold(rows, shown_ties=True)))
-        gain_header, trained_rows = metric_table(results["trained"], methods, key)
-        _, base_rows = metric_table(results["base"], [m for m in methods if m != "ref"], key)
-        base_by = {r[0]: r for r in base_rows}
-        gains = [[r[0], *[(a - b) if a is not None and b is not None else None
-                          for a, b in zip(r[1:], base_by[r[0]][1:])]] for r in trained_rows if r[0] in base_by]
-        parts.append(f"{title} gain over the base model (trained - base):\n\n" +
-                     markdown(gain_header, [[g[0], *(fmt(v) for v in g[1:])] for g in gains]))
+        parts = [f"# {'Table 3' if name == 'table3' else 'Table 7'}: {title} [95% CI]\n\n{rebuild_line()}"]
+        header, rows = metric_table(results, free, key)
+        parts.append(f"{title}, reference-free methods, after continued pretraining (`X base`: the same method on "
+                     "the base model, before training). Bold: the best method of the column and every method the "
+                     "paired bootstrap does not distinguish from it.\n\n" + markdown(header, rows))
+        if oracle:
+            header, rows = metric_table(results, oracle, key)
+            rows = [[c.replace("**", "") for c in r] for r in rows]
+            parts.append(f"{title}, oracle reference (needs the exact pre-contamination checkpoint, which a real "
+                         "auditor does not have; not comparable with the rows above, never bolded):\n\n"
+                         + markdown(header, rows))
+        blind_row = ["Blind BoW (no model)"] + [_ci_cell(results["blind"].get(d), key) for d in datasets]
+        parts.append(f"{title} of the model-free blind baseline ({blind.NAME}, bag-of-words, {blind.FOLDS}-fold "
+                     "CV within each dataset's split): a split it separates is separable without a model.\n\n"
+                     + markdown(["Baseline", *(DATASET_NAMES.get(d, d) for d in datasets)], [blind_row]))
+        warns = [f"WARNING: {DATASET_NAMES.get(d, d)}: blind baseline AUROC {r['auroc']:.3f} > {blind.WARN_AUROC}: "
+                 "members and non-members differ in distribution; detector AUROCs on it overstate the signal."
+                 for d, r in results["blind"].items() if r is not None and r["auroc"] > blind.WARN_AUROC]
+        parts += [w + "\n" for w in warns]
+        gain_rows = []
+        for m in [m for m in methods if m in results["base"][datasets[0]]]:
+            cells = []
+            for c in [*datasets, AVG]:
+                g = results.get("gain", {}).get(c, {}).get(m)
+                cells.append("n/a" if g is None else f"{g[key]['diff']:+.3f} [{g[key]['ci'][0]:+.3f}, "
+                             f"{g[key]['ci'][1]:+.3f}]" + ("" if g[key]["verdict"] != "not distinguishable" else " ~"))
+            gain_rows.append([method_name(m), *cells])
+        parts.append(f"{title} gain over the base model (trained - base, paired bootstrap on the same examples; "
+                     "~ = not distinguishable from 0):\n\n"
+                     + markdown(["Method", *(DATASET_NAMES.get(d, d) for d in datasets), "Avg."], gain_rows))
+        parts.append("Comparisons (paired bootstrap; a method is called best only where the interval of its "
+                     "difference with the runner-up excludes 0):\n\n"
+                     + "".join(f"- {s}\n" for s in _statements(results, key, title)))
+        parts.append((NEIGHBOR_NOTE if "neighbor" in methods else NO_NEIGHBOR_NOTE) + "\n")
         (out / f"{name}.md").write_text("\n".join(parts))
-        ci_key = "auroc_ci" if key == "auroc" else "tpr_at_5pct_fpr_ci"
+        ci_key = f"{key}_ci"
+        csv_rows = [[model, d, m, r[key], *(r.get(ci_key) or (None, None)), r["n_members"], r["n_nonmembers"]]
+                    for model in ("trained", "base") for d, by_method in results[model].items()
+                    for m, r in by_method.items()]
+        csv_rows += [[model, AVG, m, r[key], *(r.get(ci_key) or (None, None)), None, None]
+                     for model in ("trained", "base") for m, r in results["average"][model].items() if r]
+        csv_rows += [["none", d, blind.NAME, r[key], *(r.get(ci_key) or (None, None)), r["n_members"],
+                      r["n_nonmembers"]] for d, r in results["blind"].items() if r]
         write_csv(out / f"{name}.csv",
                   ["model", "dataset", "method", key, f"{key}_ci_lo", f"{key}_ci_hi", "n_members", "n_nonmembers"],
-                  [[model, d, m, r[key], *(r.get(ci_key) or (None, None)), r["n_members"], r["n_nonmembers"]]
-                   for model, by_dataset in results.items() for d, by_method in by_dataset.items()
-                   for m, r in by_method.items()])
+                  csv_rows)
 
 
-def plot_run_rocs(out: Path, records: list[dict], eval_set: list[dict], methods: list[str]) -> None:
+def plot_run_rocs(out: Path, rows: list[dict], methods: list[str]) -> None:
     """roc.png: one panel per dataset, ROC curves of the headline methods for the trained model."""
-    from mia_jax import metrics
-
-    datasets = list(dict.fromkeys(r["dataset"] for r in eval_set))
-    shown = [m for m in methods if m.partition("@")[0] in (*HEADLINE, "zlib", "lowercase", "ref")]
+    shown = [m for m in methods if m.partition("@")[0] in (*HEADLINE, "zlib", "lowercase", "ref", "neighbor")]
+    groups = _by_dataset(rows)
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(datasets), figsize=(3.6 * len(datasets), 3.6), squeeze=False)
-    for ax, d in zip(axes[0], datasets):
-        idx = [i for i, r in enumerate(eval_set) if r["dataset"] == d]
-        scores = metrics.scores_by_method([records[i] for i in idx], shown)
-        labels = np.array([eval_set[i]["label"] for i in idx])
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.6), squeeze=False)
+    for ax, (d, idx) in zip(axes[0], groups.items()):
+        sub = [rows[i] for i in idx]
+        labels = np.array([r["label"] for r in sub])
         for m in shown:
-            keep = np.isfinite(scores[m])
+            sc = _vec(sub, "trained", m)
+            keep = np.isfinite(sc)
             if len(set(labels[keep].tolist())) < 2:
                 continue
-            fpr, tpr, _ = metrics.roc_curve(labels[keep], scores[m][keep])
-            ax.plot(fpr, tpr, lw=1.2, label=f"{method_name(m)} {metrics.auroc(labels[keep], scores[m][keep]):.2f}")
+            fpr, tpr, _ = metrics.roc_curve(labels[keep], sc[keep])
+            ax.plot(fpr, tpr, lw=1.2, label=f"{method_name(m)} {metrics.auroc(labels[keep], sc[keep]):.2f}")
         ax.plot([0, 1], [0, 1], ls="--", lw=0.8, color="grey")
         ax.set_title(DATASET_NAMES.get(d, d), fontsize=10)
         ax.set_xlabel("FPR", fontsize=8)
@@ -101,46 +319,117 @@ def plot_run_rocs(out: Path, records: list[dict], eval_set: list[dict], methods:
     save_figure(fig, out / "roc.png", dpi=100, tight=False)
 
 
+def write_run(out: Path, rows: list[dict], info: dict) -> dict:
+    """metrics.json, table3/table7 and roc.png of one run from its example rows and its ``run.json`` (``info``:
+    ``methods``, ``config.score``); fig5c.* too when the corpus used Poisson occurrences. Returns the results."""
+    methods = info["methods"]
+    score = info["config"]["score"]
+    results = run_results(rows, methods, [m for m in methods if m not in ORACLE],
+                          n_bootstrap=score["n_bootstrap"], seed=score["seed"])
+    (out / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_run_tables(out, results, methods)
+    plot_run_rocs(out, rows, methods)
+    if info["config"]["corpus"].get("occurrence") == "poisson":  # as train/contaminate.py writes it
+        write_occurrence_figure(out, *_records_and_eval(rows), methods)
+    return results
+
+
+def _records_and_eval(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    return [{"scores": r["trained"]} for r in rows], rows
+
+
 # ----------------------------------------------------------------------------- ablations
 
 
+def _examples_of(res: dict) -> list[dict] | None:
+    return res.get("examples") if isinstance(res, dict) else None
+
+
+def _bootstrap_cfg(res: dict) -> tuple[int, int]:
+    """(n_bootstrap, seed) of a run's config.score (results returned by run_experiment / rebuild_run carry it)."""
+    score = res.get("config", {}).get("score", {})
+    return int(score.get("n_bootstrap", 1000)) or 1000, int(score.get("seed", 0))
+
+
+def _same_examples(a: list[dict] | None, b: list[dict] | None) -> bool:
+    return bool(a) and bool(b) and [(r["dataset"], r["label"], r["text_sha256"]) for r in a] == \
+        [(r["dataset"], r["label"], r["text_sha256"]) for r in b]
+
+
+def _paired_models(rows_a: list[dict], rows_b: list[dict], m: str, n_bootstrap: int, seed: int) -> dict:
+    """{dataset or "avg": paired_bootstrap of method ``m``'s trained scores of run A vs run B (same examples)}."""
+    labels = np.array([r["label"] for r in rows_a])
+    a, b = _vec(rows_a, "trained", m), _vec(rows_b, "trained", m)
+    out = {}
+    for d, idx in _by_dataset(rows_a).items():
+        out[d] = metrics.paired_bootstrap(labels[idx], a[idx], b[idx], n_bootstrap=n_bootstrap, seed=seed)
+    out[AVG] = metrics.paired_bootstrap(labels, a, b, groups=[r["dataset"] for r in rows_a],
+                                        n_bootstrap=n_bootstrap, seed=seed)
+    return out
+
+
 def write_table4(out: Path, runs: dict[float, dict], methods: list[str]) -> str:
-    """Table 4 from {lr: metrics of that run}; returns the markdown."""
+    """Table 4 from {lr: results of that run} (with ``examples``: the paired comparison of the learning rates,
+    largest vs smallest, with the runs' score.n_bootstrap and seed); returns the markdown."""
+    n_bootstrap, seed = _bootstrap_cfg(next(iter(runs.values())))
     datasets = list(next(iter(runs.values()))["trained"])
-    parts, rows_csv = [], []
+    parts, rows_csv = [f"# Table 4: AUROC [95% CI] per learning rate\n\n{rebuild_line()}"], []
+    lrs = sorted(runs)
     for base in HEADLINE:
         m = headline(methods, base)
         if m is None:
             continue
         rows = []
-        for lr, res in sorted(runs.items()):
-            vals = [res["trained"][d][m]["auroc"] for d in datasets]
-            rows.append([f"{lr:g}", *vals, _avg(vals)])
-            rows_csv += [[lr, m, d, v] for d, v in zip(datasets, vals)]
+        for lr in lrs:
+            res = runs[lr]
+            cells = [res["trained"][d][m] for d in datasets] + [res.get("average", {}).get("trained", {}).get(m)]
+            rows.append([f"{lr:g}", *(_ci_cell(c, "auroc") for c in cells)])
+            rows_csv += [[lr, m, d, c["auroc"], *(c.get("auroc_ci") or (None, None))]
+                         for d, c in zip([*datasets, AVG], cells) if c]
         header = ["Learning rate", *(DATASET_NAMES.get(d, d) for d in datasets), "Avg."]
-        parts.append(f"AUROC, {method_name(m)}:\n\n" + markdown(header, best_in_bold(rows, shown_ties=True)))
+        parts.append(f"AUROC, {method_name(m)}:\n\n" + markdown(header, rows))
+        hi, lo = lrs[-1], lrs[0]
+        ea, eb = _examples_of(runs[hi]), _examples_of(runs[lo])
+        if len(lrs) > 1 and _same_examples(ea, eb):
+            comp = _paired_models(ea, eb, m, n_bootstrap, seed)
+            parts.append(f"lr {hi:g} vs {lo:g}, {method_name(m)} (paired bootstrap, same examples):\n\n" + "".join(
+                f"- {'average' if d == AVG else DATASET_NAMES.get(d, d)}: "
+                + metrics.describe(c, f"lr {hi:g}", f"lr {lo:g}") + "\n" for d, c in comp.items()))
+        elif len(lrs) > 1:
+            parts.append(f"lr {hi:g} vs {lo:g}: no comparison stated (per-example scores of both runs on the same "
+                         "examples are needed).\n")
     text = "\n".join(parts)
     (out / "table4.md").write_text(text)
-    write_csv(out / "table4.csv", ["lr", "method", "dataset", "auroc"], rows_csv)
+    write_csv(out / "table4.csv", ["lr", "method", "dataset", "auroc", "auroc_ci_lo", "auroc_ci_hi"], rows_csv)
     return text
 
 
 def write_size_figure(out: Path, name: str, runs: list[tuple[dict, dict]], methods: list[str], title: str) -> None:
-    """Figure 5a/5b: ``runs`` = [(manifest, metrics)] over corpus sizes -> <name>.png / .csv / .md."""
+    """Figure 5a/5b: ``runs`` = [(manifest or run.json "corpus", results)] over corpus sizes -> <name>.png/.csv/.md."""
     m = headline(methods) or methods[0]
-    points = sorted((man["contamination_rate"] * 100, man, res) for man, res in runs)
-    datasets = list(points[0][2]["trained"])
+    points = sorted(((man["contamination_rate"] * 100, i, man, res) for i, (man, res) in enumerate(runs)),
+                    key=lambda p: (p[0], p[1]))
+    datasets = list(points[0][3]["trained"])
     rows = [[rate, man["tokens"]["total"], man["tokens"]["background"], d, res["trained"][d][m]["auroc"],
-             res["base"][d][m]["auroc"]] for rate, man, res in points for d in datasets]
+             *(res["trained"][d][m].get("auroc_ci") or (None, None)), res["base"][d][m]["auroc"]]
+            for rate, _, man, res in points for d in datasets]
     write_csv(out / f"{name}.csv", ["contamination_pct", "total_tokens", "background_tokens", "dataset",
-                               "auroc_trained", "auroc_base"], rows)
+                                    "auroc_trained", "auroc_trained_ci_lo", "auroc_trained_ci_hi", "auroc_base"], rows)
     header = ["Corpus tokens", "Contamination %", *(DATASET_NAMES.get(d, d) for d in datasets)]
-    md = [[str(man["tokens"]["total"]), f"{rate:.2f}", *(fmt(res["trained"][d][m]["auroc"]) for d in datasets)]
-          for rate, man, res in points]
-    (out / f"{name}.md").write_text(f"{title} ({method_name(m)} AUROC):\n\n" + markdown(header, md))
+    md = [[str(man["tokens"]["total"]), f"{rate:.2f}", *(_ci_cell(res["trained"][d][m], "auroc") for d in datasets)]
+          for rate, _, man, res in points]
+    text = f"# {title}\n\n{rebuild_line()}{method_name(m)} AUROC [95% CI]:\n\n" + markdown(header, md)
+    (hi_rate, _, _, hi), (lo_rate, _, _, lo) = points[-1], points[0]
+    if len(points) > 1 and _same_examples(_examples_of(hi), _examples_of(lo)):
+        comp = _paired_models(_examples_of(hi), _examples_of(lo), m, *_bootstrap_cfg(hi))
+        text += (f"\nHighest ({hi_rate:.2f}%) vs lowest ({lo_rate:.2f}%) contamination rate, {method_name(m)}, "
+                 "paired bootstrap on the same examples:\n\n" + "".join(
+                     f"- {'average' if d == AVG else DATASET_NAMES.get(d, d)}: "
+                     + metrics.describe(c, f"{hi_rate:.2f}%", f"{lo_rate:.2f}%") + "\n" for d, c in comp.items()))
+    (out / f"{name}.md").write_text(text)
     fig, ax = pyplot().subplots(figsize=(5.5, 4))
     for d in datasets:
-        ax.plot([p[0] for p in points], [p[2]["trained"][d][m]["auroc"] for p in points], "o-",
+        ax.plot([p[0] for p in points], [p[3]["trained"][d][m]["auroc"] for p in points], "o-",
                 label=DATASET_NAMES.get(d, d))
     ax.set_xscale("log")
     ax.set_xlabel("contamination rate (% of corpus tokens)")
@@ -151,10 +440,10 @@ def write_size_figure(out: Path, name: str, runs: list[tuple[dict, dict]], metho
     save_figure(fig, out / f"{name}.png")
 
 
-def occurrence_curve(records: list[dict], eval_set: list[dict], methods: list[str], min_members: int = 3) -> list:
-    """[(dataset or 'all', k, n_members, {method: AUROC of members with k occurrences vs all non-members})]."""
-    from mia_jax import metrics
-
+def occurrence_curve(records: list[dict], eval_set: list[dict], methods: list[str], min_members: int = 3, *,
+                     n_bootstrap: int = 0, seed: int = 0) -> list:
+    """[(dataset or 'all', k, n_members, {method: metrics.evaluate of members with k occurrences vs all
+    non-members})] (``n_bootstrap`` resamples for the intervals)."""
     groups = {"all": list(range(len(eval_set)))}
     for i, r in enumerate(eval_set):
         groups.setdefault(r["dataset"], []).append(i)
@@ -167,24 +456,47 @@ def occurrence_curve(records: list[dict], eval_set: list[dict], methods: list[st
             sel = (lab == 0) | (occ == k)
             if (occ == k).sum() < min_members:
                 continue
-            res = {m: metrics.evaluate(lab[sel], scores[m][sel], n_bootstrap=0)["auroc"] for m in methods}
+            res = {m: metrics.evaluate(lab[sel], scores[m][sel], n_bootstrap=n_bootstrap, seed=seed) for m in methods}
             rows.append((g, int(k), int((occ == k).sum()), res))
     return rows
 
 
-def write_occurrence_figure(out: Path, records: list[dict], eval_set: list[dict], methods: list[str]) -> None:
-    """Figure 5c -> fig5c.png / .csv / .md."""
+def write_occurrence_figure(out: Path, records: list[dict], eval_set: list[dict], methods: list[str], *,
+                            n_bootstrap: int = 1000, seed: int = 0) -> None:
+    """Figure 5c -> fig5c.png / .csv / .md, with the largest k against k = 1 per dataset (paired in the
+    non-members: metrics.subset_bootstrap). ``records``: {"scores": {method: score}} per eval example."""
     shown = [m for m in (headline(methods, b) for b in HEADLINE) if m]
-    rows = occurrence_curve(records, eval_set, shown)
-    write_csv(out / "fig5c.csv", ["dataset", "occurrences", "n_members", *shown],
-         [[g, k, n, *(r[m] for m in shown)] for g, k, n, r in rows])
+    rows = occurrence_curve(records, eval_set, shown, n_bootstrap=n_bootstrap, seed=seed)
+    write_csv(out / "fig5c.csv", ["dataset", "occurrences", "n_members",
+                                  *(f"{m}{s}" for m in shown for s in ("", "_ci_lo", "_ci_hi"))],
+              [[g, k, n, *(v for m in shown for v in (r[m]["auroc"], *(r[m]["auroc_ci"] or (None, None))))]
+               for g, k, n, r in rows])
     header = ["Dataset", "Occurrences", "Members", *(method_name(m) for m in shown)]
-    md = [[DATASET_NAMES.get(g, g), str(k), str(n), *(fmt(r[m]) for m in shown)] for g, k, n, r in rows]
-    (out / "fig5c.md").write_text("AUROC of the members inserted k times against all non-members:\n\n"
-                                  + markdown(header, md))
+    md = [[DATASET_NAMES.get(g, g), str(k), str(n), *(_ci_cell(r[m], "auroc") for m in shown)]
+          for g, k, n, r in rows]
+    text = (f"# Figure 5c: AUROC [95% CI] of the members inserted k times against all non-members\n\n"
+            f"{rebuild_line()}" + markdown(header, md))
+    lines = []
+    if n_bootstrap and shown:
+        m = shown[0]
+        for g in dict.fromkeys(r[0] for r in rows):
+            ks = [k for gg, k, _, _ in rows if gg == g]
+            if len(ks) < 2 or ks[0] != 1:
+                continue
+            idx = [i for i, e in enumerate(eval_set) if g == "all" or e["dataset"] == g]
+            sc = metrics.scores_by_method([records[i] for i in idx], [m])[m]
+            occ = np.array([eval_set[i]["occurrences"] for i in idx])
+            lab = np.array([eval_set[i]["label"] for i in idx])
+            c = metrics.subset_bootstrap(sc, lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
+                                         n_bootstrap=n_bootstrap, seed=seed)
+            lines.append(f"- {DATASET_NAMES.get(g, g)}, {method_name(m)}: "
+                         + metrics.describe(c, f"k={ks[-1]}", "k=1") + "\n")
+    if lines:
+        text += "\nLargest k vs k = 1 (bootstrap of the difference, the same non-members):\n\n" + "".join(lines)
+    (out / "fig5c.md").write_text(text)
     fig, ax = pyplot().subplots(figsize=(5.5, 4))
     for g in dict.fromkeys(r[0] for r in rows):
-        pts = [(k, r[shown[0]]) for gg, k, n, r in rows if gg == g]
+        pts = [(k, r[shown[0]]["auroc"]) for gg, k, n, r in rows if gg == g]
         ax.plot(*zip(*pts), "o-", lw=2.5 if g == "all" else 1.2, label=DATASET_NAMES.get(g, g))
     ax.set_xlabel("occurrences of the example in the corpus")
     ax.set_ylabel(f"AUROC ({method_name(shown[0])})")
@@ -196,3 +508,64 @@ def write_occurrence_figure(out: Path, records: list[dict], eval_set: list[dict]
 
 def load_metrics(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "metrics.json").read_text())
+
+
+# ----------------------------------------------------------------------------- python -m train.tables --from DIR
+
+
+SWEEPS = {"lr_": "lr", "size_": "size", "news_": "news", "occurrence": "occurrence"}
+
+
+def rebuild_run(folder: Path, out: Path | None = None) -> dict:
+    """Every table and figure of one run from ``run.json`` and ``examples.jsonl.gz`` (no model); returns its results
+    with ``examples`` (the rows) added."""
+    folder = Path(folder)
+    out = Path(out) if out is not None else folder
+    out.mkdir(parents=True, exist_ok=True)
+    info = json.loads((folder / "run.json").read_text())
+    rows = read_examples(folder / EXAMPLES)
+    results = write_run(out, rows, info)
+    return dict(results, examples=rows, corpus=info["corpus"], config=info["config"])
+
+
+def rebuild(folder: Path, out: Path | None = None) -> str:
+    """A run folder (holding examples.jsonl.gz) or a sweep folder (sub-folders lr_*, size_*, news_*, occurrence):
+    every table and figure rebuilt from the per-example scores into ``out`` (default: in place)."""
+    folder = Path(folder)
+    out = Path(out) if out is not None else folder
+    if (folder / EXAMPLES).exists():
+        rebuild_run(folder, out)
+        return (out / "table3.md").read_text()
+    subs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / EXAMPLES).exists())
+    kinds = {next((k for prefix, k in SWEEPS.items() if p.name.startswith(prefix)), None) for p in subs}
+    if not subs or len(kinds) != 1 or None in kinds:
+        raise SystemExit(f"{folder}: neither a run folder ({EXAMPLES} and run.json) nor a sweep folder (sub-folders "
+                         "lr_*, size_*, news_* or occurrence holding them)")
+    kind = kinds.pop()
+    runs = [(p.name, rebuild_run(p, out / p.name)) for p in subs]
+    methods = json.loads((subs[0] / "run.json").read_text())["methods"]
+    if kind == "lr":
+        return write_table4(out, {res["config"]["train"]["lr"]: res for _, res in runs}, methods)
+    if kind in ("size", "news"):
+        name, title = (("fig5a", "Figure 5a: outlier contaminants (downstream examples) vs corpus size")
+                       if kind == "size" else
+                       ("fig5b", "Figure 5b: in-distribution contaminants (2023 news) vs corpus size"))
+        write_size_figure(out, name, [(res["corpus"], res) for _, res in runs], methods, title)
+        return (out / f"{name}.md").read_text()
+    write_occurrence_figure(out, *_records_and_eval(runs[0][1]["examples"]), methods)
+    return (out / "fig5c.md").read_text()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.tables", description="Rebuild every table and figure of a "
+                                "contamination run or sweep from its per-example scores (no model needed).")
+    p.add_argument("--from", dest="src", required=True, metavar="DIR",
+                   help="a run folder (run.json + examples.jsonl.gz) or a sweep folder of such runs")
+    p.add_argument("--out", help="write there instead of in place (the same layout)")
+    args = p.parse_args(argv)
+    print(rebuild(Path(args.src), Path(args.out) if args.out else None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
