@@ -6,7 +6,9 @@ one). ids/mask are [A, M, T]: A micro-batches of M sequences, scanned with ``lax
 and divided by the step's real token count, so the update equals one big batch's.
 
 Master weights and optimizer state are float32; ``compute_dtype="bfloat16"`` casts the parameters to bfloat16
-inside the loss (gradients flow back to the float32 copy). Log-softmax and the loss are float32.
+inside the loss (gradients flow back to the float32 copy). The loss is ``train.loss.chunked_cross_entropy``: float32
+log-sum-exp over vocabulary chunks, the [B, T, V] logits never formed (forward or backward). All vocabulary rows
+of the unembedding take part in the softmax (the model does not know its tokenizer's size).
 """
 from __future__ import annotations
 
@@ -14,10 +16,21 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import Mesh
+
+from train.loss import DEFAULT_CHUNK, chunked_cross_entropy
 
 
-def make_step(model: nnx.Module, opt: optax.GradientTransformation, compute_dtype: str = "float32"):
-    """A pure ``(params, opt_state, ids, mask) -> (params, opt_state, metrics)`` for ``model``'s graph."""
+def make_step(model: nnx.Module, opt: optax.GradientTransformation, compute_dtype: str = "float32", *,
+              remat: str = "none", loss_chunk: int = DEFAULT_CHUNK, mesh: Mesh | None = None):
+    """A pure ``(params, opt_state, ids, mask) -> (params, opt_state, metrics)`` for ``model``'s graph.
+
+    ``remat="layer"``: each decoder layer is recomputed in the backward pass (``CausalLM.hidden_states``).
+    ``loss_chunk``: vocabulary rows per chunk of the loss (``train.loss.chunked_cross_entropy``). ``mesh``: the mesh
+    the jitted step runs on (its ``model`` axis size sets the loss's vocabulary shards); None: one device."""
+    if remat not in ("none", "layer"):
+        raise ValueError(f"remat must be 'none' or 'layer', got {remat!r}")
+    shards = int(dict(mesh.shape).get("model", 1)) if mesh is not None else 1
     graphdef, abstract = nnx.split(model)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
     dtype = jnp.bfloat16 if compute_dtype == "bfloat16" else jnp.float32
@@ -29,12 +42,9 @@ def make_step(model: nnx.Module, opt: optax.GradientTransformation, compute_dtyp
 
     def nll_sum(params, ids, mask):
         m = rebuild(params)
-        hidden = m.hidden_states(ids[:, :-1])
-        logits = jnp.einsum("btd,vd->btv", hidden, m.unembedding(), preferred_element_type=jnp.float32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
-        valid = mask[:, 1:]
-        return jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(valid)
+        hidden = m.hidden_states(ids[:, :-1], remat=remat == "layer")
+        return chunked_cross_entropy(hidden, m.unembedding(), ids[:, 1:], mask[:, 1:], chunk_size=loss_chunk,
+                                     shards=shards)
 
     grad_fn = jax.value_and_grad(nll_sum, has_aux=True)
 

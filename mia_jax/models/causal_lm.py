@@ -98,8 +98,9 @@ class CausalLM(nnx.Module):
     def _sliding_window(self):
         return getattr(self.config, "sliding_window", None)
 
-    def hidden_states(self, input_ids):
-        """int [B, T] -> hidden states after the final norm [B, T, D] (parameter dtype)."""
+    def hidden_states(self, input_ids, remat: bool = False):
+        """int [B, T] -> hidden states after the final norm [B, T, D] (parameter dtype). ``remat``: recompute each
+        decoder layer in the backward pass (``Stacked.scan``), for training on long sequences."""
         t = input_ids.shape[1]
         if getattr(self, "pos_embed", None) is not None:
             check_length(t, self.config.max_position_embeddings, type(self).__name__)
@@ -114,7 +115,7 @@ class CausalLM(nnx.Module):
             return gqa_attention(q, k, v, jnp.where(sliding, window, full), scale)
 
         x = self.embed_tokens(input_ids, positions)
-        x = self.layers.scan(lambda p, h, xs: self.block(p, h, ctx, xs, attend), x, self.layer_inputs())
+        x = self.layers.scan(lambda p, h, xs: self.block(p, h, ctx, xs, attend), x, self.layer_inputs(), remat)
         return self.final(x)
 
     def unembedding(self):

@@ -118,9 +118,14 @@ class Stacked(nnx.Module):
         """{name: [L, ...] array}."""
         return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
 
-    def scan(self, layer_fn: Callable, x, xs: Any = None):
-        """x <- layer_fn(params_i, x, xs_i) for each layer i (compile time independent of depth)."""
-        return jax.lax.scan(lambda h, px: (layer_fn(px[0], h, px[1]), None), x, (self.arrays(), xs))[0]
+    def scan(self, layer_fn: Callable, x, xs: Any = None, remat: bool = False):
+        """x <- layer_fn(params_i, x, xs_i) for each layer i (compile time independent of depth). ``remat``: each
+        layer is a ``jax.checkpoint`` (only its input x is kept for the backward pass, which recomputes the layer's
+        activations): activation memory of one layer plus L inputs instead of L layers' activations."""
+        body = lambda h, px: (layer_fn(px[0], h, px[1]), None)  # noqa: E731
+        if remat:
+            body = jax.checkpoint(body, prevent_cse=False)  # inside a scan CSE across iterations cannot happen
+        return jax.lax.scan(body, x, (self.arrays(), xs))[0]
 
 
 def _random(w: Weight, shape, dtype, rngs: nnx.Rngs) -> nnx.Param:
