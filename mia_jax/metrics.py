@@ -250,6 +250,8 @@ def _group_rows(lab: np.ndarray, groups, n: int) -> tuple[list, list[tuple[np.nd
         if len(g) != n:
             raise ValueError(f"groups and labels differ in length: {len(g)} groups, {n} labels")
         keys = list(dict.fromkeys(g))
+        if not keys:
+            raise ValueError("no example left (every score NaN/inf)")
         index = {k: i for i, k in enumerate(keys)}
         key_of = np.array([index[k] for k in g], np.int64)
     rows = []

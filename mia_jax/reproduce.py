@@ -4,7 +4,15 @@ Figure 2b (AUROC per text length) and the k sweep of Min-K% / Min-K%++, for any 
 Every (model, length, setting) cell is one ``runner.score_dataset`` run into its own folder (so a
 killed reproduction resumes); this module only arranges the cells and draws the tables and plots.
 Table 1 / Table 6 average a method's metric over the requested lengths (the paper pools its
-lengths into one column per model and setting).
+lengths into one column per model and setting); with the cells' per-example scores each cell carries a
+95% bootstrap interval (resampled within each length) and bold marks the best detector of a column and
+every detector the paired bootstrap cannot distinguish from it.
+
+Smaller-Ref: a *mirrored* pair (model A with reference B and model B with reference A) gives two cells that
+are one score negated (their AUROCs sum to 1), so it is refused by the script unless asked for, and then
+flagged and never bolded (:func:`mirrored_pairs`). When the target's and the reference's tokenizers differ,
+the two models are compared per byte of text (each model's total log-likelihood of the text divided by its
+UTF-8 length) instead of per token (:func:`ref_per_byte`).
 """
 from __future__ import annotations
 
@@ -39,21 +47,78 @@ def paraphrased(length: int, para_dir: str | Path | None):
     return data.load_records(path, "input", "label", name=f"wikimia-{length}-para") if path.exists() else None
 
 
+def mirrored_pairs(models: Sequence[str], refs: Sequence[str]) -> list[tuple[str, str]]:
+    """(model, reference) pairs whose mirror (reference, model) is also among the pairs, or that are a model with
+    itself: their Smaller-Ref cells are not independent evidence (the two scores are one score negated)."""
+    pairs = list(zip(models, refs))
+    return [(m, r) for m, r in pairs if m == r or (r, m) in pairs]
+
+
+def same_tokenizer(a, b) -> bool:
+    """Whether two loaded models read a text as the same tokens (same vocabulary and BOS policy)."""
+    try:
+        return a.add_bos == b.add_bos and a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
+    except AttributeError:
+        return False
+
+
+def _pass_records(path: Path) -> dict[int, dict]:
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[rec["index"]] = rec
+    return out
+
+
+def ref_per_byte(texts: Sequence[str], main: dict[int, dict], ref: dict[int, dict]) -> np.ndarray:
+    """Smaller-Ref per byte: (target's total log-likelihood - reference's) / UTF-8 bytes of the text, from the main
+    and ``ref`` pass records ({index: record} with ``n_tokens`` and ``scores.loss`` = the mean log-likelihood of the
+    ``n_tokens - 1`` predicted tokens). NaN for a text either model skipped or truncated."""
+    out = np.full(len(texts), np.nan)
+    for i, text in enumerate(texts):
+        a, b = main.get(i), ref.get(i)
+        if a is None or b is None or any(r.get("truncated") or r["scores"].get("loss") is None for r in (a, b)):
+            continue
+        total = [r["scores"]["loss"] * (r["n_tokens"] - 1) for r in (a, b)]
+        out[i] = (total[0] - total[1]) / max(1, len(text.encode("utf-8")))
+    return out
+
+
 def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int, pass_counts: dict | None = None,
-             **kwargs) -> list[dict]:
+             examples: dict | None = None, **kwargs) -> list[dict]:
     """Score one dataset with one model in its own run folder (claimed with the cell's fingerprint, so a killed
     reproduction resumes each cell where it stopped and a changed one is refused); long-format rows
-    {method, auroc, tpr_at_5pct_fpr, ...}. ``pass_counts`` receives the per-pass counts of ``runner.score_dataset``."""
+    {method, auroc, tpr_at_5pct_fpr, ...}. ``pass_counts`` receives the per-pass counts of ``runner.score_dataset``.
+    With a reference model whose tokenizer differs from the target's, ``ref`` is compared per byte
+    (:func:`ref_per_byte`; the row says ``"ref_unit": "byte"``). ``examples`` (a dict) receives ``{"labels": [...],
+    "scores": {method: [...]}}`` for the report's intervals and paired comparisons."""
     options = {k: kwargs[k] for k in ("batch_size", "chunk_size") if k in kwargs}
     fingerprint = runner.run_fingerprint(loaded, ds.texts, ds.labels, methods, ref=kwargs.get("ref"),
                                          neighbors=kwargs.get("neighbors"), data_files=ds.files, **options)
     with rundir.claim(out_dir, fingerprint, hint="use another --out") as resume:
         records = runner.score_dataset(loaded, ds.texts, methods, labels=ds.labels, out_dir=out_dir, resume=resume,
                                        report=pass_counts, **kwargs)
-    summary = metrics.evaluate_records(records, methods, ds.labels, n_bootstrap=n_bootstrap, seed=seed)
-    rows = [{"method": m, **summary[m]} for m in methods]
+    scores = metrics.scores_by_method(records, methods)
+    ref = kwargs.get("ref")
+    per_byte = "ref" in methods and ref is not None and not same_tokenizer(loaded, ref)
+    if per_byte:
+        scores["ref"] = ref_per_byte(ds.texts, _pass_records(Path(out_dir, "passes", "main.jsonl")),
+                                     _pass_records(Path(out_dir, "passes", "ref.jsonl")))
+    rows = [{"method": m, **metrics.evaluate(ds.labels, scores[m], n_bootstrap=n_bootstrap, seed=seed)}
+            for m in methods]
+    if "ref" in methods:
+        next(r for r in rows if r["method"] == "ref")["ref_unit"] = "byte" if per_byte else "token"
     b = blind.blind_bow_scores(ds.texts, ds.labels, seed=seed)
     rows.append({"method": blind.NAME, **metrics.evaluate(ds.labels, b, n_bootstrap=n_bootstrap, seed=seed)})
+    if examples is not None:
+        def plain(v):
+            return [None if not np.isfinite(x) else float(x) for x in np.asarray(v, float)]
+
+        examples.update(labels=[int(y) for y in ds.labels],
+                        scores={**{m: plain(scores[m]) for m in methods}, blind.NAME: plain(b)})
     return rows
 
 
@@ -87,9 +152,72 @@ def markdown(header, body) -> str:
     return report.markdown(header, report.best_in_bold(body, never={BLIND_ROW}))
 
 
-def write_table(out: Path, stem: str, title: str, header, body, note: str = "") -> str:
+def _column_examples(examples: dict, model: str, setting: str) -> tuple[np.ndarray, dict, list] | None:
+    cells = [(length, ex) for (m, length, s), ex in sorted(examples.items(), key=lambda kv: kv[0][1])
+             if m == model and s == setting]
+    if not cells:
+        return None
+    labels = np.concatenate([ex["labels"] for _, ex in cells])
+    groups = [length for length, ex in cells for _ in ex["labels"]]
+    methods = set.intersection(*(set(ex["scores"]) for _, ex in cells))
+    scores = {m: np.concatenate([np.asarray(ex["scores"][m], float) for _, ex in cells]) for m in methods}
+    return labels, scores, groups
+
+
+def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], examples: dict | None = None,
+                mirrored: Sequence[str] = (), *, n_bootstrap: int = 1000, seed: int = 0) -> tuple[list[str], list]:
+    """Markdown cells of Table 1 / 6: the mean over lengths with its 95% interval (resampled within each length,
+    from ``examples`` {(model, length, setting): {"labels", "scores"}}); bold: the column's best detector and every
+    detector the paired bootstrap does not distinguish from it; the blind row and the Smaller-Ref cells of
+    ``mirrored`` models (marked ‡) never bold."""
+    header, body = pivot(results, key, rows)
+    columns = list(dict.fromkeys((r["model"], r["setting"]) for r in results))
+    names = list(rows) + [(BLIND_ROW, blind.NAME)]
+    out = [[name] + [report.fmt(v) for v in vals[1:]] for (name, _), vals in zip(names, body)]
+    for j, (model, setting) in enumerate(columns, 1):
+        col = _column_examples(examples or {}, model, setting)
+        if col is None:
+            continue
+        labels, scores, groups = col
+        compete = {}
+        for i, (name, method) in enumerate(names):
+            if method not in scores:
+                continue
+            try:
+                r = metrics.evaluate_mean(labels, scores[method], groups, n_bootstrap=n_bootstrap, seed=seed)
+            except ValueError:
+                continue
+            ci = r[f"{key}_ci"]
+            out[i][j] = report.fmt(r[key]) + (f" [{report.fmt(ci[0])}, {report.fmt(ci[1])}]" if ci else "")
+            if method != blind.NAME and not (method == "ref" and model in mirrored):
+                compete[method] = (i, r[key])
+        if not compete or not n_bootstrap:
+            continue
+        best = max(compete, key=lambda m: compete[m][1])
+        for method, (i, _) in compete.items():
+            same = method == best
+            if not same:
+                try:
+                    c = metrics.paired_bootstrap(labels, scores[best], scores[method], groups=groups,
+                                                 n_bootstrap=n_bootstrap, seed=seed)
+                    same = c[key]["verdict"] != "A > B"
+                except ValueError:
+                    same = False
+            if same:
+                out[i][j] = f"**{out[i][j]}**"
+    for i, (_, method) in enumerate(names):
+        if method == "ref":
+            for j, (model, _) in enumerate(columns, 1):
+                if model in mirrored:
+                    out[i][j] = out[i][j].replace("**", "") + " ‡"
+            out[i][-1] = out[i][-1] + (" ‡" if mirrored else "")
+    return header, out
+
+
+def write_table(out: Path, stem: str, title: str, header, body, note: str = "", cells=None) -> str:
     report.write_csv(out / f"{stem}.csv", header, body)
-    text = f"### {title}\n\n{markdown(header, body)}" + (f"\n{note}\n" if note else "")
+    md = report.markdown(header, cells) if cells is not None else markdown(header, body)
+    text = f"### {title}\n\n{md}" + (f"\n{note}\n" if note else "")
     (out / f"{stem}.md").write_text(text)
     return text
 
@@ -142,16 +270,35 @@ def plot_k_sweep(path: Path, header, body) -> None:
     report.save_figure(fig, path)
 
 
-def write_reports(out: Path, results: list[dict], rows: Sequence[tuple[str, str]] = PAPER_METHODS) -> str:
-    """All tables and plots from the long-format results; returns the markdown of the tables."""
+def write_reports(out: Path, results: list[dict], rows: Sequence[tuple[str, str]] = PAPER_METHODS,
+                  examples: dict | None = None, mirrored: Sequence[str] = (), *, n_bootstrap: int = 1000,
+                  seed: int = 0) -> str:
+    """All tables and plots from the long-format results; returns the markdown of the tables. With ``examples``
+    ({(model, length, setting): {"labels", "scores"}}) every Table 1 / 6 cell carries its 95% interval and bold
+    follows the paired bootstrap (:func:`table_cells`); ``mirrored``: models whose Smaller-Ref pair is mirrored."""
     (out / "results_long.json").write_text(json.dumps(results, indent=1))
     lengths = ", ".join(map(str, sorted({r["length"] for r in results})))
     note = (f"Mean over WikiMIA lengths {lengths}. The blind row is a bag-of-words classifier that never sees a "
             f"model (Das et al. 2024); above {blind.WARN_AUROC} it means the benchmark's members and non-members "
             "differ in distribution, and detector AUROCs overstate the membership signal.")
-    parts = [write_table(out, "table1_auroc", "Table 1: AUROC", *pivot(results, "auroc", rows), note),
+    if examples:
+        note += (" Cells: mean [95% bootstrap CI, resampled within each length]; bold: the column's best detector and "
+                 "every detector the paired bootstrap on the same texts does not distinguish from it.")
+    units = {r["model"]: r.get("ref_unit") for r in results if r["method"] == "ref" and r.get("ref_unit")}
+    if any(u == "byte" for u in units.values()):
+        note += (" Smaller Ref of " + ", ".join(m for m, u in units.items() if u == "byte") + ": the tokenizers of "
+                 "target and reference differ, so the two are compared per byte of text (total log-likelihood / "
+                 "UTF-8 bytes), not per token.")
+    if mirrored:
+        note += (" ‡ Mirrored Smaller-Ref pair (" + ", ".join(mirrored) + " are each other's reference): the two "
+                 "cells are one score negated (AUROCs sum to 1), not independent evidence; never bolded.")
+    kw = dict(n_bootstrap=n_bootstrap, seed=seed)
+    parts = [write_table(out, "table1_auroc", "Table 1: AUROC", *pivot(results, "auroc", rows), note,
+                         cells=table_cells(results, "auroc", rows, examples, mirrored, **kw)[1]
+                         if examples or mirrored else None),
              write_table(out, "table6_tpr_at_5pct_fpr", "Table 6: TPR@5%FPR", *pivot(results, "tpr_at_5pct_fpr", rows),
-                         note)]
+                         note, cells=table_cells(results, "tpr_at_5pct_fpr", rows, examples, mirrored, **kw)[1]
+                         if examples or mirrored else None)]
     header, body = k_sweep(results)
     parts.append(write_table(out, "k_sweep", "k sweep: AUROC of Min-K% and Min-K%++", header, body))
     plot_lengths(out / "fig2b_auroc_by_length.png", results, rows)

@@ -3,11 +3,15 @@
     python scripts/reproduce_wikimia.py --models smollm2 gemma3-270m --lengths 32 64 --out runs/reproduce
 
 Writes into --out: table1_auroc.{md,csv}, table6_tpr_at_5pct_fpr.{md,csv}, k_sweep.{md,csv,png},
-fig2b_auroc_by_length.png, results_long.json, and one resumable run folder per (model, length, setting).
+fig2b_auroc_by_length.png, results_long.json, examples.json (every cell's labels and per-example scores, from which
+the tables' intervals and paired comparisons come), and one resumable run folder per (model, length, setting).
+A mirrored Smaller-Ref pair (A with reference B and B with reference A) is refused unless --allow-mirrored, which
+flags its cells instead.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -32,6 +36,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, help="first N texts of each split (quick runs)")
     ap.add_argument("--out", default="runs/reproduce_wikimia")
+    ap.add_argument("--allow-mirrored", action="store_true",
+                    help="run mirrored Smaller-Ref pairs (A with reference B and B with reference A), flagged in the "
+                         "tables and never bolded: their two cells are one score negated")
     ap.add_argument("--allow-download", action="store_true",
                     help="fetch models that are not local paths from the Hugging Face Hub (the paper's pairs in "
                          "configs/reference_pairs.yaml are Hub ids)")
@@ -42,6 +49,12 @@ def main(argv=None) -> int:
         if len(refs) != len(args.models) or None in refs:
             raise UserError(f"no reference model for {[m for m, r in zip(args.models, refs) if r is None]}; "
                             "pass --ref-models")
+        mirrored = reproduce.mirrored_pairs(args.models, refs)
+        if mirrored and not args.allow_mirrored:
+            raise UserError("mirrored Smaller-Ref pairs " + ", ".join(f"{m} -> {r}" for m, r in mirrored)
+                            + ": each cell would be the other's score negated (AUROCs summing to 1); give other "
+                            "--ref-models, or --allow-mirrored to run them flagged")
+        args.mirrored = [m for m, _ in mirrored]
         methods = reproduce.methods_for(reproduce.PAPER_METHODS)
         with rundir.claim(args.out):  # the lock; each cell's folder is claimed with its own fingerprint
             reproduce_all(args, refs, methods, Path(args.out))
@@ -56,10 +69,14 @@ def main(argv=None) -> int:
 
 
 def reproduce_all(args, refs, methods, out: Path) -> None:
-    results = []
+    results, examples = [], {}
+    mirrored = set(getattr(args, "mirrored", ()))
+    labels_of = {}
     for name, ref_name in zip(args.models, refs):
         loaded, ref = (models.load(m, allow_download=args.allow_download) for m in (name, ref_name))
         label = loaded.name  # a packaged name, or the folder / file name of a path
+        if name in mirrored:
+            labels_of[name] = label
         for length in args.lengths:
             splits = {"Ori.": wikimia(length), "Para.": reproduce.paraphrased(length, args.para_dir)}
             for setting, ds in splits.items():
@@ -69,11 +86,15 @@ def reproduce_all(args, refs, methods, out: Path) -> None:
                     ds.texts, ds.labels = ds.texts[: args.limit], ds.labels[: args.limit]
                 print(f"{label} (ref {ref.name}), WikiMIA-{length} {setting}: {len(ds)} texts", file=sys.stderr)
                 cell = out / "runs" / f"{label}-{length}-{'para' if setting == 'Para.' else 'ori'}"
+                ex = examples.setdefault((label, length, setting), {})
                 rows = reproduce.run_cell(loaded, ds, methods, cell, ref=ref, batch_size=args.batch_size,
-                                          n_bootstrap=args.n_bootstrap, seed=args.seed,
+                                          n_bootstrap=args.n_bootstrap, seed=args.seed, examples=ex,
                                           **reproduce.neighbor_kwargs(loaded, args.n_neighbors, args.seed))
                 results += [dict(r, model=label, length=length, setting=setting) for r in rows]
-    print(reproduce.write_reports(out, results))
+    (out / "examples.json").write_text(json.dumps([{"model": m, "length": n, "setting": s, **ex}
+                                                   for (m, n, s), ex in examples.items()]))
+    print(reproduce.write_reports(out, results, examples=examples, mirrored=sorted(labels_of.values()),
+                                  n_bootstrap=max(1, args.n_bootstrap), seed=args.seed))
     print(f"wrote {out}/", file=sys.stderr)
 
 

@@ -166,7 +166,8 @@ def test_ablation_lr(tmp_path, tiny_model):
     table4 = (out / "table4.md").read_text()
     assert "Learning rate" in table4 and "| 0.0001 |" in table4 and "| 0.003 |" in table4
     rows = list(csv.DictReader((out / "table4.csv").open()))
-    assert {float(r["lr"]) for r in rows} == {1e-4, 3e-3} and len(rows) == 2 * 4 * 3
+    assert {float(r["lr"]) for r in rows} == {1e-4, 3e-3} and len(rows) == 2 * (4 + 1) * 3  # 4 datasets + avg
+    assert all(float(r["auroc_ci_lo"]) <= float(r["auroc"]) <= float(r["auroc_ci_hi"]) for r in rows)
     for sub in ("lr_0.0001", "lr_0.003"):
         assert (out / sub / "table3.md").exists()
     # both runs scored the same texts with the same base model: the base scores are computed once
@@ -207,6 +208,11 @@ def test_ablation_size_and_news(tmp_path, tiny_model, ablation, figure, extra):
     assert len(rates) == 2 and (out / f"{figure}.png").exists() and (out / f"{figure}.md").exists()
     if ablation == "news":
         assert {r["dataset"] for r in rows} == {"news"}
+    rebuilt = tmp_path / "rebuilt"
+    assert tables.main(["--from", str(out), "--out", str(rebuilt)]) == 0
+    assert (rebuilt / f"{figure}.md").read_bytes() == (out / f"{figure}.md").read_bytes()
+    md = (out / f"{figure}.md").read_text()
+    assert "contamination rate" in md and "paired bootstrap" in md
 
 
 def test_bad_config(tmp_path, capsys):

@@ -1,9 +1,10 @@
 """The WikiMIA reproduction's tables and plots from long-format results."""
 import csv
 
+import numpy as np
 import pytest
 
-from mia_jax import reproduce
+from mia_jax import metrics, reproduce
 
 
 def fake_results():
@@ -73,6 +74,74 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys):
         assert f"| {name} |" in table
     assert reproduce.BLIND_ROW in table
     assert (out / "fig2b_auroc_by_length.png").exists() and (out / "k_sweep.png").exists()
+    assert (out / "examples.json").exists() and "[" in table.split("| PPL |")[1].splitlines()[0]
     # a cell folder holding a run of other settings is refused, not mixed
     assert mod.main(argv[:-6] + ["--n-neighbors", "3", "--n-bootstrap", "10", "--out", str(out)]) == 2
     assert "holds a different run" in capsys.readouterr().err
+
+
+def test_mirrored_pairs_are_found():
+    assert reproduce.mirrored_pairs(["smollm2", "gemma3-270m"], ["gemma3-270m", "smollm2"]) == [
+        ("smollm2", "gemma3-270m"), ("gemma3-270m", "smollm2")]
+    assert reproduce.mirrored_pairs(["a", "b"], ["c", "a"]) == []
+    assert reproduce.mirrored_pairs(["a"], ["a"]) == [("a", "a")]
+
+
+def test_script_refuses_mirrored_pairs(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "scripts" / "reproduce_wikimia.py"
+    spec = importlib.util.spec_from_file_location("reproduce_wikimia", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "r"
+    assert mod.main(["--models", "smollm2", "gemma3-270m", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "mirrored Smaller-Ref pairs smollm2 -> gemma3-270m, gemma3-270m -> smollm2" in err
+    assert "--allow-mirrored" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_ref_per_byte_uses_totals_not_token_means():
+    texts = ["abcd", "héllo wörld", "skipped"]
+    main = {0: {"n_tokens": 3, "scores": {"loss": -2.0}}, 1: {"n_tokens": 5, "scores": {"loss": -1.0}},
+            2: {"n_tokens": 1, "scores": {"loss": None}, "skip_reason": "x"}}
+    ref = {0: {"n_tokens": 5, "scores": {"loss": -1.0}},
+           1: {"n_tokens": 2, "scores": {"loss": -3.0}, "truncated": True},
+           2: {"n_tokens": 4, "scores": {"loss": -1.0}}}
+    got = reproduce.ref_per_byte(texts, main, ref)
+    # text 0: target -2 * 2 tokens = -4, reference -1 * 4 tokens = -4: equal per byte, although -2 < -1 per token
+    assert got[0] == 0.0
+    assert np.isnan(got[1]) and np.isnan(got[2])  # truncated / skipped: no comparison
+    main[1]["n_tokens"], ref[1] = 5, {"n_tokens": 3, "scores": {"loss": -3.0}}
+    assert reproduce.ref_per_byte(texts, main, ref)[1] == pytest.approx((-4.0 + 6.0) / len("héllo wörld".encode()))
+
+
+def test_tables_with_intervals_paired_bold_and_mirrored_flags(tmp_path):
+    rng = np.random.default_rng(0)
+    results, examples = [], {}
+    for model in ("m1", "m2"):
+        for length in (32, 64):
+            labels = np.r_[np.ones(40, int), np.zeros(40, int)]
+            scores = {m: rng.normal(size=80) for m in reproduce.methods_for(reproduce.PAPER_METHODS)}
+            scores["min_k_pp@0.2"] = scores["min_k_pp@0.2"] + 3 * labels  # clearly best
+            scores["min_k@0.2"] = scores["min_k_pp@0.2"] + 0.01 * rng.normal(size=80)  # indistinguishable from it
+            scores["blind_bow"] = labels + 0.01 * rng.normal(size=80)  # perfect, but never bold
+            examples[(model, length, "Ori.")] = {"labels": labels.tolist(),
+                                                 "scores": {m: v.tolist() for m, v in scores.items()}}
+            for m, v in scores.items():
+                results.append(dict(model=model, length=length, setting="Ori.", method=m,
+                                    **metrics.evaluate(labels, v, n_bootstrap=0)))
+    text = reproduce.write_reports(tmp_path, results, examples=examples, mirrored=["m1", "m2"], n_bootstrap=100)
+    table = (tmp_path / "table1_auroc.md").read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    # both bold in both model columns (the average over models is no paired claim: never bold)
+    assert rows["Min-K%++"].count("**") == 4 and rows["Min-K% Prob"].count("**") == 4
+    assert "**" not in rows["PPL"] and "**" not in rows[reproduce.BLIND_ROW] and "**" not in rows["Smaller Ref"]
+    assert rows["Smaller Ref"].count("‡") == 3 and "Mirrored Smaller-Ref pair" in table
+    labels = np.array(examples[("m1", 32, "Ori.")]["labels"] + examples[("m1", 64, "Ori.")]["labels"])
+    ppl = np.r_[examples[("m1", 32, "Ori.")]["scores"]["loss"], examples[("m1", 64, "Ori.")]["scores"]["loss"]]
+    want = metrics.evaluate_mean(labels, ppl, [32] * 80 + [64] * 80, n_bootstrap=100)
+    assert f"{want['auroc']:.3f} [{want['auroc_ci'][0]:.3f}, {want['auroc_ci'][1]:.3f}]" in rows["PPL"]
+    assert "Table 6" in text
