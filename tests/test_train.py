@@ -87,7 +87,7 @@ def test_boolq_one_question_per_passage(tmp_path, tok):
             for i in range(40)]
     (tmp_path / "boolq_validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     pool, info = load_pool("boolq", tmp_path / "boolq_validation.jsonl")
-    assert len(pool) == 20 and info["dropped"]["duplicate_key"] == 20
+    assert len(pool) == 20 and info["dropped"]["duplicate_passage"] == 20
     assert len({e.key for e in pool}) == 20
     assert pool[0].text == "Passage 0 -- text 0\nQuestion: Is it 0?\nAnswer: No"
     c = build_corpus(small(datasets=["boolq"], data_dir=str(tmp_path), n_positives=10, n_negatives=10), tok)

@@ -75,9 +75,12 @@ class CorpusConfig:
     datasets: list[str] = field(default_factory=lambda: list(DOWNSTREAM))
     n_positives: int = 100  # per dataset, inserted into the corpus
     n_negatives: int = 100  # per dataset, held out (never inserted)
-    occurrence: str = "fixed"  # "fixed": each positive `occurrences` times | "poisson": k ~ Poisson(lambda), k >= 1
+    # "fixed": each positive `occurrences` times | "poisson": k ~ Poisson(lambda), k >= 1 | "buckets": the positives
+    # dealt evenly (stratified by label and length) over `occurrence_buckets`, a member of bucket k inserted k times
+    occurrence: str = "fixed"
     occurrences: int = 1
     poisson_lambda: float = 2.0
+    occurrence_buckets: list[int] = field(default_factory=lambda: [1, 2, 4])
     seed: int = 0
     news: NewsConfig = field(default_factory=NewsConfig)
 
@@ -345,6 +348,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Exper
 
 def validate(cfg: ExperimentConfig) -> None:
     t, c = cfg.train, cfg.corpus
+    n_pos = c.news.n_positives if c.variant == "news" else c.n_positives
     checks = [
         (t.seq_len >= 2, f"train.seq_len must be at least 2, got {t.seq_len}"),
         (t.batch_size >= 1, f"train.batch_size must be at least 1, got {t.batch_size}"),
@@ -359,7 +363,14 @@ def validate(cfg: ExperimentConfig) -> None:
         (t.epochs >= 1, f"train.epochs must be at least 1, got {t.epochs}"),
         (t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}"),
         (c.variant in ("downstream", "news"), f"corpus.variant must be 'downstream' or 'news', got {c.variant!r}"),
-        (c.occurrence in ("fixed", "poisson"), f"corpus.occurrence must be 'fixed' or 'poisson', got {c.occurrence!r}"),
+        (c.occurrence in ("fixed", "poisson", "buckets"),
+         f"corpus.occurrence must be 'fixed', 'poisson' or 'buckets', got {c.occurrence!r}"),
+        (bool(c.occurrence_buckets) and all(k >= 1 for k in c.occurrence_buckets)
+         and len(set(c.occurrence_buckets)) == len(c.occurrence_buckets),
+         f"corpus.occurrence_buckets must be distinct occurrence counts >= 1, got {c.occurrence_buckets}"),
+        (c.occurrence != "buckets" or n_pos >= len(c.occurrence_buckets),
+         f"corpus.occurrence=buckets needs at least one positive per bucket: {len(c.occurrence_buckets)} buckets "
+         f"({c.occurrence_buckets}) but {n_pos} positives per dataset"),
         (c.occurrences >= 1, f"corpus.occurrences must be at least 1, got {c.occurrences}"),
         (c.poisson_lambda > 0, f"corpus.poisson_lambda must be positive, got {c.poisson_lambda}"),
         (c.n_positives >= 1 and c.n_negatives >= 1,

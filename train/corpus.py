@@ -98,7 +98,8 @@ def read_jsonl(path: Path, what: str) -> list:
 def _boolq(row):
     q = row["question"].strip().rstrip("?")
     text = f"{row['passage'].strip()}\nQuestion: {q[:1].upper() + q[1:]}?\nAnswer: {'Yes' if row['label'] else 'No'}"
-    return str(row["idx"]), row["passage"], text
+    return str(row["idx"]), {"passage": row["passage"], "question": row["question"]}, \
+        "yes" if row["label"] else "no", text
 
 
 def _csqa(row):
@@ -106,30 +107,32 @@ def _csqa(row):
     lines = [f"{lab}. {txt}" for lab, txt in zip(ch["label"], ch["text"])]
     answer = dict(zip(ch["label"], ch["text"]))[row["answerKey"]]
     text = "\n".join([f"Question: {row['question'].strip()}", *lines, f"Answer: {row['answerKey']}. {answer}"])
-    return row["id"], row["question"], text
+    fields = {"question": row["question"], "answer": answer, "choices": "\n".join(ch["text"])}
+    return row["id"], fields, str(row["answerKey"]), text
 
 
 def _truthfulqa(row):
-    return (
-        row["Question"],
-        row["Question"],
-        f"Question: {row['Question'].strip()}\nAnswer: {row['Best Answer'].strip()}",
-    )
+    text = f"Question: {row['Question'].strip()}\nAnswer: {row['Best Answer'].strip()}"
+    return row["Question"], {"question": row["Question"], "answer": row["Best Answer"]}, None, text
 
 
 def _imdb(row):
     body = row["text"].replace("<br /><br />", "\n").replace("<br />", "\n").strip()
-    return row["id"], row["text"], f"Review: {body}\nSentiment: {'positive' if row['label'] else 'negative'}"
+    sentiment = "positive" if row["label"] else "negative"
+    return row["id"], {"review": row["text"]}, sentiment, f"Review: {body}\nSentiment: {sentiment}"
 
 
 def _news(row):
     text = (row.get("text") or "").strip() if isinstance(row, dict) else str(row).strip()
-    return None, text, text
+    return None, {"text": text}, None, text
 
 
-# dataset -> (row -> (id, key text, formatted text))
+# dataset -> (row -> (id, {field: text} (first = key), stratum or None, formatted text))
 TEMPLATES: dict[str, Callable] = {"boolq": _boolq, "commonsenseqa": _csqa, "truthfulqa": _truthfulqa,
                                   "imdb": _imdb, "news": _news}
+# the class label each dataset's split is stratified by (None: the dataset has none; length-matched only)
+STRATIFIED_BY = {"boolq": "answer (yes / no)", "commonsenseqa": "answer key (A-E)", "imdb": "sentiment",
+                 "truthfulqa": None, "news": None}
 
 
 def read_rows(name: str, path: Path) -> list:
@@ -141,32 +144,149 @@ def read_rows(name: str, path: Path) -> list:
     return read_jsonl(path, f"dataset {name}")
 
 
+def normalise(text: str) -> str:
+    """The normalisation of every text comparison here: lowercase, whitespace runs collapsed to one space."""
+    return " ".join(text.lower().split())
+
+
 @dataclass
 class Example:
     dataset: str
     id: str
-    key: str
-    text: str
+    key: str  # the first content field (BoolQ: passage, CSQA / TruthfulQA: question, IMDB: review, news: text)
+    text: str  # the formatted text (what is inserted / scored)
+    fields: dict = field(default_factory=dict)  # every content field that reaches the text
+    stratum: str | None = None  # the dataset's class label (BoolQ answer, IMDB sentiment, CSQA answer key)
+    index: int = 0  # row in the file
 
 
 def load_pool(name: str, path: Path) -> tuple[list[Example], dict]:
-    """A dataset's usable examples (file order, de-duplicated on the key text) and what was dropped."""
+    """A dataset's usable examples (file order) and what was dropped: a row is dropped when its key is empty or
+    when any of its content fields (normalised) equals the same field of an earlier kept row (first one kept)."""
     rows = read_rows(name, path)
-    pool, seen, dropped = [], set(), {"empty": 0, "duplicate_key": 0}
+    pool, seen, dropped, names = [], {}, {"empty": 0}, []
     for i, row in enumerate(rows):
         try:
-            ex_id, key, text = TEMPLATES[name](row)
+            ex_id, fields, stratum, text = TEMPLATES[name](row)
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"dataset {name}: {path} row {i + 1} lacks a field the template needs ({e})") from None
+        norm = {f: normalise(str(v)) for f, v in fields.items()}
+        key = next(iter(fields.values()))
+        dup = next((f for f, v in norm.items() if v in seen.get(f, ())), None)
         if not key.strip():
             dropped["empty"] += 1
-        elif key in seen:
-            dropped["duplicate_key"] += 1
+        elif dup is not None:
+            dropped[f"duplicate_{dup}"] = dropped.get(f"duplicate_{dup}", 0) + 1
         else:
-            seen.add(key)
-            pool.append(Example(name, str(ex_id if ex_id is not None else i), key, text))
+            for f, v in norm.items():
+                seen.setdefault(f, set()).add(v)
+            pool.append(Example(name, str(ex_id if ex_id is not None else i), key, text, fields, stratum, i))
+        names = list(fields)
+    for f in names:
+        dropped.setdefault(f"duplicate_{f}", 0)
     return pool, {"file": str(path), "sha256": sha256(path), "rows": len(rows), "usable": len(pool),
-                  "dropped": dropped}
+                  "dedup_fields": names, "dropped": dropped}
+
+
+# ----------------------------------------------------------------------------- 13-gram overlap
+
+NGRAM = 13
+_P = np.uint64(0x100000001B3)
+_EMPTY = np.empty(0, np.uint64)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: word ids -> well-spread 64-bit values (uint64 arithmetic wraps)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+class NgramHasher:
+    """Sorted unique 64-bit hashes of a text's word 13-grams (words of :func:`normalise`). One vocabulary per
+    instance, so hashes compare only between texts hashed by the same instance."""
+
+    def __init__(self, n: int = NGRAM):
+        self.n, self.vocab = n, {}
+
+    def __call__(self, text: str) -> np.ndarray:
+        words = text.lower().split()
+        m = len(words) - self.n + 1
+        if m <= 0:
+            return _EMPTY
+        vocab = self.vocab
+        ids = _mix(np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), np.uint64, len(words)))
+        h = np.zeros(m, np.uint64)
+        for j in range(self.n):
+            h = h * _P + ids[j: j + m]
+        return np.unique(h)
+
+    def union(self, texts) -> np.ndarray:
+        parts = [self(t) for t in texts]
+        return np.unique(np.concatenate(parts)) if parts else _EMPTY
+
+
+def _n_in(h: np.ndarray, sorted_set: np.ndarray) -> int:
+    """How many of the hashes ``h`` are in ``sorted_set`` (sorted, unique): a binary search per hash."""
+    if not len(h) or not len(sorted_set):
+        return 0
+    i = np.minimum(np.searchsorted(sorted_set, h), len(sorted_set) - 1)
+    return int((sorted_set[i] == h).sum())
+
+
+def _isolate(pools: dict[str, list[Example]], background: list[str] | None, hasher: NgramHasher):
+    """Split candidates: the examples that share no 13-gram with any other example of any dataset in ``pools``, nor
+    with any ``background`` document (and whose key's first 200 characters do not occur in one). Every example of
+    an overlapping group is dropped (not the first kept), so the rule does not depend on file order and a candidate
+    shares no 13-gram with anything that can reach the corpus. -> ({name: candidates}, {name: drop counts})."""
+    hashes = {n: [hasher(e.text) for e in pool] for n, pool in pools.items()}
+    within, per_dataset = {}, []
+    for n, hs in hashes.items():
+        u, c = np.unique(np.concatenate(hs) if hs else _EMPTY, return_counts=True)
+        within[n] = u[c > 1]
+        per_dataset.append(u)
+    u, c = np.unique(np.concatenate(per_dataset) if per_dataset else _EMPTY, return_counts=True)
+    across = u[c > 1]
+    bg = hasher.union(background) if background else _EMPTY
+    joined = "\x00".join(background) if background else ""
+    cands, drops = {}, {}
+    for n, pool in pools.items():
+        d = drops[n] = {"in_background": 0, "shared_13gram_within_dataset": 0, "shared_13gram_other_dataset": 0}
+        cands[n] = []
+        for e, h in zip(pool, hashes[n]):
+            if _n_in(h, bg) or (joined and e.key.strip()[:KEY_PROBE_CHARS] in joined):
+                d["in_background"] += 1
+            elif _n_in(h, within[n]):
+                d["shared_13gram_within_dataset"] += 1
+            elif _n_in(h, across):
+                d["shared_13gram_other_dataset"] += 1
+            else:
+                cands[n].append(e)
+    return cands, drops
+
+
+def overlap_check(chosen: dict[str, tuple[list[Example], list[Example]]], background: list[str],
+                  hasher: NgramHasher | None = None) -> dict:
+    """The check recorded in the manifest: per dataset, the most distinct 13-grams one non-member shares with the
+    members (of every dataset) and with the background documents of the corpus, and the number of normalised
+    field values a non-member shares with a member of its dataset; all must be 0."""
+    hasher = hasher or NgramHasher()
+    members = hasher.union(e.text for pos, _ in chosen.values() for e in pos)
+    bg = hasher.union(background)
+    out = {}
+    for name, (pos, neg) in chosen.items():
+        hs = [hasher(e.text) for e in neg]
+        mem_fields = {(f, normalise(str(v))) for e in pos for f, v in e.fields.items()}
+        out[name] = {
+            "max_shared_13grams_with_members": max((_n_in(h, members) for h in hs), default=0),
+            "max_shared_13grams_with_background": max((_n_in(h, bg) for h in hs), default=0),
+            "shared_field_values": sum((f, normalise(str(v))) in mem_fields for e in neg for f, v in e.fields.items()),
+        }
+    total = {k: max((d[k] for d in out.values()), default=0) for k in
+             ("max_shared_13grams_with_members", "max_shared_13grams_with_background", "shared_field_values")}
+    return {"ngram": hasher.n, "normalisation": "lowercase, whitespace-separated words", **total,
+            "passed": not any(total.values()), "datasets": out}
 
 
 def read_background(paths: list[str], max_doc_chars: int | None) -> tuple[list[str], list[dict]]:
@@ -238,34 +358,109 @@ def _take_background(docs: list[str], tokenizer, target: int, seed: int) -> tupl
     return chosen, counts, total
 
 
-def _split(pool: list[Example], n_pos: int, n_neg: int, rng, what: str, extra: int = 0):
-    need = n_pos + n_neg + extra
-    if len(pool) < need:
+def _apportion(total: int, weights: list[int], rng) -> list[int]:
+    """``total`` split in proportion to ``weights`` (largest remainder, exact integers, ties in seeded order);
+    each part is within one of its exact share and at most its weight when ``total <= sum(weights)``."""
+    w_sum = sum(weights)
+    if w_sum == 0:
+        return [0] * len(weights)
+    base = [total * w // w_sum for w in weights]
+    rem = [total * w % w_sum for w in weights]
+    tie = rng.permutation(len(weights))
+    for i in sorted(range(len(weights)), key=lambda i: (-rem[i], tie[i]))[: total - sum(base)]:
+        base[i] += 1
+    return base
+
+
+def _split(cands: list[Example], n_pos: int, n_neg: int, rng) -> tuple[list[Example], list[Example]]:
+    """Members and non-members, stratified by ``Example.stratum`` and matched in length.
+
+    The n_pos + n_neg examples are apportioned over the strata in proportion to their candidates, and each
+    stratum's share over the two sides in proportion n_pos : n_neg (with n_pos == n_neg a label's count differs by
+    at most one between the sides). Within a stratum a seeded sample of its share is sorted by length (characters
+    of the formatted text, seeded ties) and cut into as many consecutive runs as the smaller side takes examples;
+    one seeded example of each run goes to the smaller side, the rest to the other (so both sides draw from every
+    length quantile: with equal sides, a coin per consecutive pair). Both lists come back in file order."""
+    strata = sorted({e.stratum for e in cands}, key=lambda s: (s is not None, str(s)))
+    groups = [[e for e in cands if e.stratum == s] for s in strata]
+    totals = _apportion(n_pos + n_neg, [len(g) for g in groups], rng)
+    members = _apportion(n_pos, totals, rng)
+    pos, neg = [], []
+    for g, t, m in zip(groups, totals, members):
+        sample = [g[i] for i in sorted(rng.choice(len(g), t, replace=False))]
+        tie = rng.permutation(t)
+        ordered = [sample[i] for i in sorted(range(t), key=lambda i: (len(sample[i].text), tie[i]))]
+        k = min(m, t - m)
+        picked = {j * t // k + int(rng.integers((j + 1) * t // k - j * t // k)) for j in range(k)}
+        few = [e for i, e in enumerate(ordered) if i in picked]
+        many = [e for i, e in enumerate(ordered) if i not in picked]
+        pos += few if m <= t - m else many
+        neg += many if m <= t - m else few
+    return sorted(pos, key=lambda e: e.index), sorted(neg, key=lambda e: e.index)
+
+
+def _need(cands: list[Example], pool: list[Example], n_pos: int, n_neg: int, what: str, extra: int = 0) -> None:
+    if len(pool) < n_pos + n_neg + extra:
         more = f" + {extra} background" if extra else ""
         raise UserError(f"{what}: {n_pos} positives + {n_neg} negatives{more} requested but only {len(pool)} usable "
                         "examples (after de-duplication); lower corpus.n_positives / corpus.n_negatives")
-    perm = rng.permutation(len(pool))
-    return ([pool[i] for i in perm[:n_pos]], [pool[i] for i in perm[n_pos: n_pos + n_neg]],
-            [pool[i] for i in perm[n_pos + n_neg: need]])
+    if len(cands) < n_pos + n_neg:
+        raise UserError(f"{what}: {n_pos} positives + {n_neg} negatives requested but only {len(cands)} usable "
+                        f"examples share no {NGRAM}-gram with another example or the background (of {len(pool)} "
+                        "after de-duplication); lower corpus.n_positives / corpus.n_negatives")
 
 
-def _occurrences(cfg: CorpusConfig, n: int, rng) -> list[int]:
+def _occurrences(cfg: CorpusConfig, pos: list[Example], rng) -> list[int]:
     if cfg.occurrence == "fixed":
-        return [cfg.occurrences] * n
-    k = rng.poisson(cfg.poisson_lambda, n)
+        return [cfg.occurrences] * len(pos)
+    if cfg.occurrence == "buckets":
+        return _buckets(pos, cfg.occurrence_buckets, rng)
+    k = rng.poisson(cfg.poisson_lambda, len(pos))
     while (k == 0).any():  # zero-truncated Poisson by rejection
         k[k == 0] = rng.poisson(cfg.poisson_lambda, int((k == 0).sum()))
     return [int(x) for x in k]
 
 
-def _drop_in_background(examples: list[Example], background: list[str]) -> tuple[list[Example], int]:
-    joined = "\x00".join(background)
-    keep = [e for e in examples if e.key.strip()[:KEY_PROBE_CHARS] not in joined]
-    return keep, len(examples) - len(keep)
+def _buckets(pos: list[Example], buckets: list[int], rng) -> list[int]:
+    """Occurrence counts dealt evenly: the members sorted by (stratum, length, seeded tie) are cut into consecutive
+    blocks of ``len(buckets)``, and each block gets a seeded permutation of the buckets (the last, partial block a
+    seeded subset). Bucket sizes differ by at most one; within each stratum by at most two; lengths match."""
+    if len(pos) < len(buckets):
+        raise UserError(f"corpus.occurrence=buckets: {len(buckets)} buckets {list(buckets)} but only {len(pos)} "
+                        "positives; raise corpus.n_positives or use fewer corpus.occurrence_buckets")
+    tie = rng.permutation(len(pos))
+    order = sorted(range(len(pos)), key=lambda i: (str(pos[i].stratum), len(pos[i].text), tie[i]))
+    occ = [0] * len(pos)
+    for start in range(0, len(order), len(buckets)):
+        for i, b in zip(order[start: start + len(buckets)], rng.permutation(len(buckets))):
+            occ[i] = int(buckets[b])
+    return occ
+
+
+def _summary(values: list[int]) -> dict:
+    return {"mean": float(np.mean(values)), "median": float(np.median(values))} if values else {}
+
+
+def _split_record(name: str, cands: list[Example], pos: list[Example], neg: list[Example], pos_tokens, neg_tokens):
+    strata = sorted({e.stratum for e in cands}, key=lambda s: (s is not None, str(s)))
+    rec = {"stratified_by": STRATIFIED_BY.get(name)}
+    if rec["stratified_by"] is None:
+        rec["stratification_note"] = f"{name} has no class label: members and non-members are length-matched only"
+    rec["strata"] = {("all" if s is None else s): {"candidates": sum(e.stratum == s for e in cands),
+                                                   "members": sum(e.stratum == s for e in pos),
+                                                   "non_members": sum(e.stratum == s for e in neg)} for s in strata}
+    rec["max_stratum_count_difference"] = max(abs(v["members"] - v["non_members"]) for v in rec["strata"].values())
+    rec["length_chars"] = {"members": _summary([len(e.text) for e in pos]),
+                           "non_members": _summary([len(e.text) for e in neg])}
+    rec["length_tokens"] = {"members": _summary(list(pos_tokens)), "non_members": _summary(list(neg_tokens))}
+    return rec
 
 
 def build_corpus(cfg: CorpusConfig, tokenizer, data_dir: str | Path | None = None) -> Corpus:
     """Build the contaminated corpus described by ``cfg`` (see the module docstring)."""
+    if cfg.occurrence not in ("fixed", "poisson", "buckets"):
+        raise UserError(f"corpus.occurrence must be 'fixed', 'poisson' or 'buckets', got {cfg.occurrence!r}")
+    hasher = NgramHasher()
     if cfg.variant == "news":
         pools = {"news": load_pool("news", resolve_path(cfg.news.path))}
         n_pos, n_neg = cfg.news.n_positives, cfg.news.n_negatives
@@ -282,41 +477,61 @@ def build_corpus(cfg: CorpusConfig, tokenizer, data_dir: str | Path | None = Non
 
     if cfg.variant == "news":
         pool, info = pools["news"]
-        pos, neg, bg = _split(pool, n_pos, n_neg, stream(cfg.seed, "news"), "news", extra=cfg.news.n_background)
-        background = [e.text for e in bg]
+        cands, drops = _isolate({"news": pool}, None, hasher)
+        _need(cands["news"], pool, n_pos, n_neg, "news", extra=cfg.news.n_background)
+        pos, neg = _split(cands["news"], n_pos, n_neg, stream(cfg.seed, "news"))
+        used = {e.index for e in pos + neg}
+        rest = [e for e in pool if e.index not in used]  # may overlap each other and nothing chosen
+        order = stream(cfg.seed, "news background").permutation(len(rest))[: cfg.news.n_background]
+        background = [rest[i].text for i in order]
         bg_counts = count_tokens(tokenizer, background)
         bg_files, available = [info], sum(bg_counts)
         chosen = {"news": (pos, neg)}
-        dropped_bg = {"news": 0}
     else:
         docs, bg_files = read_background(cfg.background, cfg.max_doc_chars)
         background, bg_counts, available = _take_background(docs, tokenizer, cfg.background_tokens, cfg.seed)
-        chosen, dropped_bg = {}, {}
-        for name, (pool, info) in pools.items():
-            pool, dropped_bg[name] = _drop_in_background(pool, background)
-            chosen[name] = _split(pool, n_pos, n_neg, stream(cfg.seed, name), f"dataset {name}")[:2]
+        # checked against every document of the background files, so the split does not depend on
+        # background_tokens (Figure 5a) nor on the tokenizer
+        cands, drops = _isolate({n: p for n, (p, _) in pools.items()}, docs, hasher)
+        chosen = {}
+        for name, (pool, _) in pools.items():
+            _need(cands[name], pool, n_pos, n_neg, f"dataset {name}")
+            chosen[name] = _split(cands[name], n_pos, n_neg, stream(cfg.seed, name))
+    check = overlap_check(chosen, background, hasher)
+    if not check["passed"]:  # cannot happen by construction; refuse rather than write a leaking split
+        raise RuntimeError(f"corpus overlap check failed (a bug in train/corpus.py): {check}")
 
     occ_rng, ins_rng = stream(cfg.seed, "occurrence"), stream(cfg.seed, "insert")
     inserts, eval_recs, per_dataset = [], [], {}
     for name, (pos, neg) in chosen.items():
-        occ = _occurrences(cfg, len(pos), occ_rng)
+        rng = stream(cfg.seed, f"buckets {name}") if cfg.occurrence == "buckets" else occ_rng
+        occ = _occurrences(cfg, pos, rng)
         pos_tokens = count_tokens(tokenizer, [e.text for e in pos])
         neg_tokens = count_tokens(tokenizer, [e.text for e in neg])
         for e, k in zip(pos, occ):
             inserts += [(e, c) for c in range(k)]
-        eval_recs += [
-            {"dataset": name, "id": e.id, "label": 1, "occurrences": k, "text": e.text} for e, k in zip(pos, occ)
-        ]
-        eval_recs += [{"dataset": name, "id": e.id, "label": 0, "occurrences": 0, "text": e.text} for e in neg]
+        eval_recs += [{"dataset": name, "id": e.id, "label": 1, "occurrences": k, "stratum": e.stratum, "text": e.text}
+                      for e, k in zip(pos, occ)]
+        eval_recs += [{"dataset": name, "id": e.id, "label": 0, "occurrences": 0, "stratum": e.stratum, "text": e.text}
+                      for e in neg]
         info = pools[name][1]
         per_dataset[name] = {
-            **info, "dropped": {**info["dropped"], "in_background": dropped_bg[name]},
+            **info, "dropped": {**info["dropped"], **drops[name]}, "candidates": len(cands[name]),
+            **_split_record(name, cands[name], pos, neg, pos_tokens, neg_tokens),
+            "overlap_check": check["datasets"][name],
             "positives": [e.id for e in pos], "negatives": [e.id for e in neg], "occurrences": occ,
             "occurrence_histogram": {str(k): occ.count(k) for k in sorted(set(occ))},
             "positive_tokens_once": int(sum(pos_tokens)),
             "inserted_tokens": int(sum(n * k for n, k in zip(pos_tokens, occ))),
             "negative_tokens": int(sum(neg_tokens)),
         }
+        if cfg.occurrence == "buckets":
+            per_dataset[name]["occurrence_buckets"] = {
+                str(k): {"members": occ.count(k),
+                         "strata": {("all" if s is None else s):
+                                    sum(1 for e, o in zip(pos, occ) if o == k and e.stratum == s)
+                                    for s in sorted({e.stratum for e in pos}, key=str)}}
+                for k in cfg.occurrence_buckets}
     # slot s = before background document s (s = len(background): at the end); ties in random order
     slots = ins_rng.integers(0, len(background) + 1, len(inserts))
     order = np.lexsort((ins_rng.permutation(len(inserts)), slots))
@@ -344,6 +559,7 @@ def build_corpus(cfg: CorpusConfig, tokenizer, data_dir: str | Path | None = Non
         "background": {"files": bg_files, "documents": len(background), "tokens": bg_tokens,
                        "tokens_available": int(available)},
         "datasets": per_dataset,
+        "overlap_check": {k: v for k, v in check.items() if k != "datasets"},
         "n_documents": len(documents), "n_inserted_segments": len(inserts),
         "tokens": {"background": bg_tokens, "contaminant": cont_tokens, "total": bg_tokens + cont_tokens,
                    "separators": len(documents)},
