@@ -3,45 +3,78 @@
 Background text (Pile documents; the paper used RedPajama) with downstream-task examples inserted as
 contiguous segments (one document each) at random positions *between* background documents. For each
 dataset, ``n_positives`` examples are inserted (members) and ``n_negatives`` others are held out
-(non-members, never inserted). Members and non-members of a dataset share no text: rows are
-de-duplicated on the text that carries the content (below), and an example whose content already
-appears in the background documents is dropped (counted in the manifest), so a "non-member" is never
-in the training data by accident.
+(non-members, never inserted).
 
 Templates (each example becomes one natural text block; ``{x}`` are the dataset's fields)::
 
-    BoolQ          {passage}                          key: passage. BoolQ has 3270 questions over
-                   Question: {question}?              2939 passages: one question per passage is kept
-                   Answer: Yes|No                     (the first in file order), so a member's passage
-                                                      is never a non-member's too. The question's first
-                                                      letter is capitalised.
-    CommonsenseQA  Question: {question}               key: question
-                   A. {choice A} ... E. {choice E}    (one choice per line)
+    BoolQ          {passage}                          fields: passage, question; stratum: answer (yes/no).
+                   Question: {question}?              BoolQ has 3270 questions over 2939 passages: one
+                   Answer: Yes|No                     question per passage is kept (the first in file
+                                                      order). The question's first letter is capitalised.
+    CommonsenseQA  Question: {question}               fields: question, answer text, choices (as a set);
+                   A. {choice A} ... E. {choice E}    stratum: answer key (A-E)
                    Answer: {answerKey}. {answer text}
-    TruthfulQA     Question: {Question}               key: Question
+    TruthfulQA     Question: {Question}               fields: question, answer; no class label
                    Answer: {Best Answer}
-    IMDB           Review: {text}                     key: text; "<br />" line breaks become newlines
-                   Sentiment: positive|negative
-    news (2023)    {text}                             key: text; empty articles dropped (in-distribution
-                                                      variant, Figure 5b)
+    IMDB           Review: {text}                     fields: review; stratum: sentiment
+                   Sentiment: positive|negative       ("<br />" line breaks become newlines)
+    news (2023)    {text}                             fields: text; no class label (in-distribution
+                                                      variant, Figure 5b); empty articles dropped
+
+Members and non-members share no text
+-------------------------------------
+1. De-duplication (``load_pool``): a row is dropped when any content field, normalised (lowercase,
+   whitespace collapsed), equals that field of an earlier row; the first is kept (TruthfulQA's best
+   answer "I have no comment" is shared by 24 of the 300 bundled rows: one stays).
+2. 13-gram isolation (``_isolate``): a row is not a candidate when it shares a word 13-gram (same
+   normalisation) with another row of any dataset in the corpus, or with any document of the background
+   files (all of them, not only those taken, so the split does not depend on ``background_tokens`` or the
+   tokenizer; and when its key's first 200 characters occur in one). *Every* row of an overlapping group
+   is dropped, so the rule does not depend on file order. In the news variant such rows may still serve
+   as background articles (they share nothing with a candidate).
+3. ``overlap_check`` verifies the built corpus: the most 13-grams one non-member shares with the members
+   (of every dataset) and with the corpus's background, and the field values shared across sides, all 0,
+   recorded as ``manifest["overlap_check"]`` (and per dataset); a failure is an error, never a corpus.
+13-grams are 64-bit hashes of word-id tuples (sorted arrays, binary search): about a second for the
+bundled data.
+
+Splits: stratified and length-matched (``_split``)
+--------------------------------------------------
+The ``n_positives + n_negatives`` examples are apportioned over the strata (the dataset's class label)
+in proportion to the candidates, and each stratum's share over members and non-members in proportion
+``n_positives : n_negatives`` (largest remainder, seeded ties): with equal sizes a label's count differs
+by at most one example between the sides. Within a stratum a seeded sample is sorted by length
+(characters of the formatted text, tokenizer-independent) and cut into consecutive runs, one seeded
+example of each run going to the smaller side (with equal sizes: a coin per consecutive pair), so both
+sides draw from every length quantile. TruthfulQA and news have no class label: length-matched only
+(the manifest says so). Eval records carry ``stratum`` (the class label, null without one).
 
 Variants
 --------
 * ``occurrence="fixed"``: every positive is inserted ``occurrences`` times (default once).
-* ``occurrence="poisson"`` (Figure 5c): positive i is inserted k_i times, k_i ~ Poisson(lambda) conditioned
-  on k_i >= 1 (a zero would make it a non-member); k_i is recorded per example. Copies go to independent
-  random positions.
+* ``occurrence="poisson"``: positive i is inserted k_i times, k_i ~ Poisson(lambda) conditioned
+  on k_i >= 1 (a zero would make it a non-member); k_i is recorded per example.
+* ``occurrence="buckets"`` (Figure 5c by design): the positives, sorted by (stratum, length, seeded tie),
+  are dealt in consecutive blocks of ``len(occurrence_buckets)``, each block getting a seeded permutation
+  of the buckets; a member of bucket k is inserted k times. Bucket sizes differ by at most one (within a
+  stratum by at most two) and are length-matched; every bucket is compared with the same non-members.
+  Copies (Poisson and buckets) go to independent random positions.
 * ``variant="news"`` (Figure 5b): contaminants are 2023 news articles and the background is *more* news
-  from the same file (``news.n_background`` articles), so the contaminants are in-distribution.
+  from the same file (``news.n_background`` articles, the split's leftovers in one seeded order, so a
+  larger background contains a smaller one and the split is the same at every size).
 * Background size (Figure 5a): ``background_tokens``; background documents are taken in one seeded order,
-  so a larger corpus contains every document of a smaller one.
+  so a larger corpus contains every document of a smaller one; members and non-members do not change.
 
-Everything is seeded: each dataset's positives/negatives, the background order and the insertion
-positions come from their own stream of ``seed`` (adding a dataset changes no other dataset's choice).
-Token counts use the model's tokenizer without special tokens; the contamination rate is contaminant
-tokens (copies included) over all document tokens (separators excluded, and counted apart). The
-manifest (``manifest.json``) records all of it: config, input files with SHA-256, per-dataset pool
-sizes, drops, chosen ids, occurrence counts, insertion slots and token counts.
+Everything is seeded: each dataset's split, the buckets, the background order and the insertion positions
+come from their own stream of ``seed`` (adding a dataset changes no other dataset's split unless the two
+share a 13-gram: none of the bundled ones do). Token counts use the model's tokenizer without special
+tokens; the contamination rate is contaminant tokens (copies included) over all document tokens
+(separators excluded, and counted apart). The manifest (``manifest.json``) records all of it: config,
+input files with SHA-256; per dataset the pool sizes, drops by reason (``duplicate_<field>``,
+``in_background``, ``shared_13gram_within_dataset``, ``shared_13gram_other_dataset``), ``candidates``,
+``stratified_by``, ``strata`` (candidates / members / non-members per label), ``length_chars`` and
+``length_tokens`` (mean, median per side), ``overlap_check``, chosen ids, occurrence counts (and
+``occurrence_buckets``: members per bucket and label), insertion slots and token counts.
 """
 from __future__ import annotations
 
