@@ -86,10 +86,7 @@ def make_train_step(model: nnx.Module, opt: optax.GradientTransformation, comput
     """A jitted ``(params, opt_state, ids, mask) -> (params, opt_state, metrics)``; ids/mask [A, M, T]
     (``train.step.make_step``). With ``mesh``: parameters and AdamW moments on their rule shardings, the batch
     split over data x fsdp (``train.placement``), metrics replicated; params and optimizer state are donated."""
-    try:  # TEMPORARY until train/step.py takes these keywords
-        step = make_step(model, opt, compute_dtype, remat=remat, loss_chunk=loss_chunk, mesh=mesh)
-    except TypeError:
-        step = make_step(model, opt, compute_dtype)
+    step = make_step(model, opt, compute_dtype, remat=remat, loss_chunk=loss_chunk, mesh=mesh)
     if mesh is None:
         return jax.jit(step, donate_argnums=(0, 1))
     params_sh = placement.param_shardings(model, mesh)
