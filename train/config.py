@@ -127,7 +127,6 @@ class AblationConfig:
     lrs: list[float] = field(default_factory=lambda: [1e-5, 1e-4])  # Table 4
     background_tokens: list[int] = field(default_factory=lambda: [60_000, 180_000, 540_000])  # Figure 5a
     news_background: list[int] = field(default_factory=lambda: [100, 300, 600])  # Figure 5b (articles)
-    poisson_lambda: float = 2.0  # Figure 5c
 
 
 @dataclass

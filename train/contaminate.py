@@ -5,18 +5,17 @@ inserted downstream examples, then detection of the inserted examples.
     python train/contaminate.py --config configs/contamination/cpu.yaml --out runs/contam-cpu train.lr=1e-5
     python train/contaminate.py --config configs/contamination/cpu.yaml --out runs/contam-cpu-lr --ablation lr
 
-Without ``--ablation``: one run (Table 3, Table 7; Figure 5c too when ``corpus.occurrence=poisson``).
+Without ``--ablation``: one run (Table 3, Table 7; Figure 5c too when ``corpus.occurrence`` is poisson or buckets).
 ``--ablation lr``: one run per ``ablation.lrs`` -> Table 4. ``size``: one run per ``ablation.background_tokens``
 -> Figure 5a. ``news``: in-distribution news contaminants, one run per ``ablation.news_background`` -> Figure
-5b. ``occurrence``: Poisson occurrence counts (``ablation.poisson_lambda``) -> Figure 5c. Each run has its own
-sub-folder of ``--out``; re-running the same command resumes where it stopped.
+5b. ``occurrence``: members inserted k times, k dealt evenly over ``corpus.occurrence_buckets`` -> Figure 5c. Each
+run has its own sub-folder of ``--out``; re-running the same command resumes where it stopped.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -74,7 +73,7 @@ def plan(cfg: ExperimentConfig, ablation: str | None) -> list[tuple[str, Experim
     if ablation == "news":
         return [(f"news_{n}", _with(cfg, corpus__variant="news", corpus__news__n_background=int(n)))
                 for n in a.news_background]
-    return [("occurrence", _with(cfg, corpus__occurrence="poisson", corpus__poisson_lambda=a.poisson_lambda))]
+    return [("occurrence", _with(cfg, corpus__occurrence="buckets"))]
 
 
 def main(argv=None) -> int:
@@ -135,7 +134,6 @@ def run(args) -> Path:
 
 def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
     from train import tables
-    from train.corpus import load_eval
     from train.experiment import run_experiment
 
     runs = []
@@ -145,21 +143,10 @@ def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
             print(f"== run {sub} ==", file=sys.stderr, flush=True)
         runs.append((sub, run_cfg, folder, run_experiment(run_cfg, folder, cache=out)))
 
-    if args.ablation == "lr":
-        text = tables.write_table4(out, {rc.train.lr: res for _, rc, _, res in runs}, methods)
-    elif args.ablation in ("size", "news"):
-        manifests = [json.loads((f / "corpus" / "manifest.json").read_text()) for _, _, f, _ in runs]
-        name, title = (("fig5a", "Figure 5a: outlier contaminants (downstream examples) vs corpus size")
-                       if args.ablation == "size" else
-                       ("fig5b", "Figure 5b: in-distribution contaminants (2023 news) vs corpus size"))
-        tables.write_size_figure(out, name, list(zip(manifests, (r for *_, r in runs))), methods, title)
-        text = (out / f"{name}.md").read_text()
+    if args.ablation:  # the sweep's table / figure, from the runs' per-example scores (as `python -m train.tables`)
+        text = tables.rebuild(out)
     else:
-        folder, run_cfg = runs[0][2], runs[0][1]
-        if run_cfg.corpus.occurrence == "poisson":
-            records = [json.loads(line) for line in (folder / "scores" / "trained" / "results.jsonl").open()]
-            tables.write_occurrence_figure(out, records, load_eval(folder / "corpus"), methods)
-        text = (folder / "table3.md").read_text()
+        text = (out / "table3.md").read_text()
         if (out / "fig5c.md").exists():
             text += "\n" + (out / "fig5c.md").read_text()
     print(text)

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import rankdata
 
 from mia_jax import blind, metrics
 from mia_jax.report import fmt, markdown, pyplot, save_figure, write_csv
@@ -321,7 +322,8 @@ def plot_run_rocs(out: Path, rows: list[dict], methods: list[str]) -> None:
 
 def write_run(out: Path, rows: list[dict], info: dict) -> dict:
     """metrics.json, table3/table7 and roc.png of one run from its example rows and its ``run.json`` (``info``:
-    ``methods``, ``config.score``); fig5c.* too when the corpus used Poisson occurrences. Returns the results."""
+    ``methods``, ``config.score``); fig5c.* too when the corpus used Poisson or bucketed occurrences. Returns the
+    results."""
     methods = info["methods"]
     score = info["config"]["score"]
     results = run_results(rows, methods, [m for m in methods if m not in ORACLE],
@@ -329,7 +331,7 @@ def write_run(out: Path, rows: list[dict], info: dict) -> dict:
     (out / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
     write_run_tables(out, results, methods)
     plot_run_rocs(out, rows, methods)
-    if info["config"]["corpus"].get("occurrence") == "poisson":  # as train/contaminate.py writes it
+    if info["config"]["corpus"].get("occurrence") in ("poisson", "buckets"):
         write_occurrence_figure(out, *_records_and_eval(rows), methods)
     return results
 
@@ -440,16 +442,32 @@ def write_size_figure(out: Path, name: str, runs: list[tuple[dict, dict]], metho
     save_figure(fig, out / f"{name}.png")
 
 
+def group_scores(records: list[dict], eval_set: list[dict], methods: list[str], group: str) -> tuple[list[int], dict]:
+    """(indices, {method: scores}) of one dataset, or of ``"all"``: every dataset pooled **after** rank-normalising
+    each dataset's scores (ranks / n within the dataset, ties averaged), so that no dataset's score scale (e.g.
+    IMDB's long reviews vs TruthfulQA's short answers) decides the pooled AUROC."""
+    idx = [i for i, e in enumerate(eval_set) if group == "all" or e["dataset"] == group]
+    scores = metrics.scores_by_method([records[i] for i in idx], methods)
+    if group == "all":
+        datasets = np.array([eval_set[i]["dataset"] for i in idx])
+        for m, v in scores.items():
+            v = v.astype(np.float64).copy()
+            for d in dict.fromkeys(datasets.tolist()):
+                sel = (datasets == d) & np.isfinite(v)
+                v[sel] = rankdata(v[sel]) / max(int(sel.sum()), 1)
+            scores[m] = v
+    return idx, scores
+
+
 def occurrence_curve(records: list[dict], eval_set: list[dict], methods: list[str], min_members: int = 3, *,
                      n_bootstrap: int = 0, seed: int = 0) -> list:
     """[(dataset or 'all', k, n_members, {method: metrics.evaluate of members with k occurrences vs all
-    non-members})] (``n_bootstrap`` resamples for the intervals)."""
-    groups = {"all": list(range(len(eval_set)))}
-    for i, r in enumerate(eval_set):
-        groups.setdefault(r["dataset"], []).append(i)
+    non-members})] (``n_bootstrap`` resamples for the intervals); 'all' pools the datasets after per-dataset rank
+    normalisation (``group_scores``)."""
+    groups = ["all", *dict.fromkeys(r["dataset"] for r in eval_set)]
     rows = []
-    for g, idx in groups.items():
-        scores = metrics.scores_by_method([records[i] for i in idx], methods)
+    for g in groups:
+        idx, scores = group_scores(records, eval_set, methods, g)
         occ = np.array([eval_set[i]["occurrences"] for i in idx])
         lab = np.array([eval_set[i]["label"] for i in idx])
         for k in sorted(set(occ[lab == 1].tolist())):
@@ -475,6 +493,7 @@ def write_occurrence_figure(out: Path, records: list[dict], eval_set: list[dict]
     md = [[DATASET_NAMES.get(g, g), str(k), str(n), *(_ci_cell(r[m], "auroc") for m in shown)]
           for g, k, n, r in rows]
     text = (f"# Figure 5c: AUROC [95% CI] of the members inserted k times against all non-members\n\n"
+            "'All' pools the datasets after rank-normalising each dataset's scores.\n\n"
             f"{rebuild_line()}" + markdown(header, md))
     lines = []
     if n_bootstrap and shown:
@@ -483,8 +502,8 @@ def write_occurrence_figure(out: Path, records: list[dict], eval_set: list[dict]
             ks = [k for gg, k, _, _ in rows if gg == g]
             if len(ks) < 2 or ks[0] != 1:
                 continue
-            idx = [i for i, e in enumerate(eval_set) if g == "all" or e["dataset"] == g]
-            sc = metrics.scores_by_method([records[i] for i in idx], [m])[m]
+            idx, sc = group_scores(records, eval_set, [m], g)
+            sc = sc[m]
             occ = np.array([eval_set[i]["occurrences"] for i in idx])
             lab = np.array([eval_set[i]["label"] for i in idx])
             c = metrics.subset_bootstrap(sc, lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
