@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_sharding import _env, _free_port
+from test_sharding import _env, _free_port, _ok
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "train_sharding_check.py"
@@ -50,11 +50,6 @@ def runs(tmp_path_factory):
     procs["resumed"] = _start("run", "fsdp=4,model=2", out / "resumed", out / "resumed.json")
     _wait(procs, logs)
     return out, logs
-
-
-def _ok(runs, name):
-    rc, log = runs[1][name]
-    assert rc == 0, f"{name} failed:\n{log[-4000:]}"
 
 
 @pytest.fixture(scope="module")
