@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mia_jax.models import attention as _attention
 from mia_jax.models.layers import (
     build_module, cache_masks, causal_attention, causal_mask, check_dtype, check_length, gqa_attention, init_cache,
     learned_positions, unembed,
@@ -98,9 +99,11 @@ class CausalLM(nnx.Module):
     def _sliding_window(self):
         return getattr(self.config, "sliding_window", None)
 
-    def hidden_states(self, input_ids, remat: bool = False):
+    def hidden_states(self, input_ids, remat: bool = False, attention: str | None = None):
         """int [B, T] -> hidden states after the final norm [B, T, D] (parameter dtype). ``remat``: recompute each
-        decoder layer in the backward pass (``Stacked.scan``), for training on long sequences."""
+        decoder layer in the backward pass (``Stacked.scan``), for training on long sequences. ``attention``: the
+        implementation of the causal attention of layers without a sliding window (``attention.attention``'s
+        ``implementation``; default: $MIA_JAX_ATTENTION or "auto")."""
         t = input_ids.shape[1]
         if getattr(self, "pos_embed", None) is not None:
             check_length(t, self.config.max_position_embeddings, type(self).__name__)
@@ -111,6 +114,8 @@ class CausalLM(nnx.Module):
 
         def attend(q, k, v, scale, sliding=False):
             if window is None:
+                if attention is not None:
+                    return _attention.attention(q, k, v, scale=scale, causal=True, implementation=attention)
                 return causal_attention(q, k, v, scale)
             return gqa_attention(q, k, v, jnp.where(sliding, window, full), scale)
 
