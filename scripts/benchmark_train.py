@@ -94,9 +94,12 @@ def worker_jax(args, result):
     from flax import nnx
 
     from mia_jax import models
-    from train.loss import chunked_cross_entropy
-    from train.step import make_loss, training_attention
     from train.trainer import make_train_step
+
+    try:
+        from train.step import training_attention
+    except ImportError:  # a checkout from before the chunked loss (the 'before' figures in BENCHMARKS.md)
+        training_attention = lambda: None  # noqa: E731
 
     with PeakRSS() as mem:
         loaded = models.load(args.model)
@@ -125,6 +128,9 @@ def worker_jax(args, result):
                   attention=training_attention() or os.environ.get("MIA_JAX_ATTENTION", "auto"))
     if args.no_profile:
         return
+    from train.loss import chunked_cross_entropy
+    from train.step import make_loss
+
     # ---- the profile: pieces of the step, each jitted alone, on one micro-batch
     nll_sum = make_loss(model, "float32", remat=args.remat, loss_chunk=args.loss_chunk)
     mids, mmask = jnp.asarray(ids[0]), jnp.asarray(mask[0])
