@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from mia_jax.models.attention import ENV as ATTENTION_ENV
+from mia_jax.sharding import gathered_for_lookup
 from train.loss import DEFAULT_CHUNK, chunked_cross_entropy
 
 
@@ -51,6 +52,8 @@ def make_loss(model: nnx.Module, compute_dtype: str = "float32", *, remat: str =
         return nnx.merge(graphdef, state)
 
     def nll_sum(params, ids, mask):
+        if mesh is not None:  # the embedding gathered over fsdp for the lookup of fsdp-split rows (see sharding)
+            params = gathered_for_lookup(params, mesh)
         m = rebuild(params)
         hidden = m.hidden_states(ids[:, :-1], remat=remat == "layer", attention=training_attention())
         return chunked_cross_entropy(hidden, m.unembedding(), ids[:, 1:], mask[:, 1:], chunk_size=loss_chunk,
