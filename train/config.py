@@ -120,6 +120,7 @@ class ScoreConfig:
     batch_size: int = 8
     n_bootstrap: int = 1000
     seed: int = 0
+    n_neighbors: int = 10  # neighbours per text of the `neighbor` method (as `mia-jax eval --n-neighbors`)
 
 
 @dataclass
@@ -357,6 +358,7 @@ def validate(cfg: ExperimentConfig) -> None:
         (t.schedule in ("constant", "cosine"), f"train.schedule must be 'constant' or 'cosine', got {t.schedule!r}"),
         (t.compute_dtype in ("float32", "bfloat16"),
          f"train.compute_dtype must be 'float32' or 'bfloat16', got {t.compute_dtype!r}"),
+        (cfg.score.n_neighbors >= 1, f"score.n_neighbors must be at least 1, got {cfg.score.n_neighbors}"),
         (t.remat in ("none", "layer"), f"train.remat must be 'none' or 'layer', got {t.remat!r}"),
         (t.loss_chunk >= 1, f"train.loss_chunk must be at least 1, got {t.loss_chunk}"),
         (t.epochs >= 1, f"train.epochs must be at least 1, got {t.epochs}"),

@@ -66,7 +66,6 @@ def base_model_path(cfg: ExperimentConfig, cache: Path) -> str:
     return str(folder)
 
 
-N_NEIGHBORS = 10  # neighbours per text of the `neighbor` method (as `mia-jax eval`'s default)
 
 
 def neighbor_generator(base, methods: list[str], cfg: ExperimentConfig):
@@ -77,7 +76,7 @@ def neighbor_generator(base, methods: list[str], cfg: ExperimentConfig):
         return None
     from mia_jax.neighbors import SelfNeighbors
 
-    return SelfNeighbors(base, n=N_NEIGHBORS, seed=cfg.score.seed, batch_size=cfg.score.batch_size)
+    return SelfNeighbors(base, n=cfg.score.n_neighbors, seed=cfg.score.seed, batch_size=cfg.score.batch_size)
 
 
 def _eval_key(loaded, texts: list[str], labels: list[int], methods: list[str], cfg: ExperimentConfig, mesh,
