@@ -115,10 +115,9 @@ def shardings(model, mesh):
 
     cfg = config()
     opt = optimizer(cfg, 3)
-    params = placement.place_params(model, placement.param_shardings(model, mesh))
-    abstract = jax.eval_shape(lambda: params)
-    opt_state = jax.jit(opt.init, out_shardings=placement.like_params(
-        jax.eval_shape(opt.init, abstract), abstract, placement.param_shardings(model, mesh), mesh))(params)
+    params_target, opt_target = placement.state_targets(model, opt, mesh)
+    params = placement.place_params(model, placement.shardings_of(params_target))
+    opt_state = jax.jit(opt.init, out_shardings=placement.shardings_of(opt_target))(params)
     b = batches(model.config.vocab_size, 1)
     ids, mask = b.batch(0)
     shape = ids.shape

@@ -59,6 +59,23 @@ def like_params(tree, params_abstract, params_sh, mesh: Mesh):
     return jax.tree_util.tree_map_with_path(pick, tree)
 
 
+def state_targets(model: nnx.Module, opt, mesh: Mesh) -> tuple[dict, object]:
+    """(params, opt_state) of the training state as ``ShapeDtypeStruct``s with their shardings on ``mesh``: float32
+    parameters on the rule shardings, optimizer leaves ``like_params``. What the step is jitted with, what a
+    checkpoint is restored onto and what the initial state is placed on (``jax.tree.map(lambda x: x.sharding, t)``)."""
+    params_sh = param_shardings(model, mesh)
+    abstract = jax.eval_shape(lambda: jax.tree.map(lambda x: x.astype(jnp.float32), nnx.to_pure_dict(nnx.state(model))))
+    opt_abstract = jax.eval_shape(opt.init, abstract)
+    opt_sh = like_params(opt_abstract, abstract, params_sh, mesh)
+    with_sharding = lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)  # noqa: E731
+    return jax.tree.map(with_sharding, abstract, params_sh), jax.tree.map(with_sharding, opt_abstract, opt_sh)
+
+
+def shardings_of(target):
+    """The shardings of a ``state_targets`` tree."""
+    return jax.tree.map(lambda x: x.sharding, target)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, BATCH_SPEC)
 

@@ -28,9 +28,8 @@ import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
-from tqdm.auto import tqdm
-
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from tqdm.auto import tqdm
 
 from mia_jax import rundir, sharding
 from mia_jax.errors import UserError
@@ -89,11 +88,9 @@ def make_train_step(model: nnx.Module, opt: optax.GradientTransformation, comput
     step = make_step(model, opt, compute_dtype, remat=remat, loss_chunk=loss_chunk, mesh=mesh)
     if mesh is None:
         return jax.jit(step, donate_argnums=(0, 1))
-    params_sh = placement.param_shardings(model, mesh)
-    abstract = jax.eval_shape(lambda: jax.tree.map(lambda x: x.astype(jnp.float32),
-                                                   nnx.to_pure_dict(nnx.state(model))))
-    opt_sh = placement.like_params(jax.eval_shape(opt.init, abstract), abstract, params_sh, mesh)
+    params_target, opt_target = placement.state_targets(model, opt, mesh)
     batch = placement.batch_sharding(mesh)
+    params_sh, opt_sh = placement.shardings_of(params_target), placement.shardings_of(opt_target)
     return jax.jit(step, in_shardings=(params_sh, opt_sh, batch, batch),
                    out_shardings=(params_sh, opt_sh, NamedSharding(mesh, P())), donate_argnums=(0, 1))
 
@@ -135,10 +132,7 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     total = batches.total_steps
     opt = optimizer(cfg, total)
     schedule = learning_rate(cfg, total)
-    params_sh = placement.param_shardings(model, mesh)
-    abstract = jax.eval_shape(lambda: jax.tree.map(lambda x: x.astype(jnp.float32),
-                                                   nnx.to_pure_dict(nnx.state(model))))
-    opt_sh = placement.like_params(jax.eval_shape(opt.init, abstract), abstract, params_sh, mesh)
+    target = dict(zip(("params", "opt_state"), placement.state_targets(model, opt, mesh)))
     fp_path = workdir / "fingerprint.json"
     latest = _latest_step(workdir)
     if latest is not None:
@@ -155,18 +149,14 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     start, resumed_from = 0, None
     if latest is not None:
         # each array is read straight onto its sharding on *this* mesh (the checkpoint's mesh does not matter)
-        target = {"params": jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                         abstract, params_sh),
-                  "opt_state": jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                            jax.eval_shape(opt.init, abstract), opt_sh)}
         restored = mngr.restore(latest, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                 meta=ocp.args.JsonRestore()))
         params, opt_state = restored["state"]["params"], restored["state"]["opt_state"]
         metrics = restored["meta"]["metrics"]
         start = resumed_from = int(latest)
     else:
-        params = placement.place_params(model, params_sh)
-        opt_state = jax.jit(opt.init, out_shardings=opt_sh)(params)
+        params = placement.place_params(model, placement.shardings_of(target["params"]))
+        opt_state = jax.jit(opt.init, out_shardings=placement.shardings_of(target["opt_state"]))(params)
     if main:
         fp_path.write_text(json.dumps(run_fingerprint, indent=2) + "\n")
 
