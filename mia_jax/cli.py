@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from mia_jax import blind, rundir
+from mia_jax import blind, resources, rundir
 from mia_jax.errors import UserError
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
@@ -24,6 +24,7 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
     p.add_argument("--n-neighbors", type=int, default=10,
                    help="neighbours per text for the 'neighbor' method (default: 10; Mattern et al. use 25)")
     p.add_argument("--neighbor-seed", type=int, default=0, help="seed of the neighbour generator (default: 0)")
+    resources.add_options(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
     _allow_download(p)
     src = p.add_mutually_exclusive_group(required=not labeled)
@@ -129,10 +130,11 @@ NOT_IN_FINGERPRINT = {
     "out": "the folder itself",
     "overwrite": "decides what happens to the folder, not what a record holds",
     "no_progress": "display only",
+    **resources.NOT_IN_FINGERPRINT,
 }
 
 
-def _fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh) -> dict:
+def _fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh, res) -> dict:
     """What makes a run: every input that can change a record (see NOT_IN_FINGERPRINT for the rest)."""
     from mia_jax import runner, sharding
 
@@ -140,7 +142,7 @@ def _fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh)
         loaded, ds.texts, ds.labels, methods, ref=ref, neighbors=generator, data_files=ds.files, labeled=labeled,
         encoding=args.encoding, text_field=args.text_field, label_field=args.label_field if labeled else None,
         limit=args.limit, batch_size=args.batch_size, chunk_size=args.chunk_size, dtype=args.dtype,
-        mesh=sharding.mesh_str(mesh) if mesh is not None else None)
+        mesh=sharding.mesh_str(mesh) if mesh is not None else None, **res.fingerprint)
 
 
 def _blind_baseline(ds, args, required: bool):
@@ -210,13 +212,14 @@ def run(args, labeled: bool) -> Path:
     ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
            if args.ref_model and "ref" in methods else None)
     generator = _neighbor_generator(args, loaded) if "neighbor" in methods else None
+    res = resources.build(args, methods, ds.texts)
     out = rundir.check_path(args.out or f"runs/{ds.name}-{loaded.name}")
-    fingerprint = _fingerprint(args, labeled, ds, loaded, ref, generator, methods, mesh)
+    fingerprint = _fingerprint(args, labeled, ds, loaded, ref, generator, methods, mesh, res)
     with rundir.claim(out, fingerprint, overwrite=args.overwrite) as resume:
         if resume:
             print(f"resuming the run in {out}", file=sys.stderr)
         _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
-                          compare)
+                          compare, res)
     return out
 
 
@@ -259,7 +262,7 @@ def _paired(records, labels, pairs, args) -> list[dict]:
 
 
 def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
-                      compare=()) -> None:
+                      compare=(), res=None) -> None:
     import jax
 
     from mia_jax import __version__, data, metrics, report, runner, sharding
@@ -268,9 +271,11 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
           file=sys.stderr)
     t0 = time.perf_counter()
     passes: dict = {}
+    res = res or resources.Resources()
     records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=generator, labels=ds.labels,
                                    out_dir=out, resume=resume, batch_size=args.batch_size, chunk_size=args.chunk_size,
-                                   progress=not args.no_progress, mesh=mesh, report=passes)
+                                   progress=not args.no_progress, mesh=mesh, report=passes,
+                                   pass_options=res.pass_options, resources=res.resources)
     seconds = time.perf_counter() - t0
     n_tokens = sum(r["n_tokens"] for r in records)
     skipped = [r for r in records if "skip_reason" in r]
@@ -298,6 +303,7 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
         if ref
         else None,
         "data": {"name": ds.name, "files": ds.files, "n": len(ds)},
+        "method_resources": {"fingerprint": res.fingerprint, "files": res.files} if res.fingerprint else None,
         "neighbors": _neighbor_meta(generator, records) if generator is not None else None,
         "n_skipped": len(skipped),
         "n_truncated": sum(1 for r in records if r.get("truncated")),

@@ -26,41 +26,47 @@ Folded = tuple[np.ndarray, dict[int, str], dict[str, list]]
 
 @dataclass
 class Pass:
-    """One second pass: ``texts`` to score with ``model`` (``["loss"]``), whether records of an interrupted run may
-    be reused (``resume``), and ``fold``: the pass's records -> (a float64 [N] value per dataset text, NaN where
-    there is none; {text index: why it is NaN}; per-record counts {field: [N]} to add to the final records)."""
+    """One second pass: ``texts`` to score with ``model`` (the single-pass ``methods``, default the method's
+    ``pass_method``; each text after its prefix with ``prefixes``; ``compute`` instead of the forward + scorers,
+    see ``runner.score_texts``), whether records of an interrupted run may be reused (``resume``), and ``fold``:
+    the pass's records -> (a float64 [N] value per dataset text, NaN where there is none; {text index: why it is
+    NaN}; per-record counts {field: [N]} to add to the final records)."""
 
     model: object
     texts: list[str]
     resume: bool
     fold: Callable[[list[dict]], Folded]
+    methods: list[str] | None = None
+    prefixes: list[str] | None = None
+    compute: Callable | None = None
 
 
-def _losses(recs: Sequence[dict]) -> np.ndarray:
-    return scores_by_method(recs, ["loss"])["loss"] if recs else np.zeros(0)
+def _values(recs: Sequence[dict], method: str = "loss") -> np.ndarray:
+    return scores_by_method(recs, [method])[method] if recs else np.zeros(0)
 
 
-def _same_texts(model, texts: list[str], name: str, resume: bool) -> Pass:
-    """One record per dataset text: the loss as it is; a text the pass skipped says why."""
+def same_texts(model, texts: list[str], name: str, resume: bool, method: str = "loss", **kw) -> Pass:
+    """One record per dataset text: the ``method`` score as it is; a text the pass skipped says why. ``kw``:
+    the other ``Pass`` fields (``prefixes``, ``compute``, ``methods``)."""
     def fold(recs):
         reasons = {i: f"{name} pass: {r['skip_reason']}" for i, r in enumerate(recs) if "skip_reason" in r}
-        return _losses(recs), reasons, {}
+        return _values(recs, method), reasons, {}
 
-    return Pass(model, texts, resume, fold)
+    return Pass(model, texts, resume, fold, **kw)
 
 
 def lowercase_pass(name: str, loaded, texts: Sequence[str], *, resume: bool, **_) -> Pass:
     """The target model on the lowercased texts."""
-    return _same_texts(loaded, [t.lower() for t in texts], name, resume)
+    return same_texts(loaded, [t.lower() for t in texts], name, resume)
 
 
 def ref_pass(name: str, loaded, texts: Sequence[str], *, ref, resume: bool, **_) -> Pass:
     """The reference model (a LoadedModel with its own tokenizer) on the same texts."""
-    return _same_texts(ref, list(texts), name, resume)
+    return same_texts(ref, list(texts), name, resume)
 
 
 def neighbor_pass(name: str, loaded, texts: Sequence[str], *, neighbors, out_dir, out_path, resume: bool,
-                  **_) -> Pass:
+                  method: str = "loss", **_) -> Pass:
     """The target model on every text's neighbours: from the generator ``neighbors`` (default
     ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``; cached in ``out_dir/neighbors/``), those identical to their
     text dropped and counted, the rest flattened. Folded: per text the mean of its neighbours' mean
@@ -81,7 +87,7 @@ def neighbor_pass(name: str, loaded, texts: Sequence[str], *, neighbors, out_dir
             digest.write_text(h + "\n")
 
     def fold(recs):
-        losses = _losses(recs)
+        losses = _values(recs, method)
         mean = np.full(len(texts), np.nan)
         reasons: dict[int, str] = {}
         n_scored = [0] * len(texts)
@@ -108,10 +114,23 @@ def neighbor_pass(name: str, loaded, texts: Sequence[str], *, neighbors, out_dir
 PASSES: dict[str, Callable[..., Pass]] = {"lowercase": lowercase_pass, "ref": ref_pass, "neighbor": neighbor_pass}
 
 
+def register_pass(kind: str):
+    """Register a second pass ``fn(name, loaded, texts, *, resume, method, **options) -> Pass`` under ``kind``
+    (methods in their own modules add theirs: ``options`` are ``prepare``'s keyword arguments)."""
+    def deco(fn):
+        if kind in PASSES:
+            raise ValueError(f"pass kind {kind!r} is already registered")
+        PASSES[kind] = fn
+        return fn
+
+    return deco
+
+
 def prepare(pass_kind: str, name: str, loaded, texts: Sequence[str], *, ref=None, neighbors=None, out_dir=None,
-            out_path=None, resume: bool = False) -> Pass:
-    """The second pass of kind ``pass_kind`` for the method ``name`` over ``texts``."""
+            out_path=None, resume: bool = False, method: str = "loss", **options) -> Pass:
+    """The second pass of kind ``pass_kind`` for the method ``name`` over ``texts``, folding the single-pass
+    ``method`` score of its texts; ``options`` go to passes that take more (e.g. ReCaLL's prefix shots)."""
     if pass_kind not in PASSES:
         raise ValueError(f"unknown pass kind {pass_kind!r}; known: {', '.join(PASSES)}")
     return PASSES[pass_kind](name, loaded, texts, ref=ref, neighbors=neighbors, out_dir=out_dir, out_path=out_path,
-                             resume=resume)
+                             resume=resume, method=method, **options)

@@ -51,6 +51,7 @@ from mia_jax.files import write_jsonl
 from mia_jax.metrics import scores_by_method
 from mia_jax.rundir import check_interrupted
 from mia_jax.scorers import MULTI_PASS, TokenBatch, is_multi_pass, parse_method, score_batch
+from mia_jax.scorers.base import check_resources
 from mia_jax.stats import DEFAULT_CHUNK, TokenStats, token_stats_from_hidden, token_stats_from_hidden_sharded
 
 __all__ = ["Encoded", "encode", "make_stats_fn", "shared_stats_fn", "read_done", "score_texts", "score_dataset",
@@ -61,14 +62,37 @@ __all__ = ["Encoded", "encode", "make_stats_fn", "shared_stats_fn", "read_done",
 class Encoded:
     ids: list[int]
     truncated: bool
+    n_context: int = 0  # leading tokens of a prefix: read as context, never scored
 
 
-def encode(loaded, texts: Sequence[str]) -> list[Encoded]:
-    """Token ids as the model's tokenizer gives them by default, cut to the context length."""
+def encode(loaded, texts: Sequence[str], prefixes: Sequence[str] | None = None) -> list[Encoded]:
+    """Token ids as the model's tokenizer gives them by default, cut to the context length.
+
+    With ``prefixes``: each text read after its prefix, tokenized apart and joined (the prefix's ids, then the
+    text's without the BOS the tokenizer may add), so the text's own tokens are the ones it has alone; the prefix
+    tokens are context (``n_context``), its last one predicts the text's first token. When the two do not fit the
+    context, the prefix loses tokens from its start (``truncated``); a text that alone exceeds it is cut as
+    without a prefix and read with no context."""
+    texts = list(texts)
     out = []
-    for enc in loaded.tokenizer.encode_batch(list(texts)):
-        ids = enc.ids
-        out.append(Encoded(ids[: loaded.max_length], len(ids) > loaded.max_length))
+    if prefixes is None:
+        for enc in loaded.tokenizer.encode_batch(texts):
+            ids = enc.ids
+            out.append(Encoded(ids[: loaded.max_length], len(ids) > loaded.max_length))
+        return out
+    if len(prefixes) != len(texts):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts")
+    bos = loaded.bos_token_id if loaded.add_bos else None
+    for enc, pre in zip(loaded.tokenizer.encode_batch(texts), loaded.tokenizer.encode_batch(list(prefixes))):
+        ids, ctx = enc.ids, pre.ids
+        if bos is not None and ids[:1] == [bos]:
+            ids = ids[1:]
+        room = loaded.max_length - len(ids)
+        if room <= 0:
+            out.append(Encoded(enc.ids[: loaded.max_length], True))
+            continue
+        keep = ctx[len(ctx) - min(room, len(ctx)):]
+        out.append(Encoded(keep + ids, len(keep) < len(ctx), len(keep)))
     return out
 
 
@@ -126,6 +150,8 @@ def _record(index: int, label, enc: Encoded, scores: dict[str, float], skip: str
     if label is not None:
         rec["label"] = int(label)
     rec["n_tokens"] = len(enc.ids)
+    if enc.n_context:
+        rec["n_context"] = enc.n_context  # of n_tokens, the prefix's (read, not scored)
     # NaN is not JSON: a missing score is null and the record says why
     rec["scores"] = {m: _json_score(v) for m, v in scores.items()}
     if enc.truncated:
@@ -165,8 +191,16 @@ def _part_path(out_path) -> Path:
 def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels: Sequence[int] | None = None,
                 batch_size: int = 8, chunk_size: int = DEFAULT_CHUNK, out_path: str | os.PathLike | None = None,
                 resume: bool = False, progress: bool = True, desc: str = "scoring", mesh=None,
-                report: dict | None = None) -> list[dict]:
+                report: dict | None = None, prefixes: Sequence[str] | None = None,
+                resources: dict | None = None, compute=None) -> list[dict]:
     """Score every text with every method; returns records in input order.
+
+    ``prefixes`` (one string per text): each text is read after its prefix and only the text's tokens are scored
+    (``encode``; ReCaLL's conditional likelihood, CAMIA's repeated text). ``resources``: what scorers that name
+    one need (``scorers.check_resources``; e.g. DC-PDD's ``freq_table``). ``compute`` replaces the forward +
+    statistics + scorers of a batch by another batched computation, ``compute(ids [rows, T] int32, mask [rows,
+    T-1], texts) -> {method: float64 [rows]}`` (e.g. ``gradnorm``: a forward and a backward), with the same
+    buckets, records and resume.
 
     When ``out_path`` is given, records are appended to it as each batch finishes (so a crash
     loses at most the two batches in flight), and the file is rewritten in input order at the end. With
@@ -184,11 +218,14 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     ``computed`` (texts scored by a forward pass here), ``batches_computed``, ``skipped``. A resume that reuses
     records says so on stderr.
     """
-    for m in methods:
-        parse_method(m)
+    if compute is None:
+        for m in methods:
+            parse_method(m)
+        check_resources(methods, resources)
     multi = mesh is not None and jax.process_count() > 1
     mine = shd.process_slice(len(texts)) if multi else range(len(texts))
-    encoded = dict(zip(mine, encode(loaded, [texts[i] for i in mine])))
+    encoded = dict(zip(mine, encode(loaded, [texts[i] for i in mine],
+                                    None if prefixes is None else [prefixes[i] for i in mine])))
     label = (lambda i: labels[i]) if labels is not None else (lambda i: None)  # noqa: E731
     sink_path = _part_path(out_path) if (multi and out_path) else out_path
     records: dict[int, dict] = {}
@@ -197,7 +234,8 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         if multi:
             records.update(read_done(sink_path, len(texts), methods))
         records = {i: r for i, r in records.items() if i in mine}
-    skips = {i: _skip_reason(texts[i], len(encoded[i].ids)) for i in mine}
+    skips = {i: _skip_reason(texts[i], len(encoded[i].ids) - encoded[i].n_context + bool(encoded[i].n_context))
+             for i in mine}
     for i, reason in skips.items():
         if reason is not None:
             records[i] = _record(i, label(i), encoded[i], {m: None for m in methods}, reason)
@@ -237,18 +275,30 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         def dispatch(step):  # returns at once: the computation runs while the previous batch is scored
             t, rows, idx = step
             ids, real = pad_ids([encoded[i].ids for i in idx], rows, t, pad)
-            mask = real[:, 1:]  # the predicted tokens: every real token after the first
+            mask = real[:, 1:].copy()  # the predicted tokens: every real token after the first, less the context
+            for r, i in enumerate(idx):
+                mask[r, : max(encoded[i].n_context - 1, 0)] = False
+            if compute is not None:
+                return idx, mask, ids
             out = stats_fn(state, jnp.asarray(ids) if mesh is None else shd.global_batch(mesh, ids))
-            return idx, mask, out
+            return idx, mask, (ids, out)
 
         def finish(idx, mask, out):
-            stats = TokenStats(*(np.asarray(jax.device_get(x)) if mesh is None else shd.host_local_rows(x, mesh)
-                                 for x in out))
-            if not idx or all(i in records for i in idx):
-                return  # only here to keep the processes in step
-            real = slice(0, len(idx))
-            batch = TokenBatch(type(stats)(*(x[real] for x in stats)), mask[real], [texts[i] for i in idx])
-            scores = score_batch(batch, methods)
+            if compute is not None:
+                if not idx or all(i in records for i in idx):
+                    return
+                scores = {m: np.asarray(v, np.float64)[: len(idx)]
+                          for m, v in compute(out, mask, [texts[i] for i in idx]).items()}
+            else:
+                ids, out = out
+                stats = TokenStats(*(np.asarray(jax.device_get(x)) if mesh is None else shd.host_local_rows(x, mesh)
+                                     for x in out))
+                if not idx or all(i in records for i in idx):
+                    return  # only here to keep the processes in step
+                real = slice(0, len(idx))
+                batch = TokenBatch(type(stats)(*(x[real] for x in stats)), mask[real], [texts[i] for i in idx],
+                                   ids[real, 1:], resources or {})
+                scores = score_batch(batch, methods)
             counts["computed"] += len(idx)
             counts["batches_computed"] += 1
             for r, i in enumerate(idx):
@@ -284,42 +334,60 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
 
 def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None, neighbors=None,
                   labels: Sequence[int] | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
-                  report: dict | None = None, **kwargs) -> list[dict]:
+                  report: dict | None = None, pass_options: dict | None = None, **kwargs) -> list[dict]:
     """All methods, single- and multi-pass: the main pass, then one more pass of the same path per
     multi-pass method (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a
     LoadedModel with its own tokenizer; ``neighbor``: every text's neighbours, flattened, from the
     generator ``neighbors`` (default ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``; see
-    ``passes.neighbor_pass``)). Each pass writes ``out_dir/passes/<name>.jsonl`` as it goes
+    ``passes.neighbor_pass``)). Each pass writes ``out_dir/passes/<kind>.jsonl`` as it goes (``<kind>.<score>``
+    when it folds another score than ``loss``; a pass two methods need runs once)
     and resumes from it; ``out_dir/results.jsonl`` holds the final records (``nan_reasons`` says why a
     method's score is null when the text itself was scored; with ``neighbor``, ``n_neighbors`` and
     ``n_identical_neighbors`` count the neighbours scored and dropped). ``report`` (a dict) receives
-    ``score_texts``' counts per pass name. ``kwargs`` go to ``score_texts``.
+    ``score_texts``' counts per pass name. ``pass_options`` go to the passes that take more (``passes.prepare``),
+    ``kwargs`` to ``score_texts``.
     """
+    pass_options = pass_options or {}
     report = {} if report is None else report
     multi = [m for m in methods if is_multi_pass(m)]
-    if any(MULTI_PASS[m].pass_kind == "ref" for m in multi) and ref is None:
+    if any("ref" in MULTI_PASS[m].kinds for m in multi) and ref is None:
         raise UserError("method 'ref' needs a reference model (--ref-model)")
     single = [m for m in methods if m not in multi]
-    main_methods = single + (["loss"] if multi and "loss" not in single else [])
+    main_methods = list(single)
+    for m in multi:  # each multi-pass method compares its pass_method score of the main pass with its second pass's
+        if MULTI_PASS[m].pass_method not in main_methods:
+            main_methods.append(MULTI_PASS[m].pass_method)
+    check_resources(main_methods, kwargs.get("resources"))
     out_passes = Path(out_dir, "passes") if out_dir else None
     if out_passes:
         out_passes.mkdir(parents=True, exist_ok=True)
     path = (lambda name: out_passes / f"{name}.jsonl") if out_passes else (lambda name: None)  # noqa: E731
     main = score_texts(loaded, texts, main_methods, labels=labels, out_path=path("main"), resume=resume,
                        report=report.setdefault("main", {}), **kwargs)
-    loss = scores_by_method(main, ["loss"])["loss"] if multi else None
     extra: dict[str, tuple[np.ndarray, dict[int, str]]] = {}
     counts: dict[str, list[int]] = {}
+    done: dict[tuple[str, str], tuple[np.ndarray, dict[int, str]]] = {}  # a pass shared by methods runs once
     for m in multi:
         method = MULTI_PASS[m]
-        second = passes.prepare(method.pass_kind, m, loaded, texts, ref=ref, neighbors=neighbors, out_dir=out_dir,
-                                out_path=path(m), resume=resume)
-        recs = score_texts(second.model, second.texts, ["loss"], out_path=path(m), resume=second.resume,
-                           desc=f"scoring ({m} pass)", report=report.setdefault(m, {}), **kwargs)
-        other_loss, pass_reasons, pass_counts = second.fold(recs)
-        scores, reasons = method.combine(loss, other_loss, texts)
+        others, pass_reasons = [], {}
+        for kind in method.kinds:
+            key = (kind, method.pass_method)
+            name = kind if method.pass_method == "loss" else f"{kind}.{method.pass_method}"
+            if key not in done:
+                second = passes.prepare(kind, name, loaded, texts, ref=ref, neighbors=neighbors, out_dir=out_dir,
+                                        out_path=path(name), resume=resume, method=method.pass_method, **pass_options)
+                recs = score_texts(second.model, second.texts, second.methods or [method.pass_method],
+                                   out_path=path(name), resume=second.resume, desc=f"scoring ({name} pass)",
+                                   report=report.setdefault(name, {}), prefixes=second.prefixes,
+                                   compute=second.compute, **kwargs)
+                values, reasons, pass_counts = second.fold(recs)
+                done[key] = values, reasons
+                counts.update(pass_counts)
+            others.append(done[key][0])
+            pass_reasons.update(done[key][1])
+        main_values = scores_by_method(main, [method.pass_method])[method.pass_method]
+        scores, reasons = method.combine(main_values, *others, texts)
         extra[m] = scores, {**reasons, **pass_reasons}  # the pass's own reason is the more specific
-        counts.update(pass_counts)
     records = []
     for i, rec in enumerate(main):
         rec = dict(rec, scores={m: rec["scores"][m] if m in single else _json_score(extra[m][0][i]) for m in methods})

@@ -1,0 +1,66 @@
+"""What some methods need besides the model and the texts, from the command line: their options, the objects
+handed to the runner (``resources`` for single-pass scorers, ``pass_options`` for second passes) and the entries
+of the run's fingerprint that identify them.
+
+- ``recall`` / ``con_recall``: prefix shots from a labeled file disjoint from the evaluated texts
+  (``--recall-shots``, ``--recall-n-shots``, ``--recall-seed``; ``scorers.recall.prefix_shots``).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from mia_jax.errors import UserError
+
+RECALL_METHODS = ("recall", "con_recall")
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The options of the methods that need more than the model (eval / score)."""
+    p.add_argument("--recall-shots", metavar="FILE",
+                   help="labeled texts (JSONL / CSV; --text-field / --label-field) whose non-members (label 0) and "
+                        "members (label 1) make the prefixes of 'recall' and 'con_recall'; must not share a text "
+                        "with the evaluated data")
+    p.add_argument("--recall-n-shots", type=int, default=10, help="shots per prefix (default: 10)")
+    p.add_argument("--recall-seed", type=int, default=0, help="seed of the shots' draw (default: 0)")
+
+
+# why no option of add_options is in the fingerprint as it is (cli.NOT_IN_FINGERPRINT)
+NOT_IN_FINGERPRINT = {
+    "recall_shots": "the prefixes made from it are fingerprinted by SHA-256 (recall_prefixes)",
+    "recall_n_shots": "the prefixes made with it are fingerprinted by SHA-256 (recall_prefixes)",
+    "recall_seed": "the prefixes drawn with it are fingerprinted by SHA-256 (recall_prefixes)",
+}
+
+
+@dataclass
+class Resources:
+    resources: dict = field(default_factory=dict)  # runner.score_texts(resources=)
+    pass_options: dict = field(default_factory=dict)  # runner.score_dataset(pass_options=)
+    fingerprint: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)  # {path: SHA-256} of the files read
+
+
+def build(args, methods: Sequence[str], texts: Sequence[str]) -> Resources:
+    """The resources of this run's ``methods`` from ``args``; a method whose resource is missing, or an option
+    given for no method that uses it, is a UserError before anything is scored."""
+    from mia_jax import data
+    from mia_jax.scorers import recall
+
+    out = Resources()
+    wants_recall = any(m in RECALL_METHODS for m in methods)
+    if args.recall_shots and not wants_recall:
+        raise UserError("--recall-shots is given but neither 'recall' nor 'con_recall' is among --methods")
+    if wants_recall:
+        if not args.recall_shots:
+            raise UserError("'recall' / 'con_recall' need prefix shots: add --recall-shots FILE (labeled texts "
+                            "disjoint from the evaluated ones, e.g. held-out non-members and known members)")
+        shots = data.load_records(args.recall_shots, args.text_field, getattr(args, "label_field", None) or "label",
+                                  encoding=args.encoding)
+        prefixes = recall.prefix_shots(shots.texts, shots.labels, texts, n_shots=args.recall_n_shots,
+                                       seed=args.recall_seed)
+        out.pass_options["recall_prefixes"] = prefixes
+        out.fingerprint["recall_prefixes"] = recall.prefix_digest(prefixes)
+        out.files.update(shots.files or {})
+    return out
