@@ -160,9 +160,28 @@ def test_killed_then_interrupted_mid_scoring_resumes(tiny_run, tmp_path):
     assert base_main().read_bytes() == next((tiny_run / "base_scores").glob("*/passes/main.jsonl")).read_bytes()
 
 
-def test_ablation_lr(tmp_path, tiny_model):
-    out = tmp_path / "lr"
-    assert run(out, "--ablation", "lr", f"model.path={tiny_model}", *SMALL, "ablation.lrs=[1e-4,3e-3]") == 0
+SWEEP_ARGS = {"lr": ["ablation.lrs=[1e-4,3e-3]"], "occurrence": [],
+              "size": ["ablation.background_tokens=[4000,8000]"],
+              "news": ["ablation.news_background=[10,30]", "corpus.news.n_positives=8", "corpus.news.n_negatives=8"]}
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory, tiny_model):
+    """Each of the four ablations run once (on first use) and shared by the tests below."""
+    done = {}
+
+    def get(kind: str) -> Path:
+        if kind not in done:
+            out = tmp_path_factory.mktemp(kind) / kind
+            assert run(out, "--ablation", kind, f"model.path={tiny_model}", *SMALL, *SWEEP_ARGS[kind]) == 0
+            done[kind] = out
+        return done[kind]
+
+    return get
+
+
+def test_ablation_lr(tmp_path, sweeps):
+    out = sweeps("lr")
     table4 = (out / "table4.md").read_text()
     assert "Learning rate" in table4 and "| 0.0001 |" in table4 and "| 0.003 |" in table4
     rows = list(csv.DictReader((out / "table4.csv").open()))
@@ -181,9 +200,8 @@ def test_ablation_lr(tmp_path, tiny_model):
         assert (rebuilt / name).read_bytes() == (out / name).read_bytes(), name
 
 
-def test_ablation_occurrence(tmp_path, tiny_model):
-    out = tmp_path / "occ"
-    assert run(out, "--ablation", "occurrence", f"model.path={tiny_model}", *SMALL) == 0
+def test_ablation_occurrence(tmp_path, sweeps):
+    out = sweeps("occurrence")
     rows = list(csv.DictReader((out / "fig5c.csv").open()))
     assert rows and {"dataset", "occurrences", "n_members", "min_k@0.2"} <= set(rows[0])
     assert any(r["dataset"] == "all" for r in rows) and (out / "fig5c.png").exists()
@@ -197,14 +215,9 @@ def test_ablation_occurrence(tmp_path, tiny_model):
     assert "[" in (out / "fig5c.md").read_text()
 
 
-@pytest.mark.parametrize("ablation, figure, extra", [
-    ("size", "fig5a", ["ablation.background_tokens=[4000,8000]"]),
-    ("news", "fig5b", ["ablation.news_background=[10,30]", "corpus.news.n_positives=8",
-                       "corpus.news.n_negatives=8"]),
-])
-def test_ablation_size_and_news(tmp_path, tiny_model, ablation, figure, extra):
-    out = tmp_path / ablation
-    assert run(out, "--ablation", ablation, f"model.path={tiny_model}", *SMALL, *extra) == 0
+@pytest.mark.parametrize("ablation, figure", [("size", "fig5a"), ("news", "fig5b")])
+def test_ablation_size_and_news(tmp_path, sweeps, ablation, figure):
+    out = sweeps(ablation)
     rows = list(csv.DictReader((out / f"{figure}.csv").open()))
     rates = sorted({float(r["contamination_pct"]) for r in rows})
     assert len(rates) == 2 and (out / f"{figure}.png").exists() and (out / f"{figure}.md").exists()
@@ -215,6 +228,37 @@ def test_ablation_size_and_news(tmp_path, tiny_model, ablation, figure, extra):
     assert (rebuilt / f"{figure}.md").read_bytes() == (out / f"{figure}.md").read_bytes()
     md = (out / f"{figure}.md").read_text()
     assert "contamination rate" in md and "paired bootstrap" in md
+
+
+def test_study_report_marks_each_claim_with_its_paired_interval(tmp_path, sweeps):
+    from train import study
+
+    folders = {k: sweeps(k) for k in ("lr", "size", "news", "occurrence")}
+    out = tmp_path / "contamination.md"
+    argv = [a for k, f in folders.items() for a in (f"--{k}", str(f))]
+    assert study.main([*argv, "--out", str(out)]) == 0
+    text = out.read_text()
+    claims = json.loads(out.with_suffix(".claims.json").read_text())
+    names = [c["claim"] for c in claims]
+    assert sum(n.startswith("Table 3: Min-K% > ") for n in names) == 3  # PPL, Zlib, Lowercase (no neighbor here)
+    assert sum(n.startswith("Table 4: lr 0.003 > lr 0.0001") for n in names) == 5  # average + 4 datasets
+    assert any(n.startswith("Figure 5a") for n in names) and any(n.startswith("Figure 5b") for n in names)
+    assert any(n.startswith("Figure 5c: Min-K% AUROC, k = 4 > k = 1") for n in names)
+    for c in claims:  # the verdict is the interval's sign, and the point difference is A - B
+        lo, hi = c["ci"]
+        want = "reproduced" if lo > 0 else "not reproduced" if hi < 0 else "not distinguishable"
+        assert c["verdict"] == want and c["diff"] == pytest.approx(c["auroc_a"] - c["auroc_b"], abs=1e-12)
+        assert f"**{want}**" in text
+    # one claim recomputed from the committed per-example scores by hand: lr 0.003 vs 0.0001 on IMDB
+    hi, lo = (tables.read_examples(folders["lr"] / sub / tables.EXAMPLES) for sub in ("lr_0.003", "lr_0.0001"))
+    imdb = [i for i, r in enumerate(hi) if r["dataset"] == "imdb"]
+    vec = lambda rows: [rows[i]["trained"]["min_k@0.2"] for i in imdb]  # noqa: E731
+    comp = metrics.paired_bootstrap([hi[i]["label"] for i in imdb], vec(hi), vec(lo), n_bootstrap=20, seed=0)
+    got = next(c for c in claims if c["claim"].endswith("Min-K%, IMDB"))
+    assert got["ci"] == comp["auroc"]["ci"] and got["auroc_a"] == comp["auroc"]["a"]
+    # rebuilt from the same per-example scores: the same report
+    assert study.main([*argv, "--out", str(tmp_path / "again.md")]) == 0
+    assert (tmp_path / "again.md").read_text() == text
 
 
 def test_bad_config(tmp_path, capsys):

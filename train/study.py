@@ -1,0 +1,179 @@
+"""The contamination study as one report: every sweep's tables rebuilt from its per-example scores, and each of the
+paper's claims (Shi et al. 2023, section 6) marked reproduced / not reproduced / not distinguishable with the paired
+bootstrap interval behind the verdict::
+
+    python -m train.study --lr results/contamination/lr --size results/contamination/size \\
+        --news results/contamination/news --occurrence results/contamination/occurrence --out results/contamination.md
+
+A claim "A > B" is *reproduced* when the 95% interval of A - B lies above 0, *not reproduced* when it lies below 0
+(the opposite holds), *not distinguishable* when it contains 0. The claims and their tests:
+
+- Table 3: Min-K% beats each baseline (PPL, Zlib, Lowercase, Neighbor) on the average over the datasets: paired
+  bootstrap of the two methods' scores under the trained model (lr 1e-4 run) on the same examples, the mean of
+  the per-dataset AUROCs resampled within each dataset.
+- Table 4: the higher learning rate gives a higher Min-K% AUROC on every dataset (and on average): paired bootstrap
+  of the two trained models' scores on the same examples, per dataset.
+- Figure 5a: outlier contaminants are easier to detect in a larger corpus: the largest background vs the smallest,
+  Min-K% average AUROC, paired (the eval examples are the same in every run of the sweep).
+- Figure 5b: in-distribution contaminants (2023 news) are harder to detect in a larger corpus: largest vs smallest.
+- Figure 5c: members inserted more often are easier to detect: k = max vs k = 1 against the same non-members,
+  every dataset pooled after per-dataset rank normalisation (``tables.group_scores``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from mia_jax import metrics
+from train import tables
+
+VERDICT = {"A > B": "reproduced", "B > A": "not reproduced", "not distinguishable": "not distinguishable"}
+
+
+def _runs(folder: Path) -> list[tuple[str, dict]]:
+    subs = sorted(p for p in Path(folder).iterdir() if p.is_dir() and (p / tables.EXAMPLES).exists())
+    return [(p.name, json.loads((p / "run.json").read_text()) | {"examples": tables.read_examples(p / tables.EXAMPLES)})
+            for p in subs]
+
+
+def _claim(name: str, paper: str, comp: dict, a: str, b: str) -> dict:
+    c = comp["auroc"]
+    return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": c["a"], "auroc_b": c["b"], "diff": c["diff"],
+            "ci": c["ci"], "verdict": VERDICT[c["verdict"]], "n_used": comp["n_used"],
+            "n_bootstrap": comp["n_bootstrap"], "seed": comp["seed"]}
+
+
+def _cfg(run: dict) -> tuple[int, int]:
+    score = run["config"]["score"]
+    return int(score.get("n_bootstrap", 1000)) or 1000, int(score.get("seed", 0))
+
+
+def _paired(rows_a, rows_b, model_a, model_b, m_a, m_b, n_bootstrap, seed, dataset=None) -> dict:
+    idx = [i for i, r in enumerate(rows_a) if dataset is None or r["dataset"] == dataset]
+    lab = np.array([rows_a[i]["label"] for i in idx])
+    a = tables._vec([rows_a[i] for i in idx], model_a, m_a)
+    b = tables._vec([rows_b[i] for i in idx], model_b, m_b)
+    groups = None if dataset is not None else [rows_a[i]["dataset"] for i in idx]
+    return metrics.paired_bootstrap(lab, a, b, groups=groups, n_bootstrap=n_bootstrap, seed=seed)
+
+
+def table3_claims(run: dict) -> list[dict]:
+    rows, methods = run["examples"], run["methods"]
+    mk = tables.headline(methods, "min_k")
+    out = []
+    for base, label in (("ppl", "PPL"), ("zlib", "Zlib"), ("lowercase", "Lowercase"), ("neighbor", "Neighbor")):
+        if mk is None or base not in methods:
+            continue
+        comp = _paired(rows, rows, "trained", "trained", mk, base, *_cfg(run))
+        out.append(_claim(f"Table 3: Min-K% > {label} (average over datasets)", "reproduced in the paper", comp,
+                          tables.method_name(mk), label))
+    return out
+
+
+def lr_claims(runs: list[tuple[str, dict]]) -> list[dict]:
+    by_lr = sorted(runs, key=lambda r: r[1]["config"]["train"]["lr"])
+    lo, hi = by_lr[0][1], by_lr[-1][1]
+    if len(by_lr) < 2 or not tables._same_examples(lo["examples"], hi["examples"]):
+        return []
+    mk = tables.headline(hi["methods"], "min_k")
+    lr_hi, lr_lo = hi["config"]["train"]["lr"], lo["config"]["train"]["lr"]
+    out = []
+    for d in [None, *dict.fromkeys(r["dataset"] for r in hi["examples"])]:
+        comp = _paired(hi["examples"], lo["examples"], "trained", "trained", mk, mk, *_cfg(hi), dataset=d)
+        where = "average" if d is None else tables.DATASET_NAMES.get(d, d)
+        out.append(_claim(f"Table 4: lr {lr_hi:g} > lr {lr_lo:g}, Min-K%, {where}", "every dataset", comp,
+                          f"lr {lr_hi:g}", f"lr {lr_lo:g}"))
+    return out
+
+
+def size_claim(runs: list[tuple[str, dict]], figure: str, larger_is_easier: bool) -> list[dict]:
+    by_size = sorted(runs, key=lambda r: r[1]["corpus"]["tokens"]["total"])
+    small, large = by_size[0][1], by_size[-1][1]
+    if len(by_size) < 2 or not tables._same_examples(small["examples"], large["examples"]):
+        return []
+    mk = tables.headline(large["methods"], "min_k")
+    a, b = (large, small) if larger_is_easier else (small, large)
+    comp = _paired(a["examples"], b["examples"], "trained", "trained", mk, mk, *_cfg(large))
+    tok = {id(r): r["corpus"]["tokens"]["total"] for r in (small, large)}
+    name = (f"{figure}: Min-K% AUROC, {tok[id(a)]:,} > {tok[id(b)]:,} corpus tokens (average)")
+    return [_claim(name, "larger corpus easier" if larger_is_easier else "larger corpus harder", comp,
+                   f"{tok[id(a)]:,} tokens", f"{tok[id(b)]:,} tokens")]
+
+
+def occurrence_claim(run: dict) -> list[dict]:
+    rows, methods = run["examples"], run["methods"]
+    mk = tables.headline(methods, "min_k")
+    idx, sc = tables.group_scores([{"scores": r["trained"]} for r in rows], rows, [mk], "all")
+    occ = np.array([rows[i].get("occurrences", 0) for i in idx])
+    lab = np.array([rows[i]["label"] for i in idx])
+    ks = sorted(set(occ[lab == 1].tolist()))
+    if len(ks) < 2:
+        return []
+    comp = metrics.subset_bootstrap(sc[mk], lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
+                                    n_bootstrap=_cfg(run)[0], seed=_cfg(run)[1])
+    comp["n_used"] = int(((lab == 0) | (occ == ks[-1]) | (occ == 1)).sum())
+    return [_claim(f"Figure 5c: Min-K% AUROC, k = {ks[-1]} > k = 1 (pooled after rank normalisation)",
+                   "more occurrences easier", comp, f"k={ks[-1]}", "k=1")]
+
+
+def claims_markdown(claims: list[dict]) -> str:
+    header = ["Claim", "A", "B", "AUROC A", "AUROC B", "A - B [95% CI]", "Verdict"]
+    rows = [[c["claim"], c["a"], c["b"], f"{c['auroc_a']:.3f}", f"{c['auroc_b']:.3f}",
+             f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"**{c['verdict']}**"] for c in claims]
+    return tables.markdown(header, rows)
+
+
+def build(sweeps: dict[str, Path], header: str = "") -> tuple[str, list[dict]]:
+    """The report's markdown and its claims from the sweep folders ({"lr": DIR, ...}; any subset). Every sweep's
+    tables and figures are rebuilt in place first (``tables.rebuild``)."""
+    parts, claims = [], []
+    for kind in ("lr", "size", "news", "occurrence"):
+        folder = sweeps.get(kind)
+        if folder is None:
+            continue
+        text = tables.rebuild(Path(folder))
+        runs = _runs(folder)
+        if kind == "lr":
+            main = max(runs, key=lambda r: r[1]["config"]["train"]["lr"])
+            parts.append((Path(folder) / main[0] / "table3.md").read_text())
+            claims += table3_claims(main[1]) + lr_claims(runs)
+        elif kind == "size":
+            claims += size_claim(runs, "Figure 5a", larger_is_easier=True)
+        elif kind == "news":
+            claims += size_claim(runs, "Figure 5b", larger_is_easier=False)
+        else:
+            claims += occurrence_claim(runs[0][1])
+        parts.append(text)
+    body = ("## The paper's claims\n\nEach claim as a paired bootstrap of A - B on the same examples (95% "
+            "interval): reproduced when the interval lies above 0, not reproduced when below, not distinguishable "
+            "when it contains 0.\n\n" + claims_markdown(claims) + "\n\n" + "\n\n".join(parts))
+    return (header + "\n\n" if header else "") + body, claims
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.study", description="The contamination study's report: every "
+                                "sweep's tables and the paper's claims with verdicts, from per-example scores.")
+    for kind in ("lr", "size", "news", "occurrence"):
+        p.add_argument(f"--{kind}", type=Path, metavar="DIR", help=f"the {kind} sweep folder")
+    p.add_argument("--header", type=Path, help="a markdown file to put first (set-up, commands, times)")
+    p.add_argument("--out", type=Path, help="write the report here (and <out>.claims.json) instead of stdout")
+    args = p.parse_args(argv)
+    sweeps = {k: getattr(args, k) for k in ("lr", "size", "news", "occurrence") if getattr(args, k)}
+    if not sweeps:
+        p.error("give at least one sweep folder")
+    text, claims = build(sweeps, args.header.read_text().strip() if args.header else "")
+    if args.out:
+        args.out.write_text(text + "\n")
+        args.out.with_suffix(".claims.json").write_text(json.dumps(claims, indent=2) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
