@@ -8,7 +8,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["mia_jax", "mia_jax.*", "train", "train.*"]),
-    package_data={"mia_jax.data": ["files/*.jsonl", "files/*.md"]},
+    package_data={"mia_jax.data": ["files/*.jsonl", "files/*.md"],
+                  "train": ["data/*.jsonl", "data/*.md", "data/downstream/*"]},
     install_requires=[
         "jax[cpu]==0.10.2",
         "jaxlib==0.10.2",

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from mia_jax import blind, resources, rundir
+from mia_jax import blind, freq, resources, rundir
 from mia_jax.errors import UserError
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("score", help="score unlabeled texts (no metrics)")
     _common(sc, labeled=False)
     _add_generate(sub)
+    freq.add_parser(sub)
     return parser
 
 
@@ -212,7 +213,7 @@ def run(args, labeled: bool) -> Path:
     ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
            if args.ref_model and "ref" in methods else None)
     generator = _neighbor_generator(args, loaded) if "neighbor" in methods else None
-    res = resources.build(args, methods, ds.texts)
+    res = resources.build(args, methods, ds.texts, loaded)
     out = rundir.check_path(args.out or f"runs/{ds.name}-{loaded.name}")
     fingerprint = _fingerprint(args, labeled, ds, loaded, ref, generator, methods, mesh, res)
     with rundir.claim(out, fingerprint, overwrite=args.overwrite) as resume:
@@ -402,6 +403,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             generate_command(args)
+        elif args.command == "freq-table":
+            freq.command(args)
         else:
             run(args, labeled=args.command == "eval")
     except UserError as e:

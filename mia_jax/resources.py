@@ -4,14 +4,21 @@ of the run's fingerprint that identify them.
 
 - ``recall`` / ``con_recall``: prefix shots from a labeled file disjoint from the evaluated texts
   (``--recall-shots``, ``--recall-n-shots``, ``--recall-seed``; ``scorers.recall.prefix_shots``).
+- ``samia`` / ``samia_zlib``: the sampling options (``--samia-samples``, ``--samia-seed``; the rest at the
+  authors' defaults, ``mia_jax.samia``).
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
+from mia_jax import freq
 from mia_jax.errors import UserError
+from mia_jax.files import sha256
+from mia_jax.scorers import parse_method
+from mia_jax.scorers.base import check_resources
 
 RECALL_METHODS = ("recall", "con_recall")
 
@@ -24,6 +31,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "with the evaluated data")
     p.add_argument("--recall-n-shots", type=int, default=10, help="shots per prefix (default: 10)")
     p.add_argument("--recall-seed", type=int, default=0, help="seed of the shots' draw (default: 0)")
+    p.add_argument("--samia-samples", type=int, default=10,
+                   help="sampled continuations per text for 'samia' / 'samia_zlib' (default: 10, as the authors)")
+    p.add_argument("--samia-seed", type=int, default=0, help="sampling seed of 'samia' (default: 0)")
+    p.add_argument("--freq-table", metavar="T.npz",
+                   help="token-frequency table of a reference corpus for 'dc_pdd', counted with the model's tokenizer: "
+                        "make one with `mia-jax freq-table --model M --out T.npz` (default corpus: the bundled Pile "
+                        "sample)")
 
 
 # why no option of add_options is in the fingerprint as it is (cli.NOT_IN_FINGERPRINT)
@@ -31,6 +45,9 @@ NOT_IN_FINGERPRINT = {
     "recall_shots": "the prefixes made from it are fingerprinted by SHA-256 (recall_prefixes)",
     "recall_n_shots": "the prefixes made with it are fingerprinted by SHA-256 (recall_prefixes)",
     "recall_seed": "the prefixes drawn with it are fingerprinted by SHA-256 (recall_prefixes)",
+    "samia_samples": "in the fingerprint's samia options",
+    "samia_seed": "in the fingerprint's samia options",
+    "freq_table": "a path: the table is fingerprinted by its content's SHA-256 (freq_table)",
 }
 
 
@@ -42,7 +59,7 @@ class Resources:
     files: dict = field(default_factory=dict)  # {path: SHA-256} of the files read
 
 
-def build(args, methods: Sequence[str], texts: Sequence[str]) -> Resources:
+def build(args, methods: Sequence[str], texts: Sequence[str], loaded=None) -> Resources:
     """The resources of this run's ``methods`` from ``args``; a method whose resource is missing, or an option
     given for no method that uses it, is a UserError before anything is scored."""
     from mia_jax import data
@@ -63,4 +80,18 @@ def build(args, methods: Sequence[str], texts: Sequence[str]) -> Resources:
         out.pass_options["recall_prefixes"] = prefixes
         out.fingerprint["recall_prefixes"] = recall.prefix_digest(prefixes)
         out.files.update(shots.files or {})
+    if any(m in ("samia", "samia_zlib") for m in methods):
+        if args.samia_samples < 1:
+            raise UserError(f"--samia-samples must be at least 1, got {args.samia_samples}")
+        out.pass_options["samia"] = {"n_samples": args.samia_samples, "seed": args.samia_seed}
+        out.fingerprint["samia"] = dict(out.pass_options["samia"])
+    wants_freq = any("freq_table" in getattr(parse_method(m)[0], "resources", ()) for m in methods)
+    if args.freq_table and not wants_freq:
+        raise UserError("--freq-table is given but no method among --methods uses it (dc_pdd)")
+    if wants_freq:
+        check_resources(methods, {"freq_table": args.freq_table})  # the option is missing: say how to make one
+        table = freq.for_model(args.freq_table, loaded)  # refused unless the model's tokenizer counted it
+        out.resources["freq_table"] = table
+        out.fingerprint["freq_table"] = table.sha256()
+        out.files[str(Path(args.freq_table).resolve())] = sha256(args.freq_table)
     return out

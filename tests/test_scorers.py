@@ -5,6 +5,7 @@ import pytest
 from reference import ref_token_arrays, reference_scores
 
 from mia_jax.errors import UserError
+from mia_jax.freq import FreqTable
 from mia_jax.scorers import REGISTRY, TokenBatch, expand_methods, k_count, parse_method, score_batch
 from mia_jax.stats import token_stats
 
@@ -74,7 +75,8 @@ def test_every_scorer_is_oriented_higher_is_member():
     stats = token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets))
     texts = ["same text", "same text"]
     methods = expand_methods(list(REGISTRY), [0.2, 0.5])  # every single-pass scorer
-    got = score_batch(TokenBatch(stats, np.ones((2, t), bool), texts), methods)
+    table = FreqTable(np.arange(v) % 7, "any")  # dc_pdd: any corpus counts; it reads the target ids
+    got = score_batch(TokenBatch(stats, np.ones((2, t), bool), texts, targets, {"freq_table": table}), methods)
     for m in methods:
         assert got[m][0] > got[m][1], m
 
@@ -98,10 +100,14 @@ def test_method_parsing():
 
 
 def test_multi_pass_methods_have_their_own_registry():
+    from mia_jax import passes
     from mia_jax.scorers import MULTI_PASS, MultiPassMethod, Scorer, is_multi_pass, lookup
 
-    assert set(MULTI_PASS) == {"lowercase", "ref", "neighbor"} and not set(MULTI_PASS) & set(REGISTRY)
-    assert {m.pass_kind for m in MULTI_PASS.values()} == {"lowercase", "ref", "neighbor"}
+    assert {"lowercase", "ref", "neighbor", "recall", "con_recall", "pac", "samia"} <= set(MULTI_PASS)
+    assert not set(MULTI_PASS) & set(REGISTRY)
+    for m in MULTI_PASS.values():  # every second pass a method names is registered, and what it folds is a scorer
+        assert set(m.kinds) <= set(passes.PASSES) and m.pass_method in REGISTRY, m.name
+    assert MULTI_PASS["con_recall"].kinds == ("prefix_nonmember", "prefix_member")
     assert isinstance(lookup("ref"), MultiPassMethod) and isinstance(lookup("loss"), Scorer) and lookup("x") is None
     assert parse_method("lowercase") == (MULTI_PASS["lowercase"], None)
     assert is_multi_pass("neighbor") and not is_multi_pass("min_k@0.2")
