@@ -96,13 +96,15 @@ def _load_data(args, labeled: bool):
     elif labeled and not args.data:
         ds = data.wikimia(args.length)
     else:
+        extra = (args.member_from_field,) if args.window is not None else ()
         ds = data.load_records(args.data, args.text_field, args.label_field if labeled else None,
-                               encoding=args.encoding)
+                               encoding=args.encoding, extra=extra)
     if args.limit is not None:
         if args.limit < 1:
             raise UserError(f"--limit must be at least 1, got {args.limit}")
         ds.texts = ds.texts[: args.limit]
         ds.labels = ds.labels[: args.limit] if ds.labels is not None else None
+        ds.extra = {k: v[: args.limit] for k, v in ds.extra.items()}
     return ds
 
 
@@ -276,7 +278,7 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
     records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=generator, labels=ds.labels,
                                    out_dir=out, resume=resume, batch_size=args.batch_size, chunk_size=args.chunk_size,
                                    progress=not args.no_progress, mesh=mesh, report=passes,
-                                   pass_options=res.pass_options, resources=res.resources)
+                                   pass_options=res.pass_options, resources=res.resources, **res.score_options)
     seconds = time.perf_counter() - t0
     n_tokens = sum(r["n_tokens"] for r in records)
     skipped = [r for r in records if "skip_reason" in r]
@@ -325,6 +327,8 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
               f"{nm['n_identical_neighbors']} identical to their text dropped", file=sys.stderr)
     if not sharding.is_main_process():  # every process holds all records; process 0 writes the outputs
         return
+    if args.window is not None:
+        meta["windows"] = _window_report(args, ds, loaded, records, methods, out, labeled)
     if labeled:
         labels = [r["label"] for r in records]
         summary = metrics.evaluate_records(records, methods, labels, n_bootstrap=args.n_bootstrap, seed=args.seed)
@@ -351,6 +355,35 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
     else:
         (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     print(f"wrote {out}/", file=sys.stderr)
+
+
+def _window_report(args, ds, loaded, records, methods, out: Path, labeled: bool) -> dict:
+    """Online detection: window-level metrics where the data says where each text's member part begins, each
+    text's first flagged window; windows.csv (text, window, tokens, label, scores) and a printed summary."""
+    from mia_jax.audits import windowed
+    from mia_jax.report import markdown_table, write_csv
+
+    method = args.window_method or next((m for m in methods if m.startswith("min_k_pp@")), methods[0])
+    if method not in methods:
+        raise UserError(f"--window-method {method!r} is not one of this run's methods ({', '.join(methods)})")
+    starts = ds.extra.get(args.member_from_field, [None] * len(ds))
+    labels = windowed.window_labels(loaded.tokenizer, ds.texts, starts, records)
+    rep = windowed.report(records, labels, methods, method=method, threshold=args.window_threshold, fpr=0.05,
+                          n_bootstrap=args.n_bootstrap if labeled else 0, seed=getattr(args, "seed", 0))
+    rows = [[i, j, n, lab, *(r["windows"]["scores"][m][j] for m in methods)]
+            for i, (r, labs) in enumerate(zip(records, labels)) if "windows" in r
+            for j, (n, lab) in enumerate(zip(r["windows"]["n_tokens"], labs))]
+    write_csv(out / "windows.csv", ["text", "window", "n_tokens", "label", *methods], rows)
+    print(f"windows of {args.window} tokens: {rep['n_windows']} ({rep['n_labeled']} labeled, {rep['n_straddling']} "
+          f"straddling the member boundary or unlabeled); per-window scores in {out / 'windows.csv'}", file=sys.stderr)
+    if "metrics" in rep:
+        print("Window-level detection (windows pooled over texts):\n" + markdown_table(rep["metrics"]))
+    if "threshold" in rep:
+        flagged = [f for f in rep["first_flagged"] if f is not None]
+        print(f"{method} above {rep['threshold']:.4g}"
+              f"{' (' + rep['threshold_from'] + ')' if 'threshold_from' in rep else ''}: {len(flagged)} of "
+              f"{len(records)} texts have a flagged window; first flagged window per text in run.json")
+    return rep
 
 
 def _count_lines(meta: dict, max_length: int) -> list[str]:

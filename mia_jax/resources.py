@@ -31,6 +31,17 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "with the evaluated data")
     p.add_argument("--recall-n-shots", type=int, default=10, help="shots per prefix (default: 10)")
     p.add_argument("--recall-seed", type=int, default=0, help="seed of the shots' draw (default: 0)")
+    p.add_argument("--window", type=int, metavar="N",
+                   help="online detection: also score every N-token chunk of each text from the same forward pass "
+                        "(Min-K%%++ section 4.4 uses 32); single-pass methods only")
+    p.add_argument("--window-method", help="the method whose window scores flag a text's first member window "
+                                           "(default: min_k_pp@<first k> when scored, else the first method)")
+    p.add_argument("--window-threshold", type=float,
+                   help="flag windows scoring above this (default with labels: the score at 5%% FPR on the "
+                        "non-member windows; the data's --member-from-field gives window labels)")
+    p.add_argument("--member-from-field", default="member_from",
+                   help="field holding the character offset where a text's member part begins (window labels; "
+                        "default: member_from)")
     p.add_argument("--samia-samples", type=int, default=10,
                    help="sampled continuations per text for 'samia' / 'samia_zlib' (default: 10, as the authors)")
     p.add_argument("--samia-seed", type=int, default=0, help="sampling seed of 'samia' (default: 0)")
@@ -45,6 +56,10 @@ NOT_IN_FINGERPRINT = {
     "recall_shots": "the prefixes made from it are fingerprinted by SHA-256 (recall_prefixes)",
     "recall_n_shots": "the prefixes made with it are fingerprinted by SHA-256 (recall_prefixes)",
     "recall_seed": "the prefixes drawn with it are fingerprinted by SHA-256 (recall_prefixes)",
+    "window": "in the fingerprint (window)",
+    "window_method": "report only: the flags are recomputed from the records at the end of every run",
+    "window_threshold": "report only: the flags are recomputed from the records at the end of every run",
+    "member_from_field": "report only: window labels are recomputed from the data at the end of every run",
     "samia_samples": "in the fingerprint's samia options",
     "samia_seed": "in the fingerprint's samia options",
     "freq_table": "a path: the table is fingerprinted by its content's SHA-256 (freq_table)",
@@ -55,6 +70,7 @@ NOT_IN_FINGERPRINT = {
 class Resources:
     resources: dict = field(default_factory=dict)  # runner.score_texts(resources=)
     pass_options: dict = field(default_factory=dict)  # runner.score_dataset(pass_options=)
+    score_options: dict = field(default_factory=dict)  # runner.score_dataset(**) -> every score_texts call
     fingerprint: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)  # {path: SHA-256} of the files read
 
@@ -80,6 +96,12 @@ def build(args, methods: Sequence[str], texts: Sequence[str], loaded=None) -> Re
         out.pass_options["recall_prefixes"] = prefixes
         out.fingerprint["recall_prefixes"] = recall.prefix_digest(prefixes)
         out.files.update(shots.files or {})
+    if getattr(args, "window", None) is not None:
+        from mia_jax.audits import windowed
+
+        windowed.check_window(args.window, methods, loaded.max_length if loaded is not None else args.window + 1)
+        out.score_options["window"] = args.window
+        out.fingerprint["window"] = args.window
     if any(m in ("samia", "samia_zlib") for m in methods):
         if args.samia_samples < 1:
             raise UserError(f"--samia-samples must be at least 1, got {args.samia_samples}")

@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 
 from mia_jax import passes
 from mia_jax import sharding as shd
+from mia_jax.audits import windowed
 from mia_jax.batching import bucket_lengths, pad_ids, plan_batches, real_vocab_size, schedule
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
@@ -192,12 +193,14 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 batch_size: int = 8, chunk_size: int = DEFAULT_CHUNK, out_path: str | os.PathLike | None = None,
                 resume: bool = False, progress: bool = True, desc: str = "scoring", mesh=None,
                 report: dict | None = None, prefixes: Sequence[str] | None = None,
-                resources: dict | None = None, compute=None) -> list[dict]:
+                resources: dict | None = None, compute=None, window: int | None = None) -> list[dict]:
     """Score every text with every method; returns records in input order.
 
     ``prefixes`` (one string per text): each text is read after its prefix and only the text's tokens are scored
     (``encode``; ReCaLL's conditional likelihood, CAMIA's repeated text). ``resources``: what scorers that name
-    one need (``scorers.check_resources``; e.g. DC-PDD's ``freq_table``). ``compute`` replaces the forward +
+    one need (``scorers.check_resources``; e.g. DC-PDD's ``freq_table``). ``window``: each record also holds the
+    methods' scores of every ``window``-token chunk of the text from the same pass (``audits.windowed``; online
+    detection). ``compute`` replaces the forward +
     statistics + scorers of a batch by another batched computation, ``compute(ids [rows, T] int32, mask [rows,
     T-1], texts) -> {method: float64 [rows]}`` (e.g. ``gradnorm``: a forward and a backward), with the same
     buckets, records and resume.
@@ -222,6 +225,10 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         for m in methods:
             parse_method(m)
         check_resources(methods, resources)
+    if window is not None:
+        windowed.check_window(window, methods, loaded.max_length)
+        needs_text = any(getattr(parse_method(m)[0], "needs_text", False) for m in methods)
+        decode = loaded.tokenizer.decode if needs_text else None
     multi = mesh is not None and jax.process_count() > 1
     mine = shd.process_slice(len(texts)) if multi else range(len(texts))
     encoded = dict(zip(mine, encode(loaded, [texts[i] for i in mine],
@@ -299,10 +306,13 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 batch = TokenBatch(type(stats)(*(x[real] for x in stats)), mask[real], [texts[i] for i in idx],
                                    ids[real, 1:], resources or {})
                 scores = score_batch(batch, methods)
+                wins = windowed.window_scores(batch, methods, window, decode) if window is not None else None
             counts["computed"] += len(idx)
             counts["batches_computed"] += 1
             for r, i in enumerate(idx):
                 records[i] = _record(i, label(i), encoded[i], {m: scores[m][r] for m in methods}, None)
+                if compute is None and wins is not None:
+                    records[i]["windows"] = wins[r]
             if sink:
                 sink.write("".join(json.dumps(records[i]) + "\n" for i in idx))
                 sink.flush()

@@ -9,6 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
@@ -25,6 +26,7 @@ class Dataset:
     labels: list[int] | None  # 1 = member, 0 = non-member; None for unlabeled data
     name: str
     files: dict[str, str] = field(default_factory=dict)  # path -> sha256
+    extra: dict[str, list] = field(default_factory=dict)  # other fields asked for: {field: [value or None per row]}
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -190,20 +192,22 @@ def _label(value, path: Path, where: int) -> int:
 
 
 def load_records(path: str | Path, text_field: str = "input", label_field: str | None = "label",
-                 name: str | None = None, encoding: str = "utf-8") -> Dataset:
+                 name: str | None = None, encoding: str = "utf-8", extra: Sequence[str] = ()) -> Dataset:
     """Read texts (and 0/1 labels unless ``label_field`` is None) from a file.
 
     A row that is a bare JSON string is taken as the text (MIMIR's format); empty texts are kept
     (the runner records them as skipped with a reason) so that row indices stay those of the file.
     Text files (JSONL, CSV, TSV) are decoded with ``encoding`` (any Python codec name: utf-8, latin-1,
     cp1252, utf-16, ...); a byte-order mark at the start is dropped, and bytes that are not valid in the
-    encoding are refused with their line and file offset. Parquet is always UTF-8.
+    encoding are refused with their line and file offset. Parquet is always UTF-8. ``extra``: other fields to
+    keep (``Dataset.extra``; None where a row has none).
     """
     _check_encoding(encoding)
     path = Path(path)
     if not path.is_file():
         raise UserError(f"data file not found: {path}")
     texts, labels = [], []
+    kept: dict[str, list] = {f: [] for f in extra}
     for where, row in _rows(path, encoding):
         if isinstance(row, str):
             row = {text_field: row}
@@ -220,9 +224,12 @@ def load_records(path: str | Path, text_field: str = "input", label_field: str |
         texts.append(text)
         if label_field is not None:
             labels.append(_label(row[label_field], path, where))
+        for f in extra:
+            kept[f].append(row.get(f))
     if not texts:
         raise UserError(f"{path}: no rows")
-    return Dataset(texts, labels if label_field is not None else None, name or path.stem, {str(path): sha256(path)})
+    return Dataset(texts, labels if label_field is not None else None, name or path.stem, {str(path): sha256(path)},
+                   kept)
 
 
 def duplicate_report(texts: list[str], labels: list[int] | None = None, max_examples: int = 5) -> dict:

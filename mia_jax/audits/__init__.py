@@ -1,0 +1,1 @@
+"""Workflows built on scoring: windowed (online) detection; the copyrighted-book and unlearning audits."""

@@ -1,0 +1,139 @@
+"""Online detection (Min-K%++ section 4.4): every ``window``-token chunk of a long text scored from the **same**
+forward pass.
+
+A causal LM's statistics at position t are already conditioned on the text's true prefix, so the score of a window
+is the method applied to the window's own tokens of the one pass over the whole text: a 2048-token document costs
+one forward pass, not one pass per window over its prefix + window (64 passes and ~33x the tokens at w = 32).
+Windows are consecutive and non-overlapping over the *scored* tokens (the first token of a text has no prediction
+unless the tokenizer adds BOS); the last window may be shorter (its ``n_tokens`` says so). Only single-pass methods
+apply (a multi-pass method would need a second pass per window, as the paper notes for Lowercase / Neighbor / Ref);
+``zlib`` reads the window's own decoded text.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mia_jax.errors import UserError
+from mia_jax.scorers.base import TokenBatch, is_multi_pass, score_batch
+from mia_jax.stats import TokenStats
+
+
+def check_window(window: int, methods: Sequence[str], max_length: int) -> None:
+    """Refuse a window that cannot be scored: below 1, wider than the model's context, or a multi-pass method."""
+    if window < 1:
+        raise UserError(f"--window must be at least 1 token, got {window}")
+    if window > max_length - 1:
+        raise UserError(f"--window {window} is larger than the model's context ({max_length} tokens, so at most "
+                        f"{max_length - 1} scored tokens per text)")
+    multi = [m for m in methods if is_multi_pass(m)]
+    if multi:
+        raise UserError(f"--window scores single-pass methods only (one forward pass per text); drop "
+                        f"{', '.join(multi)}")
+
+
+def split_windows(batch: TokenBatch, window: int, decode: Callable[[list[int]], str] | None = None):
+    """The windows of every row as one TokenBatch ``[n_windows, window]`` (rows right-padded, mask per window), the
+    row each window belongs to, and each window's number of tokens."""
+    mask = batch.mask
+    owner, cols = [], []
+    for r in range(mask.shape[0]):
+        pos = np.flatnonzero(mask[r])
+        for s in range(0, pos.size, window):
+            owner.append(r)
+            cols.append(pos[s: s + window])
+    n = np.array([c.size for c in cols], np.int64)
+    idx = np.zeros((len(cols), window), np.int64)
+    wmask = np.zeros((len(cols), window), bool)
+    for j, c in enumerate(cols):
+        idx[j, : c.size] = c
+        wmask[j, : c.size] = True
+    rows = np.array(owner, np.int64)[:, None]
+    stats = TokenStats(*(np.where(wmask, np.asarray(x)[rows, idx], 1) for x in batch.stats))  # padding: inert
+    ids = np.where(wmask, batch.ids[rows, idx], 0) if batch.ids is not None else None
+    texts = None
+    if decode is not None and ids is not None:
+        texts = [decode([int(t) for t in ids[j, : n[j]]]) for j in range(len(cols))]
+    wb = TokenBatch(stats, wmask, texts, ids, batch.resources)
+    return wb, np.array(owner, np.int64), n
+
+
+def window_scores(batch: TokenBatch, methods: Sequence[str], window: int,
+                  decode: Callable[[list[int]], str] | None = None) -> list[dict]:
+    """Per row of ``batch``: ``{"size", "n_tokens": [..], "scores": {method: [..]}}`` over its windows in order
+    (NaN scores as None)."""
+    wb, owner, n = split_windows(batch, window, decode)
+    scores = score_batch(wb, methods) if len(owner) else {m: np.zeros(0) for m in methods}
+    out = []
+    for r in range(batch.mask.shape[0]):
+        sel = owner == r
+        out.append({"size": window, "n_tokens": n[sel].tolist(),
+                    "scores": {m: [None if not np.isfinite(v) else float(v) for v in scores[m][sel]]
+                               for m in methods}})
+    return out
+
+
+def window_labels(tokenizer, texts: Sequence[str], member_from: Sequence[int | None], records: Sequence[dict],
+                  ) -> list[list[int | None]]:
+    """Per text, per window: 1 when all the window's tokens start at or after character ``member_from`` of the text
+    (the member part of a non-member + member concatenation), 0 when all start before it, None when the window
+    straddles the boundary (left out of the window metrics, counted). A text without ``member_from`` (None) gets
+    its windows labeled by nothing (None)."""
+    out = []
+    for text, start, rec in zip(texts, member_from, records):
+        win = rec.get("windows")
+        if win is None or start is None:
+            out.append([None] * (len(win["n_tokens"]) if win else 0))
+            continue
+        begins = [s for s, _ in tokenizer.encode(text).offsets][1:]  # scored tokens: every token after the first
+        labels, pos = [], 0
+        for n in win["n_tokens"]:
+            side = {int(b >= start) for b in begins[pos: pos + n]}
+            labels.append(side.pop() if len(side) == 1 else None)
+            pos += n
+        out.append(labels)
+    return out
+
+
+def first_flags(records: Sequence[dict], method: str, threshold: float) -> list[int | None]:
+    """Per text, the index of its first window whose ``method`` score is above ``threshold`` (None: no window)."""
+    out = []
+    for rec in records:
+        scores = (rec.get("windows") or {}).get("scores", {}).get(method, [])
+        out.append(next((j for j, v in enumerate(scores) if v is not None and v > threshold), None))
+    return out
+
+
+def threshold_at_fpr(scores: np.ndarray, labels: np.ndarray, fpr: float) -> float:
+    """The smallest threshold whose share of non-member windows scoring above it is at most ``fpr``."""
+    neg = np.sort(scores[(labels == 0) & np.isfinite(scores)])
+    if neg.size == 0:
+        raise UserError("no non-member window to set a threshold on: give --window-threshold")
+    allowed = int(np.floor(fpr * neg.size))
+    return float(neg[neg.size - allowed - 1]) if allowed < neg.size else float(neg[0])
+
+
+def report(records: Sequence[dict], labels: list[list[int | None]], methods: Sequence[str], *, method: str,
+           threshold: float | None, fpr: float, n_bootstrap: int, seed: int) -> dict:
+    """Window-level AUROC / TPR per method (windows pooled over texts) where window labels exist, the flag
+    threshold (given, or at ``fpr`` on the non-member windows of ``method``) and each text's first flagged window."""
+    from mia_jax import metrics
+
+    flat_labels = np.array([lab for labs in labels for lab in labs if lab is not None], np.int64)
+    out: dict = {"n_windows": int(sum(len(r.get("windows", {}).get("n_tokens", [])) for r in records)),
+                 "n_labeled": int(flat_labels.size),
+                 "n_straddling": int(sum(lab is None for labs in labels for lab in labs))}
+    scores = {m: np.array([v if v is not None else np.nan
+                           for r, labs in zip(records, labels)
+                           for v, lab in zip(r.get("windows", {}).get("scores", {}).get(m, []), labs)
+                           if lab is not None], np.float64) for m in methods}
+    if flat_labels.size and len(set(flat_labels.tolist())) == 2:
+        out["metrics"] = {m: metrics.evaluate(flat_labels, scores[m], n_bootstrap=n_bootstrap, seed=seed)
+                          for m in methods}
+        if threshold is None:
+            threshold = threshold_at_fpr(scores[method], flat_labels, fpr)
+            out["threshold_from"] = f"{fpr:g} FPR on the non-member windows"
+    if threshold is not None:
+        out.update(method=method, threshold=threshold, first_flagged=first_flags(records, method, threshold))
+    return out
