@@ -12,7 +12,7 @@ from mia_jax.scorers.base import (MULTI_PASS, REGISTRY, MultiPassMethod, Scorer,
                                   is_multi_pass, lookup, parse_method, score_batch)
 from mia_jax.scorers import dcpdd, likelihood, min_k, multipass, pac, recall, sampling  # noqa: F401  (registers them)
 from mia_jax.scorers.likelihood import entropy, loss, ppl, rank, zlib
-from mia_jax.scorers.min_k import k_count, max_k, min_k_mean, min_k_pp
+from mia_jax.scorers.min_k import gap_k, k_count, max_k, min_k_mean, min_k_pp, min_k_pp_mu, min_k_pp_sigma
 
 DEFAULT_METHODS = ("loss", "ppl", "zlib", "min_k", "min_k_pp", "max_k", "entropy", "rank")
 DEFAULT_K = (0.2,)
@@ -20,5 +20,6 @@ DEFAULT_K = (0.2,)
 __all__ = [
     "REGISTRY", "MULTI_PASS", "Scorer", "MultiPassMethod", "TokenBatch", "expand_methods", "is_multi_pass", "lookup",
     "parse_method", "score_batch", "DEFAULT_METHODS", "DEFAULT_K",
-    "loss", "ppl", "zlib", "entropy", "rank", "k_count", "min_k_mean", "max_k", "min_k_pp",
+    "loss", "ppl", "zlib", "entropy", "rank", "k_count", "min_k_mean", "max_k", "min_k_pp", "min_k_pp_mu",
+    "min_k_pp_sigma", "gap_k",
 ]

@@ -56,7 +56,10 @@ class TokenBatch:
         """Row-wise ascending sort of a token quantity, padding pushed to the end (+inf)."""
         key = f"_sorted_{name}"
         if key not in self.__dict__:
-            values = self.zscore if name == "zscore" else getattr(self.stats, name)
+            s = self.stats
+            derived = {"zscore": lambda: self.zscore, "mu_calibrated": lambda: s.logprob - s.mu,
+                       "sigma_calibrated": lambda: s.logprob / np.sqrt(s.var)}
+            values = derived[name]() if name in derived else getattr(s, name)
             self.__dict__[key] = np.sort(np.where(self.mask, values, np.inf), axis=-1)
         return self.__dict__[key]
 

@@ -1,4 +1,11 @@
-"""Min-K% Prob (Shi et al. 2023), its mirror Max-K%, and Min-K%++ (Zhang et al. 2024)."""
+"""Min-K% Prob (Shi et al. 2023), its mirror Max-K%, Min-K%++ (Zhang et al. 2024) with its two one-factor
+calibrations (its Table 3 ablation), and Gap-K% (Kwak and Kim 2026).
+
+Gap-K% follows the authors' code (meaoww/gap-k, ``wikimia.py``): gap = log p(x_i) - log p(top-1), over sigma_i;
+a moving average over windows of 3 consecutive tokens (``np.convolve(..., mode="valid")``); a text with fewer than
+3 scored tokens keeps its raw gaps; the mean of the k-fraction lowest. It differs in the k count (this project's
+exact ``k_count``, theirs ``int(n * 0.2)``) and in the variance floor (``stats.VAR_FLOOR``, theirs 1e-8).
+"""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -44,3 +51,39 @@ def max_k(batch: TokenBatch, k: float) -> np.ndarray:
 def min_k_pp(batch: TokenBatch, k: float) -> np.ndarray:
     """Min-K%++: mean of the k-fraction lowest z = (log p(x_i) - mu_i) / sigma_i over the vocabulary."""
     return min_k_mean(batch.ascending("zscore"), batch.n, k)
+
+
+@register("min_k_pp_mu", takes_k=True)
+def min_k_pp_mu(batch: TokenBatch, k: float) -> np.ndarray:
+    """Min-K%++ calibrated by the mean only: the k-fraction lowest log p(x_i) - mu_i (Min-K%++ Table 3 ablation)."""
+    return min_k_mean(batch.ascending("mu_calibrated"), batch.n, k)
+
+
+@register("min_k_pp_sigma", takes_k=True)
+def min_k_pp_sigma(batch: TokenBatch, k: float) -> np.ndarray:
+    """Min-K%++ calibrated by the spread only: the k-fraction lowest log p(x_i) / sigma_i (Table 3 ablation)."""
+    return min_k_mean(batch.ascending("sigma_calibrated"), batch.n, k)
+
+
+def smoothed_gap(gap: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gap-K%'s 3-token moving average over each row's consecutive scored tokens ('valid' windows: position j
+    averages j, j+1, j+2 when all three are scored) -> (values [B, T] sorted ascending, +inf past the row's values;
+    the number of values per row). A row with 1 or 2 scored tokens keeps its raw values (as the authors' code)."""
+    g = np.where(mask, gap, 0.0)
+    m = mask.astype(np.int64)
+    out = np.full(gap.shape, np.inf)
+    if gap.shape[1] >= 3:
+        full = (m[:, :-2] + m[:, 1:-1] + m[:, 2:]) == 3
+        out[:, :-2] = np.where(full, (g[:, :-2] + g[:, 1:-1] + g[:, 2:]) / 3.0, np.inf)
+    short = (m.sum(-1) > 0) & (m.sum(-1) < 3)
+    out[short] = np.where(mask[short], gap[short], np.inf)
+    return np.sort(out, axis=-1), np.isfinite(out).sum(-1)
+
+
+@register("gap_k", takes_k=True)
+def gap_k(batch: TokenBatch, k: float) -> np.ndarray:
+    """Gap-K%: mean of the k-fraction lowest 3-token moving averages of (log p(x_i) - max_v log p_v) / sigma_i
+    (Kwak and Kim 2026): how far each token falls below the model's top choice, in units of the spread."""
+    s = batch.stats
+    values, n_windows = smoothed_gap((s.logprob - s.max_logprob) / np.sqrt(s.var), batch.mask)
+    return min_k_mean(values, n_windows, k)
