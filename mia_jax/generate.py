@@ -5,9 +5,11 @@ left-padded to one length, prefilled with one `model.decode` call, then extended
 `jax.lax.while_loop` of single-token `decode` steps. The whole loop is one jit-compiled function with fixed
 shapes: the cache holds prompt + max_new_tokens slots, each row's positions count from its first real token
 (arange - n_pad) and its pad slots are masked. Sampling is greedy (temperature 0) or from
-softmax(logits / temperature), optionally restricted to the top-k tokens and/or the top-p nucleus, with a
-`jax.random` key split once per step. A row stops at EOS and then emits pad; the loop ends when every row has
-stopped or max_new_tokens were generated.
+softmax(logits / temperature), optionally restricted to the top-k tokens and/or the top-p nucleus. Each row has
+its own `jax.random` key (by default ``fold_in(key(seed), row)``, see `row_keys`), folded with the step index at
+each step, so a row's tokens depend on its key, prompt and budget, never on the other rows of its batch. A row
+stops at EOS or after its token budget (by default max_new_tokens; 0 = a filler row that emits nothing) and then
+emits pad; the loop ends when every row has stopped or max_new_tokens were generated.
 
     >>> from mia_jax import models, generate
     >>> loaded = models.load("smollm2")
@@ -36,10 +38,11 @@ PROMPT_MULTIPLE = 8  # padded prompt lengths are rounded up to this (fewer compi
 class Generation:
     """The result of `generate_ids`.
 
-    tokens: int32 [B, max_new_tokens] as emitted (a stopped row's EOS, then pad); n_generated [B]: tokens
-    emitted per row (its EOS included); finished [B]: the row stopped at EOS; prompt_ids: the prompt tokens
-    the model saw (after truncation); truncated: whether a prompt lost tokens to fit the context;
-    logits: float32 [B, max_new_tokens, V], the logits each token was drawn from (only with return_logits).
+    tokens: int32 [B, max_new_tokens] as emitted (a stopped row's EOS, then pad; pad after a row's budget);
+    n_generated [B]: tokens emitted per row (its EOS included; at most its budget); finished [B]: the row stopped
+    at EOS; prompt_ids: the prompt tokens the model saw (after truncation); truncated: whether a prompt lost tokens
+    to fit the context; logits: float32 [B, max_new_tokens, V], the logits each token was drawn from (only with
+    return_logits).
     """
 
     tokens: np.ndarray
@@ -74,12 +77,35 @@ def sample_logits(logits, key, *, temperature=1.0, top_k=None, top_p=None):
     return jax.random.categorical(key, jnp.where(logits < threshold, neg, logits), axis=-1).astype(jnp.int32)
 
 
+def row_keys(seed: int, *columns) -> jax.Array:
+    """Typed PRNG keys [B], one per row: ``key(seed)`` folded with each column's entry of the row in turn (each
+    column: B integers in [0, 2**32)). ``row_keys(seed, range(B))`` is `generate_tokens`' default; a caller that
+    wants a row's samples to depend on something else than its position folds that in instead (SaMIA: the text's
+    hash, then the sample index)."""
+    if not columns:
+        raise ValueError("row_keys needs at least one column")
+    cols = [jnp.asarray(np.asarray(c, np.int64).astype(np.uint32)) for c in columns]
+    if len({c.shape for c in cols}) != 1 or cols[0].ndim != 1:
+        raise ValueError(f"row_keys columns must be 1-D and of one length, got shapes {[c.shape for c in cols]}")
+
+    def one(*values):
+        key = jax.random.key(seed)
+        for v in values:
+            key = jax.random.fold_in(key, v)
+        return key
+
+    return jax.vmap(one)(*cols)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "filtered", "return_logits"))
-def _generate_loop(graphdef, state, ids, n_pad, key, temperature, top_k, top_p, eos_token_id, pad_token_id,
+def _generate_loop(graphdef, state, ids, n_pad, keys, limit, temperature, top_k, top_p, eos_token_id, pad_token_id,
                    vocab_limit, *, max_new_tokens: int, greedy: bool, filtered: bool, return_logits: bool):
-    """Prefill + while_loop of single-token decode steps. Traced (no recompilation when they change): the
-    sampling parameters, EOS (-1: none), pad and the vocabulary limit; static: the model structure, the number
-    of new tokens, greedy vs sampling vs filtered sampling, and whether to return the logits."""
+    """Prefill + while_loop of single-token decode steps. keys [B]: one PRNG key per row (step i draws with
+    ``fold_in(keys[row], i)``); limit int32 [B]: a row stops after this many tokens (0: it emits only pad).
+    Traced (no recompilation when they change): the keys, the budgets, the sampling parameters, EOS (-1: none),
+    pad and the vocabulary limit; static: the model structure, the number of new tokens (the loop's length),
+    greedy vs sampling vs filtered sampling, and whether to return the logits.
+    -> (tokens int32 [B, N], stopped-at-EOS bool [B], logits float32 [B, N, V] or None)."""
     model = nnx.merge(graphdef, state)
     B, P = ids.shape
     N = max_new_tokens
@@ -89,53 +115,84 @@ def _generate_loop(graphdef, state, ids, n_pad, key, temperature, top_k, top_p, 
     last = logits[:, -1]
     valid = jnp.arange(last.shape[-1]) < vocab_limit  # padded vocabulary rows are never drawn
 
+    def draw(row_logits, key):
+        return sample_logits(row_logits[None], key, temperature=temperature, top_k=top_k if filtered else None,
+                             top_p=top_p if filtered else None)[0]
+
     def body(carry):
-        i, tokens, cache, last, done, key, seen = carry
-        key, sub = jax.random.split(key)
+        i, tokens, cache, last, done, finished, seen = carry
         masked = jnp.where(valid, last, -jnp.inf)
         if greedy:
             tok = jnp.argmax(masked, axis=-1).astype(jnp.int32)
         else:
-            tok = sample_logits(masked, sub, temperature=temperature, top_k=top_k if filtered else None,
-                                top_p=top_p if filtered else None)
+            tok = jax.vmap(draw)(masked, jax.vmap(jax.random.fold_in, (0, None))(keys, i))
         tok = jnp.where(done, pad_token_id, tok)
         tokens = tokens.at[:, i].set(tok)
         if return_logits:
             seen = seen.at[:, i].set(last)
-        done = done | (tok == eos_token_id)
+        at_eos = ~done & (tok == eos_token_id)
+        finished, done = finished | at_eos, done | at_eos | (i + 1 >= limit)
         step_logits, cache = model.decode(tok[:, None], cache, (P + i - n_pad)[:, None], key_mask)
-        return i + 1, tokens, cache, step_logits[:, 0], done, key, seen
+        return i + 1, tokens, cache, step_logits[:, 0], done, finished, seen
 
     def cond(carry):
         return (carry[0] < N) & ~jnp.all(carry[4])
 
     tokens = jnp.full((B, N), pad_token_id, jnp.int32)
     seen = jnp.zeros((B, N, last.shape[-1]) if return_logits else (), jnp.float32)
-    carry = (jnp.int32(0), tokens, cache, last, jnp.zeros((B,), bool), key, seen)
-    _, tokens, _, _, done, _, seen = jax.lax.while_loop(cond, body, carry)
-    return tokens, done, (seen if return_logits else None)
+    carry = (jnp.int32(0), tokens, cache, last, limit <= 0, jnp.zeros((B,), bool), seen)
+    _, tokens, _, _, _, finished, seen = jax.lax.while_loop(cond, body, carry)
+    return tokens, finished, (seen if return_logits else None)
 
 
 def generate_tokens(model, ids, n_pad, *, max_new_tokens: int = 20, temperature: float = 0.0,
-                    top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                    top_k: int | None = None, top_p: float | None = None, seed: int = 0, keys=None, budgets=None,
                     eos_token_id: int | None = None, pad_token_id: int = 0, vocab_limit: int | None = None,
                     return_logits: bool = False):
     """The jit-compiled sampling loop on arrays: left-padded ids int [B, P] with n_pad [B] pad tokens per row
     -> (tokens int32 [B, max_new_tokens], stopped-at-EOS bool [B], logits [B, max_new_tokens, V] or None).
-    Greedy when temperature is 0 (top_k / top_p then ignored); tokens >= vocab_limit are never drawn."""
-    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+    Greedy when temperature is 0 (top_k / top_p then ignored); tokens >= vocab_limit are never drawn.
+
+    keys: typed PRNG keys [B] (or raw uint32 [B, 2]), one per row; default ``row_keys(seed, range(B))`` (seed is
+    ignored when keys are given). budgets: int [B], each row's token budget in [0, max_new_tokens] (a row stops at
+    EOS or after its budget, then emits pad; 0 = a filler row); default max_new_tokens for every row."""
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    ids, n_pad = jnp.asarray(ids, jnp.int32), jnp.asarray(n_pad, jnp.int32)
+    B = ids.shape[0]
+    keys = row_keys(seed, np.arange(B)) if keys is None else _check_keys(keys, B)
+    limit = np.full(B, max_new_tokens, np.int32) if budgets is None else _check_budgets(budgets, B, max_new_tokens)
     graphdef, state = nnx.split(model)
     filtered = top_k is not None or top_p is not None
     i32 = lambda v: jnp.int32(v)  # noqa: E731
     return _generate_loop(
-        graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(n_pad, jnp.int32), jax.random.key(seed),
+        graphdef, state, ids, n_pad, keys, jnp.asarray(limit),
         jnp.float32(temperature or 1.0), i32(2**31 - 1 if top_k is None else top_k),
         jnp.float32(2.0 if top_p is None else top_p), i32(-1 if eos_token_id is None else eos_token_id),
         i32(pad_token_id), i32(2**31 - 1 if vocab_limit is None else vocab_limit),
         max_new_tokens=max_new_tokens, greedy=temperature == 0, filtered=filtered, return_logits=return_logits)
 
 
-def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+def _check_keys(keys, B: int) -> jax.Array:
+    if not (isinstance(keys, jax.Array) and jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)):
+        keys = jax.random.wrap_key_data(jnp.asarray(keys, jnp.uint32))  # raw uint32 [B, 2] (legacy PRNGKey rows)
+    if keys.shape != (B,):
+        raise ValueError(f"expected one PRNG key per row ({B}), got keys of shape {keys.shape}")
+    return keys
+
+
+def _check_budgets(budgets, B: int, max_new_tokens: int) -> np.ndarray:
+    limit = np.asarray(budgets)
+    if limit.shape != (B,) or not np.issubdtype(limit.dtype, np.integer):
+        raise UserError(f"expected one integer token budget per row ({B}), got {limit.dtype} of shape {limit.shape}")
+    if B and (limit.min() < 0 or limit.max() > max_new_tokens):
+        raise UserError(f"token budgets must be between 0 and max_new_tokens={max_new_tokens}, got "
+                        f"{int(limit.min())}..{int(limit.max())}")
+    return limit.astype(np.int32)
+
+
+def check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+    """UserError unless max_new_tokens is a positive int, temperature >= 0 and finite, top_k >= 1 (or None) and
+    top_p in (0, 1] (or None)."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise UserError(f"the number of new tokens must be a positive integer, got {max_new_tokens!r}")
     if not math.isfinite(temperature) or temperature < 0:
@@ -175,8 +232,9 @@ def _short(text: str, n: int = 40) -> str:
     return repr(text if len(text) <= n else text[:n - 3] + "...")
 
 
-def _fit(ids: list[int], keep: int, bos: int | None) -> list[int]:
-    """The last `keep` tokens (a leading BOS stays in front)."""
+def fit_prompt(ids: list[int], keep: int, bos: int | None) -> list[int]:
+    """The last `keep` tokens of a prompt (a leading BOS stays in front): what fits the context before `keep`
+    = context - new tokens."""
     if len(ids) <= keep:
         return ids
     if bos is not None and ids[0] == bos and keep > 1:
@@ -185,19 +243,23 @@ def _fit(ids: list[int], keep: int, bos: int | None) -> list[int]:
 
 
 def generate_ids(loaded, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int = 20, temperature: float = 0.0,
-                 top_k: int | None = None, top_p: float | None = None, seed: int = 0, stop_at_eos: bool = True,
-                 return_logits: bool = False) -> Generation:
-    """Generate from token-id prompts (a `LoadedModel`). Prompts longer than the context minus max_new_tokens
-    keep their last tokens (and a leading BOS)."""
-    _check_sampling(max_new_tokens, temperature, top_k, top_p)
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0, keys=None, budgets=None,
+                 stop_at_eos: bool = True, return_logits: bool = False) -> Generation:
+    """Generate from token-id prompts (a `LoadedModel`). keys / budgets: one PRNG key and one token budget per
+    prompt, as in `generate_tokens` (default: keys from the seed and the row, max_new_tokens for every prompt).
+    A prompt longer than the context minus its budget keeps its last tokens (and a leading BOS)."""
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    B = len(prompt_ids)
+    limit = np.full(B, max_new_tokens, np.int32) if budgets is None else _check_budgets(budgets, B, max_new_tokens)
     context = loaded.max_length
-    if max_new_tokens >= context:
-        raise UserError(f"{max_new_tokens} new tokens do not fit the model's context of {context} tokens "
-                        "together with a prompt; ask for fewer")
+    most = int(limit.max()) if B else 0
+    if most >= context:
+        raise UserError(f"{most} new tokens do not fit the model's context of {context} tokens together with a "
+                        "prompt; ask for fewer")
     bos = loaded.bos_token_id if loaded.add_bos else None
-    fitted = [_fit([int(t) for t in p], context - max_new_tokens, bos) for p in prompt_ids]
-    if any(not p for p in fitted):
-        raise UserError("a prompt has no tokens")
+    fitted = [fit_prompt([int(t) for t in p], context - int(b), bos) for p, b in zip(prompt_ids, limit)]
+    if not fitted or any(not p for p in fitted):
+        raise UserError("a prompt has no tokens" if fitted else "no prompts given")
     truncated = [len(f) < len(p) for f, p in zip(fitted, prompt_ids)]
     P = -(-max(len(p) for p in fitted) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
     pad = loaded.pad_token_id if loaded.pad_token_id is not None else (loaded.eos_token_id or 0)
@@ -206,13 +268,12 @@ def generate_ids(loaded, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens:
     vocab = loaded.tokenizer.get_vocab_size()
     tokens, finished, logits = generate_tokens(
         loaded.model, ids, n_pad, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-        top_p=top_p, seed=seed, eos_token_id=loaded.eos_token_id if stop_at_eos else None, pad_token_id=pad,
-        vocab_limit=vocab, return_logits=return_logits)
+        top_p=top_p, seed=seed, keys=keys, budgets=limit, eos_token_id=loaded.eos_token_id if stop_at_eos else None,
+        pad_token_id=pad, vocab_limit=vocab, return_logits=return_logits)
     tokens, finished = np.asarray(tokens), np.asarray(finished)
-    n_generated = np.full(len(fitted), max_new_tokens, np.int64)
-    if stop_at_eos and loaded.eos_token_id is not None:
-        for r in np.flatnonzero(finished):
-            n_generated[r] = int(np.argmax(tokens[r] == loaded.eos_token_id)) + 1
+    n_generated = limit.astype(np.int64)
+    for r in np.flatnonzero(finished):
+        n_generated[r] = int(np.argmax(tokens[r] == loaded.eos_token_id)) + 1
     return Generation(tokens=tokens, n_generated=n_generated, finished=finished, prompt_ids=fitted,
                       truncated=truncated, logits=None if logits is None else np.asarray(logits))
 

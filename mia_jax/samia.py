@@ -37,7 +37,8 @@ Where it differs from their code:
   budget for every text instead. A prompt that does not fit the context with its budget keeps its last tokens
   (and a leading BOS), as ``mia_jax.generate`` does.
 - Their sampling is unseeded; here sample j of a text is drawn with the key
-  ``fold_in(fold_in(key(seed), sha256(text)[:4]), j)``, one key per row, folded with the step each step: a text's
+  ``fold_in(fold_in(key(seed), sha256(text)[:4]), j)`` (``generate.row_keys``), one key per row, folded with the
+  step each step (``generate_ids(keys=...)``): a text's
   samples depend only on (seed, text, j), not on its position or on the other texts in its batch (as the
   neighbour generators do; and the runner's ``compute`` seam only hands a batch its texts).
 
@@ -46,27 +47,22 @@ the released evaluation, as here), and SaMIA*zlib weights it by the candidate's 
 
 Cost: ``n_samples`` continuations of ~L tokens per text (L = the reference's token count, capped), i.e. one
 prefill and ~n_samples x L single-token decode steps per text, batched as ``batch_size`` texts x ``n_samples`` rows per
-jit-compiled sampling loop (the KV-cache ``decode`` of ``mia_jax.models``, as in ``mia_jax.generate``).
+jit-compiled sampling loop (``mia_jax.generate.generate_ids`` with one key and one token budget per row).
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import math
 from collections import Counter
 from typing import Sequence
 from zlib import compress
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from tqdm.auto import tqdm
 
-from mia_jax.batching import pad_ids
+from mia_jax import generate
 from mia_jax.errors import UserError
-from mia_jax.generate import PROMPT_MULTIPLE, _check_sampling, _fit, sample_logits
 
 DEFAULT_MAX_NEW_TOKENS = 256  # the default per-text budget (the reference's token count) is capped here
 NEW_TOKENS_MULTIPLE = 16  # the loop's cache length is rounded up to this (fewer compiled shapes)
@@ -143,45 +139,6 @@ def text_hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "little")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "filtered"))
-def _sample_loop(graphdef, state, ids, n_pad, limit, base_key, hashes, sample_index, temperature, top_k,
-                 eos_token_id, pad_token_id, vocab_limit, *, max_new_tokens: int, greedy: bool, filtered: bool):
-    """``mia_jax.generate``'s prefill + while_loop of single-token decodes, with one key per row (derived from the
-    row's text hash and sample index) and a per-row token budget ``limit`` [B] (a row stops at EOS or after
-    ``limit`` tokens; limit 0 = a filler row). -> tokens int32 [B, max_new_tokens] (pad after a row stopped)."""
-    model = nnx.merge(graphdef, state)
-    B, P = ids.shape
-    keys = jax.vmap(lambda h, j: jax.random.fold_in(jax.random.fold_in(base_key, h), j))(hashes, sample_index)
-    cache = model.init_cache(B, P + max_new_tokens)
-    key_mask = jnp.arange(P + max_new_tokens)[None, :] >= n_pad[:, None]
-    logits, cache = model.decode(ids, cache, jnp.arange(P)[None, :] - n_pad[:, None], key_mask)
-    valid = jnp.arange(logits.shape[-1]) < vocab_limit  # padded vocabulary rows are never drawn
-
-    def draw(row_logits, key):
-        return sample_logits(row_logits[None], key, temperature=temperature,
-                             top_k=top_k if filtered else None)[0]
-
-    def body(carry):
-        i, tokens, cache, last, done = carry
-        masked = jnp.where(valid, last, -jnp.inf)
-        if greedy:
-            tok = jnp.argmax(masked, axis=-1).astype(jnp.int32)
-        else:
-            tok = jax.vmap(draw)(masked, jax.vmap(jax.random.fold_in, (0, None))(keys, i))
-        tok = jnp.where(done, pad_token_id, tok)
-        tokens = tokens.at[:, i].set(tok)
-        done = done | (tok == eos_token_id) | (i + 1 >= limit)
-        step_logits, cache = model.decode(tok[:, None], cache, (P + i - n_pad)[:, None], key_mask)
-        return i + 1, tokens, cache, step_logits[:, 0], done
-
-    def cond(carry):
-        return (carry[0] < max_new_tokens) & ~jnp.all(carry[4])
-
-    tokens = jnp.full((B, max_new_tokens), pad_token_id, jnp.int32)
-    carry = (jnp.int32(0), tokens, cache, logits[:, -1], limit <= 0)
-    return jax.lax.while_loop(cond, body, carry)[1]
-
-
 def _budgets(loaded, prefixes: list[str], references: list[str], max_new_tokens: int | None) -> list[int]:
     """Per text: ``max_new_tokens``, or the reference's token count in context after the prefix, capped."""
     if max_new_tokens is not None:
@@ -204,7 +161,7 @@ def sample_continuations(loaded, texts: Sequence[str], *, n_samples: int = 10, p
         raise UserError(f"SaMIA needs at least 1 sample per text, got n_samples={n_samples!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
-    _check_sampling(1 if max_new_tokens is None else max_new_tokens, temperature, top_k, None)
+    generate.check_sampling(1 if max_new_tokens is None else max_new_tokens, temperature, top_k, None)
     if max_new_tokens is not None and max_new_tokens >= loaded.max_length:
         raise UserError(f"{max_new_tokens} new tokens do not fit the model's context of {loaded.max_length} tokens "
                         "together with a prefix; ask for fewer")
@@ -221,38 +178,23 @@ def sample_continuations(loaded, texts: Sequence[str], *, n_samples: int = 10, p
     for i, b in zip(todo, _budgets(loaded, [prefixes[i] for i in todo], [references[i] for i in todo],
                                    max_new_tokens)):
         budgets[i] = b
-    bos = loaded.bos_token_id if loaded.add_bos else None
-    fitted = {i: _fit(list(prompt_ids[i]), loaded.max_length - budgets[i], bos) for i in todo}
-    todo.sort(key=lambda i: (budgets[i], len(fitted[i]), i))
+    todo.sort(key=lambda i: (budgets[i], len(prompt_ids[i]), i))  # similar rows share a loop
     samples: list[list[str]] = [[] for _ in texts]
     n_tokens: list[list[int]] = [[] for _ in texts]
     per_call = min(batch_size, len(todo)) * n_samples
-    pad = loaded.pad_token_id if loaded.pad_token_id is not None else (loaded.eos_token_id or 0)
-    eos = -1 if loaded.eos_token_id is None else loaded.eos_token_id
-    graphdef, state = nnx.split(loaded.model)
-    base_key = jax.random.key(seed)
     bar = tqdm(total=len(todo), desc="samia", unit="text", disable=not progress)
     for start in range(0, len(todo), batch_size):
         chunk = todo[start:start + batch_size]
         rows = [(i, j) for i in chunk for j in range(n_samples)]
-        rows += [rows[0]] * (per_call - len(rows))  # filler rows (budget 0) keep one compiled batch size
+        n_real = len(rows)
+        rows += [rows[0]] * (per_call - n_real)  # filler rows (budget 0) keep one compiled batch size
         limit = np.array([budgets[i] for i, _ in rows], np.int32)
-        limit[len(chunk) * n_samples:] = 0
-        P = -(-max(len(fitted[i]) for i in chunk) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
-        N = -(-int(limit.max()) // NEW_TOKENS_MULTIPLE) * NEW_TOKENS_MULTIPLE
-        ids, _ = pad_ids([fitted[i] for i, _ in rows], len(rows), P, pad, side="left")
-        n_pad = np.array([P - len(fitted[i]) for i, _ in rows], np.int32)
-        tokens = np.asarray(_sample_loop(
-            graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(n_pad), jnp.asarray(limit), base_key,
-            jnp.asarray([text_hash(texts[i]) for i, _ in rows], jnp.uint32),
-            jnp.asarray([j for _, j in rows], jnp.int32), jnp.float32(temperature or 1.0),
-            jnp.int32(top_k if top_k is not None else 2**31 - 1), jnp.int32(eos), jnp.int32(pad),
-            jnp.int32(loaded.tokenizer.get_vocab_size()), max_new_tokens=N, greedy=temperature == 0,
-            filtered=top_k is not None))
-        outs = []
-        for r in range(len(chunk) * n_samples):
-            row = [int(t) for t in tokens[r, :limit[r]]]
-            outs.append(row[:row.index(eos)] if eos in row else row)
+        limit[n_real:] = 0
+        loop_length = -(-int(limit.max()) // NEW_TOKENS_MULTIPLE) * NEW_TOKENS_MULTIPLE
+        keys = generate.row_keys(seed, [text_hash(texts[i]) for i, _ in rows], [j for _, j in rows])
+        gen = generate.generate_ids(loaded, [prompt_ids[i] for i, _ in rows], max_new_tokens=loop_length,
+                                    temperature=temperature, top_k=top_k, keys=keys, budgets=limit)
+        outs = [gen.completion_ids(r) for r in range(n_real)]
         for (i, _), out, text in zip(rows, outs, loaded.tokenizer.decode_batch(outs, skip_special_tokens=True)):
             samples[i].append(text)
             n_tokens[i].append(len(out))

@@ -149,6 +149,64 @@ def test_seeds_top_k_top_p(model):
     assert (run(model, temperature=1.0, top_k=5, top_p=0.9, seed=0)[0] < V).all()
 
 
+def test_per_row_keys_and_budgets(model):
+    """One key per row: the default keys are row_keys(seed, row); a row's samples do not depend on its batchmates
+    (alone, with another prompt length, it draws the same tokens from the same key). Budgets: a row stops after
+    its budget (then pad; 0 = filler), not counted as finished; an earlier EOS still stops it."""
+    ids, n_pad = left_padded(PROMPT_LENS, seed=2)
+    kw = dict(max_new_tokens=N_NEW, temperature=1.0, top_k=10, top_p=0.95)
+    a, _, logits = G.generate_tokens(model, ids, n_pad, seed=7, return_logits=True, **kw)
+    a, logits = np.asarray(a), np.asarray(logits)
+    keys = G.row_keys(7, range(3))
+    np.testing.assert_array_equal(G.generate_tokens(model, ids, n_pad, keys=keys, **kw)[0], a)
+    np.testing.assert_array_equal(G.generate_tokens(model, ids, n_pad, keys=jax.random.key_data(keys), **kw)[0], a)
+    # every drawn token is among the row's top 10 logits (top-k / top-p with per-row keys)
+    assert ((logits > np.take_along_axis(logits, a[..., None], -1)).sum(-1) < 10).all()
+    for r, n in enumerate(PROMPT_LENS):
+        alone = G.generate_tokens(model, ids[r:r + 1, n_pad[r]:], [0], keys=keys[r:r + 1], **kw)[0]
+        np.testing.assert_array_equal(np.asarray(alone)[0], a[r])
+    swapped = G.generate_tokens(model, ids[::-1], n_pad[::-1], keys=keys[::-1], **kw)[0]
+    np.testing.assert_array_equal(np.asarray(swapped)[::-1], a)
+    tokens, finished, _ = G.generate_tokens(model, ids, n_pad, seed=7, budgets=[N_NEW, 3, 0], pad_token_id=V - 1,
+                                            **kw)
+    tokens = np.asarray(tokens)
+    np.testing.assert_array_equal(tokens[0], a[0])
+    np.testing.assert_array_equal(tokens[1, :3], a[1, :3])
+    assert (tokens[1, 3:] == V - 1).all() and (tokens[2] == V - 1).all() and not np.asarray(finished).any()
+    eos = int(a[1, 1])
+    tokens, finished, _ = G.generate_tokens(model, ids, n_pad, seed=7, budgets=[N_NEW, 3, 0], eos_token_id=eos,
+                                            pad_token_id=V - 1, **kw)
+    assert np.asarray(finished)[1] and not np.asarray(finished)[2]
+    first = int(np.argmax(a[1] == eos))
+    np.testing.assert_array_equal(np.asarray(tokens)[1, :first + 1], a[1, :first + 1])
+    for bad in ([1, 2], [N_NEW + 1, 0, 0], [-1, 0, 0], [1.5, 0, 0]):
+        with pytest.raises(UserError, match="budget"):
+            G.generate_tokens(model, ids, n_pad, budgets=bad, **kw)
+    with pytest.raises(ValueError, match="one PRNG key per row"):
+        G.generate_tokens(model, ids, n_pad, keys=keys[:2], **kw)
+
+
+def test_one_compilation_for_keys_budgets_and_sampling_params(model):
+    ids, n_pad = left_padded(PROMPT_LENS, seed=2)
+    G.generate_tokens(model, ids, n_pad, max_new_tokens=N_NEW, temperature=1.0, top_p=0.9)
+    before = G._generate_loop._cache_size()
+    for kw in (dict(seed=1), dict(keys=G.row_keys(3, [5, 6, 7])), dict(budgets=[1, 0, 8]),
+               dict(temperature=0.5, top_k=3, top_p=0.5, eos_token_id=2, pad_token_id=1, vocab_limit=50)):
+        G.generate_tokens(model, ids, n_pad, **{"max_new_tokens": N_NEW, "temperature": 1.0, "top_p": 0.9, **kw})
+    assert G._generate_loop._cache_size() == before
+
+
+def test_row_keys():
+    a = G.row_keys(0, [1, 2**32 - 1], [0, 5])
+    assert a.shape == (2,)
+    want = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), 2**32 - 1), 5)
+    np.testing.assert_array_equal(jax.random.key_data(a[1]), jax.random.key_data(want))
+    np.testing.assert_array_equal(jax.random.key_data(G.row_keys(0, [0, 1])[1]),
+                                  jax.random.key_data(jax.random.fold_in(jax.random.key(0), 1)))
+    with pytest.raises(ValueError):
+        G.row_keys(0, [1, 2], [3])
+
+
 def test_sample_logits_support():
     logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05, 0.0]]))  # last token impossible
     keys = jax.random.split(jax.random.key(0), 2000)
@@ -228,6 +286,14 @@ def test_generate_ids_eos_and_truncation(loaded):
     np.testing.assert_allclose(gen.logits[0], ref, atol=1e-4)
     with pytest.raises(UserError, match="context"):
         G.generate_ids(loaded, prompt, max_new_tokens=64)
+    # per-row budgets: each prompt is fitted to the context minus its own budget; the loop may be longer
+    gen = G.generate_ids(loaded, long_prompt * 3, max_new_tokens=64, budgets=[2, 6, 0], temperature=1.0, top_k=5)
+    assert [len(p) for p in gen.prompt_ids] == [62, 58, 64] and gen.truncated == [True] * 3
+    assert list(gen.n_generated) == [2, 6, 0] and [len(gen.completion_ids(r)) for r in range(3)] == [2, 6, 0]
+    again = G.generate_ids(loaded, long_prompt, max_new_tokens=6, keys=G.row_keys(0, [1]), temperature=1.0, top_k=5)
+    assert again.completion_ids(0) == gen.completion_ids(1)  # row 1's key, same prompt tokens: same sample
+    with pytest.raises(UserError, match="64 new tokens do not fit"):
+        G.generate_ids(loaded, prompt * 2, max_new_tokens=64, budgets=[1, 64])
     for bad in (dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0), dict(max_new_tokens=0)):
         with pytest.raises(UserError):
             G.generate_ids(loaded, prompt, **{"max_new_tokens": 4, **bad})
