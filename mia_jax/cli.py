@@ -1,4 +1,5 @@
-"""The ``mia-jax`` command: ``eval`` (labeled data -> scores + metrics) and ``score`` (unlabeled texts)."""
+"""The ``mia-jax`` command: ``eval`` (labeled data -> scores + metrics), ``score`` (unlabeled texts), ``generate``,
+``freq-table`` (DC-PDD's reference frequencies) and ``dataset-inference`` (a p-value for a whole set)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from mia_jax import blind, freq, resources, rundir
+from mia_jax import blind, dataset_inference, freq, resources, rundir
 from mia_jax.errors import UserError
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sc, labeled=False)
     _add_generate(sub)
     freq.add_parser(sub)
+    dataset_inference.add_parser(sub)
     return parser
 
 
@@ -438,6 +440,8 @@ def main(argv=None) -> int:
             generate_command(args)
         elif args.command == "freq-table":
             freq.command(args)
+        elif args.command == "dataset-inference":
+            dataset_inference.command(args)
         else:
             run(args, labeled=args.command == "eval")
     except UserError as e:
