@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from mia_jax import device_scores
-from mia_jax.scorers import REGISTRY, TokenBatch, expand_methods, score_batch
+from mia_jax.scorers import REGISTRY, TokenBatch, expand_methods, k_count, score_batch
+from mia_jax.scorers.device import FORMS
 from mia_jax.scorers.likelihood import zlib_bytes
 from mia_jax.stats import TokenStats
 
-HOST_ONLY = {"dc_pdd"}  # needs the token ids and a frequency table
-METHODS = tuple(expand_methods(sorted(set(REGISTRY) - HOST_ONLY), [0.2, 0.7]))
+HOST_ONLY = {n for n, s in REGISTRY.items() if s.needs_ids or s.resources}  # dc_pdd: token ids + a frequency table
+METHODS = tuple(expand_methods(sorted(set(REGISTRY) & set(FORMS)), [0.2, 0.7]))
 LENGTHS = [0, 1, 2, 3, 4, 7, 20, 90]  # n = 90, k = 0.7 -> 63 tokens exactly (int(90 * 0.7) = 62)
 
 
@@ -83,6 +84,52 @@ def test_grad_flows_to_the_selected_tokens():
     np.testing.assert_allclose(g_min[0], want, atol=1e-7)
 
 
+def test_every_single_pass_scorer_has_a_device_form():
+    missing = sorted(set(REGISTRY) - HOST_ONLY - set(FORMS))
+    assert not missing, f"registered scorers without a device form: {missing}: add them to scorers/device.py FORMS"
+    assert {"dc_pdd"} <= HOST_ONLY and set(FORMS) <= set(REGISTRY)
+
+
+def test_zero_padding_gives_finite_gradients_and_the_same_scores():
+    """Padding filled with zeros (var 0, rank 0) must not leak inf/NaN into the scores or the gradients."""
+    stats, mask, texts = random_batch(6, lengths=[5, 12, 0], T=16)
+    zeroed = TokenStats(*(np.where(mask, x, 0).astype(x.dtype) for x in stats))
+    methods = tuple(m for m in METHODS if not m.startswith("zlib"))
+    want = dev(stats, mask, texts, methods)
+    got = dev(zeroed, mask, texts, methods)
+    for m in methods:
+        np.testing.assert_array_equal(np.asarray(got[m]), np.asarray(want[m]), err_msg=m)
+        s = TokenStats(*map(jnp.asarray, zeroed))
+        g = jax.grad(lambda lp: jnp.nansum(device_scores(s._replace(logprob=lp), jnp.asarray(mask), (m,))[m]))(
+            s.logprob)
+        assert np.all(np.isfinite(g)) and np.all(np.asarray(g)[~mask] == 0), m
+
+
+def test_k_count_is_the_host_rule_for_any_k_and_length():
+    """The device count is k_count itself (no int32 overflow: n * 1234567 > 2**31 for n = 20000)."""
+    n, k = 20000, 0.1234567
+    lp = -np.arange(n, dtype=np.float32)[None]
+    stats = TokenStats(lp, lp, np.ones_like(lp), lp, np.ones(lp.shape, np.int32), lp)
+    mask = np.ones(lp.shape, bool)
+    method = f"min_k@{k}"
+    got = float(device_scores(TokenStats(*map(jnp.asarray, stats)), jnp.asarray(mask), (method,))[method][0])
+    count = int(k_count(k, n))
+    assert count == 2469  # floor(20000 * 0.1234567)
+    assert got == pytest.approx(-np.arange(n)[::-1][:count].mean(), rel=1e-6)
+    assert got == pytest.approx(score_batch(TokenBatch(stats, mask), [method])[method][0], rel=1e-6)
+
+
+def test_bf16_statistics_are_scored_in_float32():
+    stats, mask, texts = random_batch(8, lengths=[7, 30], T=32)
+    low = TokenStats(*(jnp.asarray(x).astype(jnp.bfloat16) if x.dtype == np.float32 else jnp.asarray(x)
+                       for x in stats))
+    got = device_scores(low, jnp.asarray(mask), ("loss", "min_k_pp@0.2"))
+    want = host(TokenStats(*(np.asarray(x, np.float32) for x in low)), mask, texts, ("loss", "min_k_pp@0.2"))
+    for m, v in got.items():
+        assert v.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(v, np.float64), want[m], rtol=1e-5)
+
+
 def test_host_only_and_multi_pass_methods_are_refused():
     stats, mask, _ = random_batch(0)
     for m in ("dc_pdd", "lowercase"):
@@ -146,3 +193,12 @@ def test_on_batch_sharded_inputs():
     here = str(Path(__file__).parent)
     r = subprocess.run([sys.executable, "-c", SHARDED, here], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_a_real_minus_inf_token_is_scored_as_on_the_host():
+    stats, mask, texts = random_batch(9, lengths=[6, 4], T=8)
+    stats = stats._replace(logprob=np.where(np.arange(8) == 2, -np.inf, stats.logprob).astype(np.float32))
+    methods = ("loss", "min_k@0.5", "max_k@0.5", "gap_k@0.5", "polarized")
+    want, got = host(stats, mask, texts, methods), dev(stats, mask, texts, methods)
+    for m in methods:
+        np.testing.assert_allclose(np.asarray(got[m], np.float64), want[m], rtol=1e-5, err_msg=m)

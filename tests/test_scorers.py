@@ -116,3 +116,45 @@ def test_multi_pass_methods_have_their_own_registry():
         parse_method("ref@0.2")
     with pytest.raises(UserError, match="known methods: .*lowercase"):
         parse_method("lowercas")
+
+
+def test_min_k_pp_ablations_and_gap_k_match_loop_references():
+    """min_k_pp_mu / min_k_pp_sigma (Min-K%++ Table 3: l - mu, l / sigma) and gap_k (Kwak and Kim 2026: 3-token
+    'valid' moving average of (l - max log p) / sigma, fewer than 3 tokens kept raw) against float64 loops over
+    statistics recomputed from the logits."""
+    rng = np.random.default_rng(3)
+    b, t, v = 6, 21, 53
+    logits = rng.standard_normal((b, t, v)) * 2.0
+    targets = rng.integers(0, v, size=(b, t))
+    lengths = [21, 10, 3, 2, 1, 0]
+    mask = np.arange(t)[None, :] < np.array(lengths)[:, None]
+    ks = (0.2, 0.5, 1.0)
+    methods = [f"{m}@{k:g}" for m in ("min_k_pp_mu", "min_k_pp_sigma", "gap_k") for k in ks]
+    got = score_batch(TokenBatch(token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets)), mask), methods)
+    lp, mu, sigma, _, _ = ref_token_arrays(logits, targets)
+    x = logits - logits.max(-1, keepdims=True)
+    top = -np.log(np.exp(x).sum(-1))  # max_v log p_v
+    for i, n in enumerate(lengths):
+        if n == 0:
+            assert all(np.isnan(got[m][i]) for m in methods)
+            continue
+        mu_cal, sigma_cal, gap = [], [], []
+        for j in range(n):
+            mu_cal.append(lp[i, j] - mu[i, j])
+            sigma_cal.append(lp[i, j] / sigma[i, j])
+            gap.append((lp[i, j] - top[i, j]) / sigma[i, j])
+        smooth = gap if n < 3 else [(gap[j] + gap[j + 1] + gap[j + 2]) / 3 for j in range(n - 2)]
+        for k in ks:
+            for name, vals in (("min_k_pp_mu", mu_cal), ("min_k_pp_sigma", sigma_cal), ("gap_k", smooth)):
+                count = max(1, int(round(k * 10**6)) * len(vals) // 10**6)
+                want = sum(sorted(vals)[:count]) / count
+                np.testing.assert_allclose(got[f"{name}@{k:g}"][i], want, rtol=1e-5, err_msg=f"{name}@{k} row {i}")
+    assert np.all(np.asarray(got["gap_k@1"])[:5] <= 0)  # log p(x_i) <= max_v log p_v: the gap is never positive
+
+
+def test_k_count_has_no_integer_overflow_and_a_real_minus_inf_token_counts():
+    assert k_count(0.1 + 0.2, 1000) == 300  # 0.30000000000000004: numerator 3e16, n * numerator > 2**63
+    lp = np.array([[-1.0, -np.inf, -2.0, -0.5, 0.0]])  # a target of probability 0 is the least likely, not 0
+    stats = token_stats(jnp.zeros((1, 5, 3)), jnp.zeros((1, 5), jnp.int32))._replace(logprob=lp)
+    got = score_batch(TokenBatch(stats, np.array([[1, 1, 1, 1, 0]], bool)), ["min_k@0.5", "max_k@0.5"])
+    assert got["min_k@0.5"][0] == -np.inf and got["max_k@0.5"][0] == -0.75

@@ -1,10 +1,16 @@
 """Min-K% Prob (Shi et al. 2023), its mirror Max-K%, Min-K%++ (Zhang et al. 2024) with its two one-factor
 calibrations (its Table 3 ablation), and Gap-K% (Kwak and Kim 2026).
 
-Gap-K% follows the authors' code (meaoww/gap-k, ``wikimia.py``): gap = log p(x_i) - log p(top-1), over sigma_i;
-a moving average over windows of 3 consecutive tokens (``np.convolve(..., mode="valid")``); a text with fewer than
-3 scored tokens keeps its raw gaps; the mean of the k-fraction lowest. It differs in the k count (this project's
-exact ``k_count``, theirs ``int(n * 0.2)``) and in the variance floor (``stats.VAR_FLOOR``, theirs 1e-8).
+The one-factor calibrations follow the Min-K%++ paper's Section 4.3 text ("when log p(x_t|x_<t) and sigma are
+included, the token-wise score becomes log p / sigma"): ``min_k_pp_mu`` = log p(x_i) - mu_i, ``min_k_pp_sigma`` =
+log p(x_i) / sigma_i; the authors' code (zjysteven/mink-plus-plus, ``run.py``) ships only the full z-score.
+
+Gap-K% follows the authors' code (meaoww/gap-k, ``wikimia.py`` and ``mimir.py``, ``window_lowmean``): gap =
+log p(x_i) - log p(top-1), over sigma_i; a moving average over windows of 3 consecutive tokens
+(``np.convolve(..., mode="valid")``: n - 2 values); a text with fewer than 3 scored tokens keeps its raw gaps; the
+mean of the k-fraction lowest of those values. It differs in the k count (this project's exact ``k_count`` of the
+number of values, theirs ``int(len * 0.2)``), in a text without scored tokens (NaN here, 0.0 there) and in the
+variance (``stats``' stable one floored at ``stats.VAR_FLOOR``; theirs E[l^2] - E[l]^2 clamped at 1e-8).
 """
 from __future__ import annotations
 
@@ -22,13 +28,17 @@ def k_count(k: float, n) -> np.ndarray:
     """
     frac = Fraction(repr(float(k)))
     n = np.asarray(n, np.int64)
-    return np.maximum(1, (n * frac.numerator) // frac.denominator)
+    # Python integers: n * numerator overflows int64 for a k such as 0.1 + 0.2 = 0.30000000000000004
+    counts = [max(1, int(v) * frac.numerator // frac.denominator) for v in n.ravel()]
+    return np.asarray(counts, np.int64).reshape(n.shape)
 
 
 def min_k_mean(ascending: np.ndarray, n: np.ndarray, k: float) -> np.ndarray:
-    """Mean of the k-fraction lowest values of each row of a row-sorted [B, T] array with n real entries."""
+    """Mean of the k-fraction lowest values of each row of a row-sorted [B, T] array with n real entries (the
+    first n of each row; a real -inf stays -inf)."""
     count = k_count(k, n)
-    csum = np.cumsum(np.where(np.isfinite(ascending), ascending, 0.0), axis=-1)
+    real = np.arange(ascending.shape[-1]) < np.asarray(n)[:, None]
+    csum = np.cumsum(np.where(real, ascending, 0.0), axis=-1)
     idx = np.clip(count - 1, 0, ascending.shape[-1] - 1)
     out = np.take_along_axis(csum, idx[:, None], axis=-1)[:, 0] / count
     return np.where(n > 0, out, np.nan)
@@ -77,7 +87,7 @@ def smoothed_gap(gap: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndar
         out[:, :-2] = np.where(full, (g[:, :-2] + g[:, 1:-1] + g[:, 2:]) / 3.0, np.inf)
     short = (m.sum(-1) > 0) & (m.sum(-1) < 3)
     out[short] = np.where(mask[short], gap[short], np.inf)
-    return np.sort(out, axis=-1), np.isfinite(out).sum(-1)
+    return np.sort(out, axis=-1), (out < np.inf).sum(-1)
 
 
 @register("gap_k", takes_k=True)

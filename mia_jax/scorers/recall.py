@@ -76,7 +76,19 @@ def _prefix_pass(side: str):
             label = "non-member (label 0)" if side == "nonmember" else "member (label 1)"
             raise UserError(f"{name} needs {label} prefix shots: pass a labeled JSONL disjoint from the evaluated "
                             "texts with --recall-shots FILE")
-        return passes.same_texts(loaded, list(texts), name, resume, method, prefixes=[prefix] * len(texts))
+        made = passes.same_texts(loaded, list(texts), name, resume, method, prefixes=[prefix] * len(texts))
+        fold = made.fold
+
+        def fold_without_room(recs):  # a text that fills the context alone was read without the prefix: no score
+            values, reasons, counts = fold(recs)
+            for i, r in enumerate(recs):
+                if "skip_reason" not in r and not r.get("n_context"):
+                    values[i] = np.nan
+                    reasons[i] = f"{name}: the text fills the model's context alone, no room for the prefix"
+            return values, reasons, counts
+
+        made.fold = fold_without_room
+        return made
 
     make.__doc__ = f"The target model on every text read after the {side} prefix (its tokens not scored)."
     return make

@@ -1,0 +1,228 @@
+"""Every registered detector on one benchmark, with what it costs: per-example scores, AUROC / TPR@5%FPR with 95%
+bootstrap intervals, the paired bootstrap against Min-K%++ on the same examples, the blind baseline, and a cost
+table (forward / backward passes per text, seconds, tokens/s on this machine).
+
+    python scripts/detectors.py --model smollm2 --wikimia 32 --out runs/detectors/wikimia32
+    python scripts/detectors.py --model RUN/lr_0.0001/model --eval RUN/lr_0.0001/corpus/eval.jsonl \\
+        --ref-model smollm2 --out runs/detectors/contamination      # a contamination run's trained model
+    python scripts/detectors.py --from runs/detectors/wikimia32 runs/detectors/contamination --md results/detectors.md
+
+A few texts of each (dataset, label) are held out as the prefix shots of ReCaLL / Con-ReCaLL (`--shots`, seeded)
+and every method is evaluated on the rest, so all methods are compared on the same examples and no shot is an
+evaluated text. DC-PDD's frequency table is counted with the model's tokenizer on the bundled Pile sample. The
+single-pass methods share one forward pass (one group, one time); each multi-pass method is timed alone
+(its main pass included). Each group's run folder is resumable: rerun the same command to continue.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mia_jax import blind, data, metrics, models, runner
+from mia_jax.report import markdown
+from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
+from mia_jax.scorers import recall as rc
+
+BASELINE = "min_k_pp@0.2"
+EXAMPLES = "examples.jsonl.gz"
+NEEDS_REF = ("ref",)
+BACKWARD = ("gradnorm",)  # pass kinds with a backward pass
+
+
+def load_eval(args) -> tuple[list[str], list[int], list[str], str]:
+    if args.wikimia:
+        ds = data.wikimia(args.wikimia)
+        return ds.texts, ds.labels, [ds.name] * len(ds), ds.name
+    rows = [json.loads(line) for line in Path(args.eval).read_text().splitlines() if line.strip()]
+    return [r["text"] for r in rows], [int(r["label"]) for r in rows], [r["dataset"] for r in rows], args.name
+
+
+def hold_out(labels, groups, per_cell: int, seed: int) -> np.ndarray:
+    """Boolean mask of the shots: ``per_cell`` texts of each (group, label), seeded."""
+    rng = np.random.default_rng(seed)
+    shot = np.zeros(len(labels), bool)
+    for cell in sorted(set(zip(groups, labels))):
+        idx = [i for i, c in enumerate(zip(groups, labels)) if c == cell]
+        shot[rng.permutation(idx)[:per_cell]] = True
+    return shot
+
+
+def method_groups(methods: list[str]) -> list[tuple[str, list[str]]]:
+    """The single-pass methods (one shared pass), then the multi-pass methods grouped by the passes they read
+    (gradnorm_l1/l2/linf: one gradient pass; samia / samia_zlib: one sampling pass)."""
+    single = [m for m in methods if m.split("@")[0] in REGISTRY]
+    groups: dict[tuple, list[str]] = {}
+    for m in methods:
+        if m in MULTI_PASS:
+            groups.setdefault(MULTI_PASS[m].kinds, []).append(m)
+    return [("single-pass", single)] + [("+".join(ms), ms) for ms in groups.values()]
+
+
+def cost_of(out_dir: Path, n_texts: int, seconds: float, report: dict, methods: list[str]) -> dict:
+    """Passes per text and tokens/s of one group's run from its pass files and the runner's counts."""
+    tokens, forward = 0, 0
+    for name, counts in report.items():
+        path = out_dir / "passes" / f"{name}.jsonl"
+        recs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        tokens += sum(r.get("n_tokens", 0) for r in recs if "skip_reason" not in r)
+        forward += counts.get("texts", 0) - counts.get("skipped", 0)
+    backward = sum(report.get(k, {}).get("texts", 0) for k in BACKWARD)
+    return {"methods": methods, "seconds": round(seconds, 1), "texts": n_texts,
+            "forward_per_text": round(forward / n_texts, 2), "backward_per_text": round(backward / n_texts, 2),
+            "tokens": tokens, "tokens_per_second": round(tokens / seconds, 1) if seconds else None,
+            "computed": {k: v.get("computed", 0) for k, v in report.items()}}
+
+
+def run(args) -> Path:
+    from mia_jax import freq
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    texts, labels, groups, name = load_eval(args)
+    if args.limit:  # a stratified smoke test: the first N of each label
+        keep = [i for y in (0, 1) for i in [j for j, lab in enumerate(labels) if lab == y][: args.limit // 2]]
+        texts, labels, groups = [texts[i] for i in keep], [labels[i] for i in keep], [groups[i] for i in keep]
+    shot = hold_out(labels, groups, args.shots, args.seed)
+    ev = [i for i in range(len(texts)) if not shot[i]]
+    e_texts, e_labels, e_groups = [texts[i] for i in ev], [labels[i] for i in ev], [groups[i] for i in ev]
+    loaded = models.load(args.model)
+    ref = models.load(args.ref_model) if args.ref_model else None
+    table_path = out / "freq_table.npz"
+    if not table_path.exists():
+        corpus = data.load_records(freq.default_corpus(), "text", None)
+        freq.FreqTable.from_texts(loaded.tokenizer, corpus.texts, name=loaded.name,
+                                  corpus_files=corpus.files).save(table_path)
+    resources = {"freq_table": freq.for_model(table_path, loaded)}
+    prefixes = rc.prefix_shots([texts[i] for i in np.flatnonzero(shot)], [labels[i] for i in np.flatnonzero(shot)],
+                               e_texts, n_shots=args.n_shots, seed=args.seed)
+    methods = [m for m in expand_methods(sorted({*REGISTRY, *MULTI_PASS} - set(args.skip)), [0.2])
+               if ref is not None or m not in NEEDS_REF]
+    cost_path = out / "cost.json"
+    cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
+    records: dict[str, dict] = {}
+    for group, ms in method_groups(methods):
+        folder = out / "runs" / group
+        report: dict = {}
+        t0 = time.perf_counter()
+        recs = runner.score_dataset(loaded, e_texts, ms, ref=ref, labels=e_labels, out_dir=folder, resume=True,
+                                    batch_size=args.batch_size, progress=not args.no_progress, report=report,
+                                    resources=resources, pass_options={"recall_prefixes": prefixes})
+        seconds = time.perf_counter() - t0
+        if group not in cost or any(c.get("computed") for c in report.values()):  # timed only when it ran whole
+            if all(c.get("reused", 0) == 0 for c in report.values()):
+                cost[group] = cost_of(folder, len(e_texts), seconds, report, ms)
+                cost_path.write_text(json.dumps(cost, indent=2) + "\n")
+        for m in ms:
+            records[m] = {i: r["scores"][m] for i, r in enumerate(recs)}
+        print(f"{group}: {seconds:.1f} s", file=sys.stderr, flush=True)
+    blind_scores = blind.blind_bow_scores(e_texts, e_labels, seed=args.seed)
+    rows = [{"index": ev[j], "label": e_labels[j], "dataset": e_groups[j],
+             "text_sha256": hashlib.sha256(e_texts[j].encode("utf-8")).hexdigest(), "blind": float(blind_scores[j]),
+             "scores": {m: records[m][j] for m in methods}} for j in range(len(ev))]
+    with gzip.GzipFile(out / EXAMPLES, "wb", mtime=0) as gz:
+        gz.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode("utf-8"))
+    info = {"name": name, "model": loaded.name, "model_files": loaded.files, "ref_model": ref.name if ref else None,
+            "n_texts": len(texts), "n_evaluated": len(ev), "n_shots_held_out": int(shot.sum()),
+            "shots_per_prefix": args.n_shots, "seed": args.seed, "methods": methods, "command": " ".join(sys.argv),
+            "recall_prefixes": rc.prefix_digest(prefixes)}
+    (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return out
+
+
+# ----------------------------------------------------------------------------- the report, from the files alone
+
+
+def _vec(rows, m):
+    return np.array([np.nan if r["scores"].get(m) is None else r["scores"][m] for r in rows], np.float64)
+
+
+def _ci(x, ci) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{x:.3f}"
+
+
+def section(folder: Path, n_bootstrap: int = 1000) -> str:
+    info = json.loads((folder / "info.json").read_text())
+    cost = json.loads((folder / "cost.json").read_text())
+    with gzip.open(folder / EXAMPLES, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    labels = np.array([r["label"] for r in rows])
+    groups = [r["dataset"] for r in rows]
+    several = len(set(groups)) > 1
+    seed = info["seed"]
+    table = []
+    for m in [*info["methods"], "blind"]:
+        v = np.array([r["blind"] for r in rows]) if m == "blind" else _vec(rows, m)
+        if several:
+            res = metrics.evaluate_mean(labels, v, groups, n_bootstrap=n_bootstrap, seed=seed)
+        else:
+            res = metrics.evaluate(labels, v, n_bootstrap=n_bootstrap, seed=seed)
+        if m == "blind" or m == BASELINE:
+            vs = "—"
+        else:
+            try:
+                c = metrics.paired_bootstrap(labels, v, _vec(rows, BASELINE), groups=groups if several else None,
+                                             n_bootstrap=n_bootstrap, seed=seed)["auroc"]
+                vs = f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] {c['verdict'].replace('A', m)}"
+                vs = vs.replace("B", "Min-K%++")
+            except ValueError as e:
+                vs = f"n/a ({e})"
+        name = "Blind BoW (no model)" if m == "blind" else m + (" (oracle)" if m == "ref" else "")
+        table.append([name, _ci(res["auroc"], res.get("auroc_ci")),
+                      _ci(res["tpr_at_5pct_fpr"], res.get("tpr_at_5pct_fpr_ci")), vs, str(res.get("n_nan", 0))])
+    avg = " (mean over datasets, resampled within each)" if several else ""
+    text = [f"## {info['name']}: {info['model']}\n",
+            f"{info['n_evaluated']} texts evaluated ({info['n_shots_held_out']} held out as ReCaLL shots, "
+            f"{info['shots_per_prefix']} per prefix). AUROC and TPR@5%FPR{avg} with 95% bootstrap intervals; the last "
+            f"column is the paired bootstrap of the method minus Min-K%++ (k=20%) on the same examples.\n",
+            markdown(["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "vs Min-K%++ (AUROC)", "NaN"], table),
+            "\nCost on this machine (each group timed alone, its main pass included, compilation included; the "
+            "single-pass methods share one pass, methods reading the same passes are one group):\n",
+            markdown(["Methods", "Forward / text", "Backward / text", "Seconds", "Tokens", "Tokens/s"],
+                     [[", ".join(c["methods"]), f"{c['forward_per_text']:g}",
+                       f"{c['backward_per_text']:g}", f"{c['seconds']:.1f}", str(c["tokens"]),
+                       f"{c['tokens_per_second']:.0f}"] for g, c in cost.items()]),
+            f"\nRebuild: `python scripts/detectors.py --from {folder}`; made by `{info['command']}`.\n"]
+    return "\n".join(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--ref-model", help="reference model for 'ref' (left out without one)")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--wikimia", type=int, help="WikiMIA length")
+    src.add_argument("--eval", help="a contamination run's corpus/eval.jsonl (text, label, dataset)")
+    src.add_argument("--from", dest="src", nargs="+", type=Path, help="rebuild the report from these folders")
+    ap.add_argument("--name", default="contamination", help="the benchmark's name with --eval")
+    ap.add_argument("--shots", type=int, default=5, help="texts held out per (dataset, label) as ReCaLL shots")
+    ap.add_argument("--n-shots", type=int, default=5, help="shots per ReCaLL prefix")
+    ap.add_argument("--skip", nargs="*", default=[], help="methods to leave out")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--limit", type=int, help="only N texts (half of each label): a smoke test")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--n-bootstrap", type=int, default=1000)
+    ap.add_argument("--out", help="output folder")
+    ap.add_argument("--md", type=Path, help="with --from: write the report there")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.src:
+        text = "\n".join(section(f, args.n_bootstrap) for f in args.src)
+        if args.md:
+            args.md.write_text(text)
+        print(text)
+        return 0
+    if not args.out or not (args.wikimia or args.eval):
+        ap.error("give --wikimia N or --eval FILE, and --out DIR (or --from DIR ...)")
+    print(section(run(args), args.n_bootstrap))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
