@@ -92,7 +92,9 @@ def encode(loaded, texts: Sequence[str], prefixes: Sequence[str] | None = None) 
         if room <= 0:
             out.append(Encoded(enc.ids[: loaded.max_length], True))
             continue
-        keep = ctx[len(ctx) - min(room, len(ctx)):]
+        n_keep = min(room, len(ctx))
+        lead = 1 if n_keep < len(ctx) and bos is not None and ctx[:1] == [bos] else 0  # a cut prefix keeps its BOS
+        keep = ctx[:lead] + ctx[len(ctx) - (n_keep - lead):]
         out.append(Encoded(keep + ids, len(keep) < len(ctx), len(keep)))
     return out
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from mia_jax.scorers.base import (MULTI_PASS, REGISTRY, MultiPassMethod, Scorer, TokenBatch, expand_methods,
                                   is_multi_pass, lookup, parse_method, score_batch)
-from mia_jax.scorers import (dcpdd, gradient, likelihood, min_k, multipass, pac, recall,  # noqa: F401 (registers)
-                             sampling)
+from mia_jax.scorers import (camia, dcpdd, gradient, likelihood, min_k, multipass, pac,  # noqa: F401 (registers)
+                             recall, sampling)
 from mia_jax.scorers.likelihood import entropy, loss, ppl, rank, zlib
 from mia_jax.scorers.min_k import gap_k, k_count, max_k, min_k_mean, min_k_pp, min_k_pp_mu, min_k_pp_sigma
 

@@ -110,6 +110,19 @@ FORMS: dict[str, Callable[[_Tokens, float | None], jnp.ndarray]] = {
 }
 
 
+def _camia(name: str):
+    def form(t, k):
+        from mia_jax.scorers.camia import DEVICE_FORMS  # camia imports the passes machinery: only when asked
+
+        return DEVICE_FORMS[name](t, k)
+
+    return form
+
+
+FORMS.update({n: _camia(n) for n in ("camia_slope", "camia_count_1", "camia_count_2", "camia_count_3",
+                                     "camia_count_pre", "camia_loss_200", "camia_loss_300", "camia_ll_tail")})
+
+
 def device_scores(stats: TokenStats, mask, methods: Sequence[str], *, zlib_bytes=None) -> dict:
     """{method: float32 [B]} for single-pass ``methods`` (names as the registry's: ``min_k@0.2``) from
     ``TokenStats`` ([B, T] arrays) and a bool ``mask`` [B, T] of the scored tokens (``zlib`` also needs
