@@ -1,25 +1,53 @@
-"""Dataset inference (Maini et al., NeurIPS 2024): was this *set* of texts trained on? Many weak per-text membership
-scores are aggregated by a linear model, and a t-test on held-out texts answers with a p-value.
+"""Dataset inference (Maini et al., NeurIPS 2024, "LLM Dataset Inference: Did you train on my dataset?"): was this
+*set* of texts trained on? Many weak per-text membership scores are combined by a linear model, and a t-test on
+held-out texts answers with a p-value.
 
-Following the authors' code (pratyushmaini/llm_dataset_inference, ``linear_di.py``): each feature (a per-text MIA
-score) is clipped at its 2.5% and 97.5% quantiles within each set (their ``outliers="clip"``), standardised with
-the suspect set's mean and standard deviation (``normalize="train"``), both sets are shuffled (seeded) and split in
-halves; a linear classifier is fitted on the first halves (suspect vs validation) and scores the second halves; a
-one-sided Welch t-test asks whether the held-out suspect texts score higher than the held-out validation texts.
-Where this differs: scikit-learn's L2-regularised logistic regression (C = 1) instead of an unregularised
-``nn.Linear`` trained by Adam for 1000 epochs; scores oriented higher = member (their losses are the opposite, so
-their test is ``alternative="less"``); Welch's test (``equal_var=False``) instead of Student's; one split (theirs
-also reports p-values over growing prefixes of the held-out halves). A text with a non-finite feature is dropped
-(counted); a feature non-finite everywhere is refused.
+Given ``suspect`` [n_s, F] and ``validation`` [n_v, F] (rows: texts; columns: per-text MIA scores of the same
+methods under the same model, each oriented higher = member; validation: texts *of the same distribution* known not
+to be trained on), with a seeded shuffle each set is split in halves A (training) and B (held out), and
 
-A valid test does not reject for two halves of the same unseen set: ``tests/test_dataset_inference.py`` checks that
-the p-values of such splits are near uniform over seeds.
+    x -> z = (clip(x, lo, hi) - mu) / sd          lo, hi: the 2.5% / 97.5% quantiles, mu, sd: mean and standard
+                                                   deviation of each feature over A_s + A_v (after clipping)
+    s(x) = w . z + b                               L2-regularised logistic regression (C = 1) of 1 = suspect,
+                                                   0 = validation on A_s + A_v
+    t = (mean s(B_s) - mean s(B_v)) / sqrt(var s(B_s) / |B_s| + var s(B_v) / |B_v|)
+    p = P(T_nu > t)                                Welch's one-sided t-test (Welch-Satterthwaite nu), H1: the held-out
+                                                   suspect texts score higher than the held-out validation texts.
+
+Where this follows the authors' code (pratyushmaini/llm_dataset_inference, ``linear_di.py``; features from
+``metrics.py``): 2.5% of each tail clipped per feature (their ``outliers="clip"``), features standardised
+(``normalize``), a linear model on standardised features trained on one part of each set, a one-sided t-test on the
+model's outputs for the other parts; their features are perplexity, Min-K% / Max-K% at k = 0.05 ... 0.6, the zlib
+ratio, perturbation and reference-model ratios (``DEFAULT_METHODS`` / ``DEFAULT_K`` are their single-pass subset
+plus Min-K%++, entropy and rank; ``lowercase`` / ``neighbor`` / ``ref`` are the two-pass analogues and can be added).
+Where it differs:
+
+- clipping bounds and the standardisation are fitted on the training halves only and are one map applied to every
+  text (theirs: clip each set at its own quantiles and standardise with the whole suspect set's mean and standard
+  deviation, held-out texts included). So a held-out score is a fixed function of its text given the training
+  halves, which the t-test assumes; per-set clipping shifts the two held-out groups differently.
+- scikit-learn's L2-regularised logistic regression (``C``, default 1, lbfgs to convergence) instead of an
+  unregularised ``nn.Linear`` trained by full-batch Adam (lr 0.01, 1000 epochs) from a random initialisation.
+- scores oriented higher = member and suspect labelled 1 (theirs: suspect labelled 0, ``alternative="less"``; the
+  same test); Welch's test (``equal_var=False``) instead of Student's.
+- one split per seed and one p-value on the whole held-out halves (theirs: ``--num_random`` splits written one by
+  one, and p-values on growing prefixes of the held-out halves, 2 ... 1000 texts). A different ``seed`` is another
+  valid test; taking the smallest p-value over seeds is not.
+- a text with a non-finite score (a null in ``results.jsonl``: a skipped text or a method that could not score it)
+  is dropped, counted per set and per feature; a feature with no finite score in a set is refused (theirs have
+  none).
+
+The test is valid (p-values uniform when both sets come from one distribution and neither was trained on) whatever
+the features are, because the linear model never sees the held-out texts; ``tests/test_dataset_inference.py``
+checks this over many random splits of synthetic and of real scores.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+import math
+import sys
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -29,148 +57,316 @@ from sklearn.linear_model import LogisticRegression
 
 from mia_jax.errors import UserError
 
-MIN_PER_HALF = 10
-CLIP = 0.025
+MIN_PER_HALF = 10  # held-out texts per set, at least (and as many in the training halves)
+CLIP = 0.025  # fraction clipped in each tail, as the authors' remove_frac = 0.05
+C = 1.0  # inverse L2 strength of the logistic regression
+# The authors' single-pass features (ppl, Min-K% and Max-K% at 7 k, zlib) plus the other cheap single-pass scores.
+DEFAULT_METHODS = ("ppl", "loss", "zlib", "min_k", "max_k", "min_k_pp", "entropy", "rank")
+DEFAULT_K = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+# second passes the command can run itself (lowercase: the text lowercased; ref: --ref-model; neighbor: perturbed
+# texts from the target model); others need options of `mia-jax score`: score there, then --*-scores.
+MULTI_PASS_OK = ("lowercase", "ref", "neighbor")
 
 
 @dataclass
 class Result:
     p_value: float
     t_statistic: float
-    n_suspect: int  # held-out halves
+    df: float  # Welch-Satterthwaite degrees of freedom
+    n_suspect: int  # held-out halves, tested
     n_validation: int
-    n_dropped: int  # texts with a non-finite feature
-    mean_suspect: float  # the linear model's held-out scores
+    n_train_suspect: int  # training halves, fitted
+    n_train_validation: int
+    mean_suspect: float  # the linear model's mean held-out score (log-odds of "suspect")
     mean_validation: float
-    weights: dict  # feature -> weight of the linear model (standardised features)
+    weights: dict  # feature -> weight on the standardised feature
+    intercept: float
+    n_dropped_suspect: int  # texts with a non-finite score, dropped before the split
+    n_dropped_validation: int
+    nonfinite: dict  # feature -> texts (both sets) where it is non-finite; only features with any
     seed: int
+    clip: float = CLIP
+    C: float = C
+    n_shared_texts: int | None = None  # texts in both sets (None: not known, e.g. from score files)
+    notes: list = field(default_factory=list)
 
     def to_markdown(self) -> str:
-        rows = "".join(f"| {k} | {v:+.3f} |\n" for k, v in sorted(self.weights.items(), key=lambda kv: -abs(kv[1])))
-        return (f"Dataset inference: held-out suspect texts {self.n_suspect}, validation texts {self.n_validation} "
-                f"({self.n_dropped} dropped for a non-finite score); linear score {self.mean_suspect:+.3f} vs "
-                f"{self.mean_validation:+.3f}; one-sided Welch t = {self.t_statistic:.3f}.\n\n"
+        order = sorted(self.weights.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
+        rows = "".join(f"| {k} | {v:+.4f} |\n" for k, v in order)
+        dropped = ""
+        if self.n_dropped_suspect or self.n_dropped_validation:
+            worst = ", ".join(f"{k} {v}" for k, v in sorted(self.nonfinite.items(), key=lambda kv: -kv[1])[:5])
+            dropped = (f" Dropped for a non-finite score: {self.n_dropped_suspect} suspect and "
+                       f"{self.n_dropped_validation} validation texts (by feature: {worst}).")
+        notes = "".join(f"\n\n{n}" for n in self.notes)
+        return (f"## Dataset inference (Maini et al. 2024)\n\n"
+                f"Logistic regression on {len(self.weights)} standardised features, fitted on "
+                f"{self.n_train_suspect} suspect vs {self.n_train_validation} validation texts; tested on the other "
+                f"{self.n_suspect} suspect and {self.n_validation} validation texts (seed {self.seed}).{dropped}\n\n"
+                f"Held-out mean score: suspect {self.mean_suspect:+.4f}, validation {self.mean_validation:+.4f}; "
+                f"one-sided Welch t = {self.t_statistic:.3f} (df {self.df:.1f}), p = {self.p_value:.4g}. "
+                f"A small p says the suspect set scores as more member-like than texts of its distribution that the "
+                f"model did not see, provided the validation texts are such texts.{notes}\n\n"
                 f"| Feature | Weight |\n|---|---:|\n{rows}")
 
 
-def _clip(x: np.ndarray) -> np.ndarray:
-    lo, hi = np.quantile(x, [CLIP, 1 - CLIP], axis=0)
-    return np.clip(x, lo, hi)
+def welch_greater(a, b) -> tuple[float, float, float]:
+    """(t, p, df) of Welch's one-sided two-sample t-test, H1: mean(a) > mean(b) (scipy.stats.ttest_ind with
+    ``equal_var=False, alternative="greater"``); df = (va/na + vb/nb)^2 / ((va/na)^2/(na-1) + (vb/nb)^2/(nb-1))."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    res = stats.ttest_ind(a, b, equal_var=False, alternative="greater")
+    return float(res.statistic), float(res.pvalue), float(res.df)
 
 
-def dataset_inference(suspect, validation, names: Sequence[str] | None = None, *, seed: int = 0) -> Result:
-    """``suspect`` [n_s, F] and ``validation`` [n_v, F]: per-text scores (higher = member) of the same methods under
-    the same model; ``validation`` texts are known non-members from the suspect set's distribution."""
-    s, v = np.asarray(suspect, np.float64), np.asarray(validation, np.float64)
-    if s.ndim != 2 or v.ndim != 2 or s.shape[1] != v.shape[1]:
-        raise UserError(f"suspect and validation need the same features: got shapes {s.shape} and {v.shape}")
-    names = list(names) if names is not None else [f"f{i}" for i in range(s.shape[1])]
-    dead = [n for n, j in zip(names, range(s.shape[1]))
-            if not np.isfinite(s[:, j]).any() or not np.isfinite(v[:, j]).any()]
+def _finite(x: np.ndarray, names: list[str], side: str) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``x`` whose every feature is finite, and the non-finite count of each feature."""
+    bad = ~np.isfinite(x)
+    dead = [n for n, col in zip(names, bad.T) if col.all()]
     if dead:
-        raise UserError(f"feature(s) with no finite score in one of the sets: {', '.join(dead)}")
-    keep_s, keep_v = np.isfinite(s).all(1), np.isfinite(v).all(1)
-    dropped = int((~keep_s).sum() + (~keep_v).sum())
-    s, v = s[keep_s], v[keep_v]
-    if min(len(s), len(v)) < 2 * MIN_PER_HALF:
-        raise UserError(f"dataset inference needs at least {2 * MIN_PER_HALF} scored texts per set (two halves of "
-                        f"{MIN_PER_HALF}); got {len(s)} suspect and {len(v)} validation")
-    s, v = _clip(s), _clip(v)
-    mu, sd = s.mean(0), s.std(0)
+        raise UserError(f"dataset inference: feature(s) with no finite score in the {side} set: {', '.join(dead)} "
+                        "(drop them from --methods)")
+    return x[~bad.any(1)], bad.sum(0)
+
+
+def fit_transform(train: np.ndarray, clip: float = CLIP):
+    """The feature map fitted on ``train`` [n, F]: clip at the ``clip`` / ``1 - clip`` quantiles, then standardise
+    (a feature constant after clipping is centred only)."""
+    lo, hi = np.quantile(train, [clip, 1 - clip], axis=0)
+    clipped = np.clip(train, lo, hi)
+    mu, sd = clipped.mean(0), clipped.std(0)
     sd = np.where(sd > 0, sd, 1.0)
-    s, v = (s - mu) / sd, (v - mu) / sd
+    return lambda x: (np.clip(x, lo, hi) - mu) / sd
+
+
+def dataset_inference(suspect, validation, names: Sequence[str] | None = None, *, seed: int = 0, clip: float = CLIP,
+                      C: float = C, min_per_half: int = MIN_PER_HALF) -> Result:
+    """Is ``suspect`` [n_s, F] more member-like than ``validation`` [n_v, F]? Per-text scores (higher = member) of
+    the same F methods under the same model; ``names`` label the features (default f0, f1, ...). See the module
+    docstring for the test; deterministic given ``seed``."""
+    s, v = np.asarray(suspect, np.float64), np.asarray(validation, np.float64)
+    if s.ndim != 2 or v.ndim != 2 or s.shape[1] != v.shape[1] or s.shape[1] == 0:
+        raise UserError(f"dataset inference: suspect and validation need the same features (2-D, one column per "
+                        f"method); got shapes {s.shape} and {v.shape}")
+    names = list(names) if names is not None else [f"f{j}" for j in range(s.shape[1])]
+    if len(names) != s.shape[1] or len(set(names)) != len(names):
+        raise UserError(f"dataset inference: {s.shape[1]} features but names {names}")
+    if not 0 <= clip < 0.5:
+        raise UserError(f"dataset inference: clip must be in [0, 0.5), got {clip}")
+    n_s0, n_v0 = len(s), len(v)
+    s, bad_s = _finite(s, names, "suspect")
+    v, bad_v = _finite(v, names, "validation")
+    nonfinite = {n: int(a + b) for n, a, b in zip(names, bad_s, bad_v) if a + b}
+    if min(len(s), len(v)) < 2 * min_per_half:
+        why = f" after dropping texts with a non-finite score ({nonfinite})" if nonfinite else ""
+        raise UserError(f"dataset inference needs at least {2 * min_per_half} scored texts per set (two halves of "
+                        f"{min_per_half}); got {len(s)} suspect and {len(v)} validation{why}")
     rng = np.random.default_rng(seed)
     s, v = s[rng.permutation(len(s))], v[rng.permutation(len(v))]
     hs, hv = len(s) // 2, len(v) // 2
-    x = np.concatenate([s[:hs], v[:hv]])
+    train = np.concatenate([s[:hs], v[:hv]])
+    transform = fit_transform(train, clip)
+    z = transform(train)
+    if not np.any(z):
+        raise UserError("dataset inference: every feature is constant over the training halves; nothing to fit")
     y = np.concatenate([np.ones(hs), np.zeros(hv)])
-    clf = LogisticRegression(C=1.0, max_iter=1000).fit(x, y)
-    held_s, held_v = clf.decision_function(s[hs:]), clf.decision_function(v[hv:])
-    t, p = stats.ttest_ind(held_s, held_v, equal_var=False, alternative="greater")
-    return Result(float(p), float(t), len(held_s), len(held_v), dropped, float(held_s.mean()), float(held_v.mean()),
-                  {n: float(w) for n, w in zip(names, clf.coef_[0])}, seed)
+    clf = LogisticRegression(C=C, max_iter=10_000).fit(z, y)
+    held_s, held_v = clf.decision_function(transform(s[hs:])), clf.decision_function(transform(v[hv:]))
+    if np.ptp(held_s) == 0 and np.ptp(held_v) == 0:  # the test is undefined (0 / 0)
+        raise UserError("dataset inference: the linear model gives every held-out text the same score (the features "
+                        "carry no variation); nothing to test")
+    t, p, df = welch_greater(held_s, held_v)
+    return Result(p, t, df, len(held_s), len(held_v), hs, hv, float(held_s.mean()), float(held_v.mean()),
+                  {n: float(w) for n, w in zip(names, clf.coef_[0])}, float(clf.intercept_[0]),
+                  n_s0 - len(s), n_v0 - len(v), nonfinite, seed, clip, C)
+
+
+def results_path(path) -> Path:
+    """A run folder or its ``results.jsonl``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.jsonl"
+    if not path.is_file():
+        raise UserError(f"scores file not found: {path} (give a mia-jax run's results.jsonl or its folder)")
+    return path
 
 
 def load_features(path, methods: Sequence[str] | None = None) -> tuple[list[str], np.ndarray]:
-    """(method names, [texts, methods] scores, NaN for null) from a mia_jax run's ``results.jsonl``."""
-    recs = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not recs:
+    """(method names, [texts, methods] scores; NaN for a null score) from a mia_jax run's ``results.jsonl`` (or its
+    folder): records ``{"index", "label"?, "n_tokens", "scores": {method: value or null}, ...}``, one per text in
+    the order of the data. ``methods``: the columns (default: every method of the first record, in its order)."""
+    path = results_path(path)
+    names = list(methods) if methods else None
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {lineno} is not JSON ({e.msg}); is this a mia-jax results.jsonl?") from None
+        scores = rec.get("scores") if isinstance(rec, dict) else None
+        if not isinstance(scores, dict):
+            raise UserError(f"{path}: line {lineno} has no 'scores' object; is this a mia-jax results.jsonl?")
+        names = names if names is not None else list(scores)
+        missing = [m for m in names if m not in scores]
+        if missing:
+            raise UserError(f"{path}: line {lineno} has no score for {', '.join(missing)} (it has "
+                            f"{', '.join(scores) or 'none'}); choose --methods among them")
+        row = [scores[m] for m in names]
+        if any(not (x is None or isinstance(x, (int, float))) or isinstance(x, bool) for x in row):
+            raise UserError(f"{path}: line {lineno}: a score is not a number or null: {row}")
+        rows.append([math.nan if x is None else float(x) for x in row])
+    if not rows:
         raise UserError(f"{path}: no records")
-    names = list(methods) if methods else list(recs[0]["scores"])
-    missing = [m for m in names if m not in recs[0]["scores"]]
-    if missing:
-        raise UserError(f"{path}: no scores for {', '.join(missing)} (it has {', '.join(recs[0]['scores'])})")
-    x = np.array([[np.nan if r["scores"][m] is None else r["scores"][m] for m in names] for r in recs], np.float64)
-    return names, x
+    return names, np.array(rows, np.float64)
+
+
+def run_model(path) -> dict | None:
+    """What scored the run whose results are at ``path`` (its model files' SHA-256, dtype), from its config.json;
+    None when it cannot be read."""
+    cfg = results_path(path).parent / "config.json"
+    try:
+        fp = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(fp, dict) or not isinstance(fp.get("model_files"), dict):
+        return None
+    ref = fp.get("ref_model_files")  # by content: the same files under another path are the same model
+    return {"model_sha256": sorted(fp["model_files"].values()),
+            "ref_model_sha256": sorted(ref.values()) if isinstance(ref, dict) else None, "dtype": fp.get("dtype")}
 
 
 # ----------------------------------------------------------------------------- mia-jax dataset-inference
 
-DEFAULT_METHODS = ["loss", "zlib", "min_k", "min_k_pp", "max_k", "entropy", "rank", "min_k_pp_mu", "min_k_pp_sigma",
-                   "gap_k"]
-DEFAULT_K = [0.05, 0.1, 0.2, 0.3, 0.5]
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("dataset-inference", help="was this set of texts trained on? (a p-value; Maini et al. 2024)")
-    p.add_argument("--suspect", help="JSONL / CSV of the suspect texts (--text-field)")
-    p.add_argument("--validation", help="texts from the same distribution known not to be trained on")
-    p.add_argument("--suspect-scores", help="instead of --suspect: a mia-jax run's results.jsonl")
-    p.add_argument("--validation-scores", help="instead of --validation: a mia-jax run's results.jsonl")
-    p.add_argument("--model", default="smollm2", help="model scoring --suspect / --validation (default: smollm2)")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="the per-text scores used as features")
-    p.add_argument("--k", nargs="+", type=float, default=DEFAULT_K, help="fractions of the Min-K%%-type methods")
+    p = sub.add_parser("dataset-inference", help="was this set of texts trained on? A p-value (Maini et al. 2024)")
+    p.add_argument("--suspect", metavar="FILE",
+                   help="the suspect texts (.jsonl / .csv / .tsv / .parquet; --text-field)")
+    p.add_argument("--validation", metavar="FILE",
+                   help="texts of the same distribution known not to be trained on (same format)")
+    p.add_argument("--suspect-scores", metavar="RESULTS",
+                   help="instead of --suspect: a mia-jax run's results.jsonl (or its folder) scored by the same model")
+    p.add_argument("--validation-scores", metavar="RESULTS", help="instead of --validation: the same for it")
+    p.add_argument("--model", default="smollm2",
+                   help="a Hugging Face folder, a .gguf file, or an offline name (smollm2). Default: smollm2")
+    p.add_argument("--ref-model", help="reference model of the 'ref' method, if among --methods")
+    p.add_argument("--n-neighbors", type=int, default=10, help="neighbours per text of the 'neighbor' method")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
+    p.add_argument("--allow-download", action="store_true",
+                   help="let a --model that is not a local path be fetched from the Hugging Face Hub")
+    p.add_argument("--text-field", default="text",
+                   help="field of the texts in --suspect / --validation (default: text)")
+    p.add_argument("--encoding", default="utf-8", help="text encoding of --suspect / --validation (default: utf-8)")
+    p.add_argument("--methods", nargs="+",
+                   help=f"the per-text scores used as features (default when scoring: {' '.join(DEFAULT_METHODS)}; "
+                        f"from --*-scores files: every method both files have); single-pass methods and "
+                        f"{', '.join(MULTI_PASS_OK)}")
+    p.add_argument("--k", nargs="+", type=float, default=list(DEFAULT_K),
+                   help=f"fractions of Min-K%%-type methods (default, the authors': {' '.join(map(str, DEFAULT_K))})")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="output folder (scores of each set in out/suspect, out/validation)")
+    p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split into halves (default: 0)")
+    p.add_argument("--out", required=True,
+                   help="output folder: the scores of each set in OUT/suspect and OUT/validation (resumable runs, as "
+                        "mia-jax score writes them), OUT/dataset_inference.json and .md")
+    p.add_argument("--overwrite", action="store_true", help="rescore OUT/suspect and OUT/validation afresh")
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
-def _scores(args, side: str, methods: list[str], loaded_box: list) -> tuple[list[str], np.ndarray]:
-    given = getattr(args, f"{side}_scores")
-    if given:
-        return load_features(given, methods)
-    path = getattr(args, side)
-    if not path:
-        raise UserError(f"give --{side} FILE (texts) or --{side}-scores results.jsonl")
-    from mia_jax import data, models, rundir, runner
+def _methods(args) -> list[str] | None:
+    from mia_jax.scorers import expand_methods, is_multi_pass, parse_method
 
-    ds = data.load_records(path, args.text_field, None)
-    if not loaded_box:
-        loaded_box.append(models.load(args.model))
-    loaded = loaded_box[0]
-    out = Path(args.out) / side
-    fingerprint = runner.run_fingerprint(loaded, ds.texts, None, methods, data_files=ds.files,
-                                         batch_size=args.batch_size)
-    with rundir.claim(rundir.check_path(out), fingerprint) as resume:
-        runner.score_dataset(loaded, ds.texts, methods, out_dir=out, resume=resume, batch_size=args.batch_size,
-                             progress=not args.no_progress)
-    return load_features(out / "results.jsonl", methods)
+    if args.methods is None and args.suspect_scores and args.validation_scores:
+        return None  # every method the two files share
+    methods = expand_methods(list(args.methods or DEFAULT_METHODS), args.k)
+    if args.suspect_scores and args.validation_scores:
+        return methods
+    bad = [m for m in methods if (m not in MULTI_PASS_OK if is_multi_pass(m) else
+                                  getattr(parse_method(m)[0], "resources", ()))]
+    if bad:
+        raise UserError(f"dataset-inference scores single-pass methods and {', '.join(MULTI_PASS_OK)} itself, not "
+                        f"{', '.join(bad)}: score both sets with `mia-jax score --methods ...` (and the options they "
+                        "need) and pass the runs with --suspect-scores / --validation-scores")
+    if "ref" in methods and not args.ref_model:
+        raise UserError("method 'ref' needs a reference model: add --ref-model PATH_OR_NAME")
+    return methods
+
+
+def _score(args, side: str, ds, methods: list[str], models_box: dict) -> Path:
+    """Score one set into OUT/<side> (a resumable run, as mia-jax score writes it); its results.jsonl."""
+    from mia_jax import models, neighbors, rundir, runner
+
+    if not models_box:
+        load = dict(dtype=args.dtype, allow_download=args.allow_download)
+        models_box["model"] = models.load(args.model, **load)
+        models_box["ref"] = models.load(args.ref_model, **load) if "ref" in methods else None
+        models_box["neighbors"] = (neighbors.SelfNeighbors(models_box["model"], n=args.n_neighbors, seed=0,
+                                                           batch_size=args.batch_size)
+                                   if "neighbor" in methods else None)
+    loaded, ref, gen = models_box["model"], models_box["ref"], models_box["neighbors"]
+    out = rundir.check_path(Path(args.out) / side)
+    fingerprint = runner.run_fingerprint(loaded, ds.texts, None, methods, ref=ref, neighbors=gen,
+                                         data_files=ds.files, labeled=False, encoding=args.encoding,
+                                         text_field=args.text_field, batch_size=args.batch_size,
+                                         chunk_size=args.chunk_size, dtype=args.dtype)
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite) as resume:
+        if resume:
+            print(f"resuming the {side} run in {out}", file=sys.stderr)
+        runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=gen, out_dir=out, resume=resume,
+                             batch_size=args.batch_size, chunk_size=args.chunk_size, progress=not args.no_progress)
+    return out / "results.jsonl"
 
 
 def command(args) -> Result:
-    """Score both sets (or read their scores), run the test, write DIR/dataset_inference.json / .md, print the
-    markdown and, last, ``p-value: X``."""
-    from mia_jax.scorers import expand_methods, is_multi_pass
+    """`mia-jax dataset-inference`: score both sets (or read their scores), run the test, write
+    OUT/dataset_inference.json and .md, print the markdown and, last, ``p-value: X``. Every input is checked before
+    anything is written."""
+    from mia_jax import __version__, data, rundir
 
-    methods = expand_methods(args.methods, args.k)
-    multi = [m for m in methods if is_multi_pass(m)]
-    if multi:
-        raise UserError(f"dataset-inference uses single-pass scores; drop {', '.join(multi)}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    box: list = []
-    names_s, s = _scores(args, "suspect", methods, box)
-    names_v, v = _scores(args, "validation", methods, box)
-    if names_s != names_v:
-        raise UserError(f"the two score files have different methods: {names_s} vs {names_v}")
-    res = dataset_inference(s, v, names_s, seed=args.seed)
-    (out / "dataset_inference.json").write_text(json.dumps(asdict(res), indent=2) + "\n")
-    md = res.to_markdown()
-    (out / "dataset_inference.md").write_text(md + f"\np-value: {res.p_value:.4g}\n")
+    sides = ("suspect", "validation")
+    for side in sides:
+        if bool(getattr(args, side)) == bool(getattr(args, f"{side}_scores")):
+            raise UserError(f"give exactly one of --{side} FILE (texts to score) and --{side}-scores RESULTS")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.n_neighbors < 1:
+        raise UserError(f"--n-neighbors must be at least 1, got {args.n_neighbors}")
+    methods = _methods(args)
+    paths = {side: results_path(getattr(args, f"{side}_scores")) for side in sides if getattr(args, f"{side}_scores")}
+    if methods is None:  # both from files: the methods they share, in the suspect file's order
+        other = load_features(paths["validation"])[0]
+        methods = [m for m in load_features(paths["suspect"])[0] if m in other]
+        if not methods:
+            raise UserError(f"{paths['suspect']} and {paths['validation']} share no method")
+    feats = {side: load_features(p, methods)[1] for side, p in paths.items()}
+    datasets = {side: data.load_records(getattr(args, side), args.text_field, None, encoding=args.encoding)
+                for side in sides if side not in paths}
+    out = rundir.check_path(args.out)
+    with rundir.claim(out):  # lock only: one process per folder; each set's run is claimed on its own
+        box: dict = {}
+        for side, ds in datasets.items():
+            paths[side] = _score(args, side, ds, methods, box)
+            feats[side] = load_features(paths[side], methods)[1]
+        model_s, model_v = run_model(paths["suspect"]), run_model(paths["validation"])
+        if model_s and model_v and model_s != model_v:
+            raise UserError(f"{paths['suspect']} and {paths['validation']} were scored by different models or "
+                            f"settings ({model_s} vs {model_v}); dataset inference compares one model's scores")
+        res = dataset_inference(feats["suspect"], feats["validation"], methods, seed=args.seed)
+        if len(datasets) == 2:
+            res.n_shared_texts = len(set(datasets["suspect"].texts) & set(datasets["validation"].texts))
+            if res.n_shared_texts:
+                res.notes.append(f"Warning: {res.n_shared_texts} distinct texts are in both sets; the validation set "
+                                 "should be texts the model did not see.")
+        if not (model_s and model_v):
+            res.notes.append("Note: the model of a scores file could not be read from its run's config.json; both "
+                             "sets must be scored by the same model.")
+        md = res.to_markdown()
+        record = {**asdict(res), "methods": methods, "inputs": {k: str(p) for k, p in paths.items()},
+                  "data_files": {k: ds.files for k, ds in datasets.items()}, "model": model_s or model_v,
+                  "package_version": __version__, "command": " ".join(sys.argv)}
+        (out / "dataset_inference.json").write_text(json.dumps(record, indent=2) + "\n")
+        (out / "dataset_inference.md").write_text(f"{md}\np-value: {res.p_value:.6g}\n")
     print(md)
-    print(f"p-value: {res.p_value:.4g}")
+    print(f"p-value: {res.p_value:.6g}")
     return res
-
