@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from mia_jax import blind, data, metrics, models, runner
+from mia_jax.errors import UserError
 from mia_jax.report import markdown
 from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
 from mia_jax.scorers import recall as rc
@@ -92,8 +93,11 @@ def run(args) -> Path:
     shot = hold_out(labels, groups, args.shots, args.seed)
     ev = [i for i in range(len(texts)) if not shot[i]]
     e_texts, e_labels, e_groups = [texts[i] for i in ev], [labels[i] for i in ev], [groups[i] for i in ev]
+    from mia_jax import neighbors as nb
+
     loaded = models.load(args.model)
     ref = models.load(args.ref_model) if args.ref_model else None
+    gen = nb.SelfNeighbors(loaded, n=args.n_neighbors, seed=0, batch_size=args.batch_size)
     table_path = out / "freq_table.npz"
     if not table_path.exists():
         corpus = data.load_records(freq.default_corpus(), "text", None)
@@ -111,9 +115,11 @@ def run(args) -> Path:
         folder = out / "runs" / group
         report: dict = {}
         t0 = time.perf_counter()
-        recs = runner.score_dataset(loaded, e_texts, ms, ref=ref, labels=e_labels, out_dir=folder, resume=True,
+        recs = runner.score_dataset(loaded, e_texts, ms, ref=ref, neighbors=gen, labels=e_labels, out_dir=folder,
+                                    resume=True,
                                     batch_size=args.batch_size, progress=not args.no_progress, report=report,
-                                    resources=resources, pass_options={"recall_prefixes": prefixes})
+                                    resources=resources, pass_options={"recall_prefixes": prefixes,
+                                                  "samia": {"n_samples": args.samia_samples}})
         seconds = time.perf_counter() - t0
         if group not in cost or any(c.get("computed") for c in report.values()):  # timed only when it ran whole
             if all(c.get("reused", 0) == 0 for c in report.values()):
@@ -130,7 +136,9 @@ def run(args) -> Path:
         gz.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode("utf-8"))
     info = {"name": name, "model": loaded.name, "model_files": loaded.files, "ref_model": ref.name if ref else None,
             "n_texts": len(texts), "n_evaluated": len(ev), "n_shots_held_out": int(shot.sum()),
-            "shots_per_prefix": args.n_shots, "seed": args.seed, "methods": methods, "command": " ".join(sys.argv),
+            "shots_per_prefix": args.n_shots, "seed": args.seed,
+            "n_neighbors": args.n_neighbors, "samia_samples": args.samia_samples, "methods": methods,
+            "command": " ".join(sys.argv),
             "recall_prefixes": rc.prefix_digest(prefixes)}
     (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
     return out
@@ -179,7 +187,9 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
     avg = " (mean over datasets, resampled within each)" if several else ""
     text = [f"## {info['name']}: {info['model']}\n",
             f"{info['n_evaluated']} texts evaluated ({info['n_shots_held_out']} held out as ReCaLL shots, "
-            f"{info['shots_per_prefix']} per prefix). AUROC and TPR@5%FPR{avg} with 95% bootstrap intervals; the last "
+            f"{info['shots_per_prefix']} per prefix; Neighbor with {info.get('n_neighbors', 10)} neighbours, SaMIA "
+            f"with {info.get('samia_samples', 10)} sampled continuations per text). AUROC and TPR@5%FPR{avg} with 95% "
+            "bootstrap intervals; the last "
             f"column is the paired bootstrap of the method minus Min-K%++ (k=20%) on the same examples.\n",
             markdown(["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "vs Min-K%++ (AUROC)", "NaN"], table),
             "\nCost on this machine (each group timed alone, its main pass included, compilation included; the "
@@ -188,8 +198,41 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
                      [[", ".join(c["methods"]), f"{c['forward_per_text']:g}",
                        f"{c['backward_per_text']:g}", f"{c['seconds']:.1f}", str(c["tokens"]),
                        f"{c['tokens_per_second']:.0f}"] for g, c in cost.items()]),
+            di_section(rows, info["methods"], seed),
             f"\nRebuild: `python scripts/detectors.py --from {folder}`; made by `{info['command']}`.\n"]
     return "\n".join(text)
+
+
+def di_section(rows, methods, seed: int) -> str:
+    """Dataset inference (Maini et al. 2024) per dataset from the per-example scores: the members against the
+    non-members of the same dataset, and two random halves of the non-members against each other (the test must not
+    reject there). Features: every single-pass method of the run (one forward pass); split seed ``seed``."""
+    from mia_jax.dataset_inference import dataset_inference
+
+    feats = [m for m in methods if m.split("@")[0] in REGISTRY]
+    table = []
+    for group in sorted({r["dataset"] for r in rows}):
+        g = [r for r in rows if r["dataset"] == group]
+        x = np.stack([_vec(g, m) for m in feats], 1)
+        y = np.array([r["label"] for r in g])
+        mem, non = x[y == 1], x[y == 0]
+        half = np.random.default_rng(seed).permutation(len(non))
+        a, b = non[half[: len(non) // 2]], non[half[len(non) // 2:]]
+        for what, s, v in (("members vs non-members", mem, non), ("non-members vs non-members", a, b)):
+            try:
+                res = dataset_inference(s, v, feats, seed=seed)
+            except UserError as e:
+                table.append([group, what, f"{len(s)} / {len(v)}", "n/a", "n/a", str(e)])
+                continue
+            verdict = "rejects (p < 0.05)" if res.p_value < 0.05 else "does not reject"
+            table.append([group, what, f"{res.n_suspect} / {res.n_validation}", f"{res.t_statistic:.2f}",
+                          f"{res.p_value:.3g}", verdict])
+    return "\n".join([
+        f"\nDataset inference (Maini et al. 2024; `mia_jax.dataset_inference`): a logistic regression on the "
+        f"{len(feats)} single-pass scores fitted on half of each set, one-sided Welch t-test on the held-out halves "
+        f"(seed {seed}, chosen before the run). The second row of each dataset splits its non-members in two random "
+        "halves: a valid test does not reject there.\n",
+        markdown(["Dataset", "Suspect vs validation", "Held-out texts", "t", "p-value", "At 0.05"], table)])
 
 
 def main(argv=None) -> int:
@@ -205,6 +248,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n-shots", type=int, default=5, help="shots per ReCaLL prefix")
     ap.add_argument("--skip", nargs="*", default=[], help="methods to leave out")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-neighbors", type=int, default=10, help="neighbours per text of 'neighbor' (default 10)")
+    ap.add_argument("--samia-samples", type=int, default=10, help="sampled continuations per text of SaMIA (10)")
     ap.add_argument("--limit", type=int, help="only N texts (half of each label): a smoke test")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--n-bootstrap", type=int, default=1000)
