@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from mia_jax import blind, dataset_inference, freq, resources, rundir
+from mia_jax.audits import concat
 from mia_jax.errors import UserError
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
@@ -31,8 +32,11 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
     src = p.add_mutually_exclusive_group(required=not labeled)
     src.add_argument("--data", help="a .jsonl / .csv / .tsv / .parquet file")
     if labeled:
-        src.add_argument("--benchmark", choices=["wikimia", "mimir"], help="a benchmark (default: wikimia)")
-        p.add_argument("--length", type=int, default=32, help="WikiMIA text length: 32, 64, 128 or 256")
+        src.add_argument("--benchmark", choices=["wikimia", "wikimia-concat", "mimir"],
+                         help="a benchmark (default: wikimia; wikimia-concat: Min-K%%++ section 4.4, non-member + "
+                              "member WikiMIA texts of 32 / 64 / 128 words, scored per --window)")
+        p.add_argument("--length", type=int, default=32,
+                       help="WikiMIA text length: 32, 64, 128 or 256 (wikimia-concat draws 32, 64, 128)")
         p.add_argument("--domain", default="wikipedia_en", help="MIMIR domain (arxiv, github, pile_cc, ...)")
         p.add_argument("--data-dir", help="MIMIR ngram_7_0.2 folder (default: $MIA_JAX_MIMIR or "
                                           "../shared/data/mimir/ngram_7_0.2)")
@@ -87,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     freq.add_parser(sub)
     dataset_inference.add_parser(sub)
+    concat.add_parsers(sub)
     return parser
 
 
@@ -95,6 +100,11 @@ def _load_data(args, labeled: bool):
 
     if labeled and args.benchmark == "mimir":
         ds = data.mimir(args.domain, args.data_dir)
+    elif labeled and args.benchmark == "wikimia-concat":
+        if args.window is None:
+            raise UserError("--benchmark wikimia-concat is evaluated per window: add --window 32 (the paper's)")
+        ds = concat.wikimia_concat()
+        ds.extra = {args.member_from_field: ds.extra["member_from"]}
     elif labeled and not args.data:
         ds = data.wikimia(args.length)
     else:
@@ -442,6 +452,8 @@ def main(argv=None) -> int:
             freq.command(args)
         elif args.command == "dataset-inference":
             dataset_inference.command(args)
+        elif args.command in ("concat", "window-metrics"):
+            concat.command(args)
         else:
             run(args, labeled=args.command == "eval")
     except UserError as e:

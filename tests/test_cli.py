@@ -152,3 +152,11 @@ def test_blind_baseline_is_reported_beside_the_detectors(tiny_llama_dir, labeled
     assert summary["blind_bow"]["auroc"] == pytest.approx(roc_auc_score(labels, blind_scores), abs=1e-12)
     assert "Blind baseline" in (out / "summary.md").read_text()
     assert json.loads((out / "run.json").read_text())["blind_baseline"]["auroc"] == summary["blind_bow"]["auroc"]
+
+
+def test_wikimia_concat_needs_a_window(tiny_llama_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["eval", "--benchmark", "wikimia-concat", "--model", str(tiny_llama_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "add --window" in err[0]
+    assert not out.exists()
