@@ -25,11 +25,11 @@ setup(
         "pyyaml==6.0.3",
         "tqdm==4.70.1",
         "matplotlib==3.11.2",
+        "rouge-score==0.1.2",
     ],
     extras_require={
         # torch is the CPU build (pip install torch==2.13.0 finds the local CPU wheel here)
-        "test": ["pytest==9.2.0", "hypothesis==6.170.15", "torch==2.13.0", "transformers==5.23.0", "ruff==0.17.6",
-                 "rouge-score==0.1.2"],
+        "test": ["pytest==9.2.0", "hypothesis==6.170.15", "torch==2.13.0", "transformers==5.23.0", "ruff==0.17.6"],
     },
     entry_points={"console_scripts": ["mia-jax=mia_jax.cli:main"]},
 )

@@ -2,6 +2,7 @@
 ``CI=true``, a missing test dependency fails the run instead of skipping (``MissingDependencyFails``)."""
 import os
 import re
+import signal
 
 import pytest
 from helpers import write_tiny_llama
@@ -48,6 +49,10 @@ class MissingDependencyFails:
 
 def pytest_configure(config):
     config.pluginmanager.register(MissingDependencyFails(), "mia-jax-missing-dependency-fails")
+    # A suite started in the background (nohup, `cmd &` in a script) inherits SIGINT ignored, and so would every
+    # subprocess it starts: the Ctrl-C tests would then send signals that nobody receives. Python's own handler here
+    # (not inherited across exec: the children start with the default action and install theirs).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 

@@ -1,0 +1,298 @@
+"""mia_jax.audits.unlearning (Shi et al. 2023 section 7): chunking, the ratio window on hand-made scores (boundaries,
+signs) against a float64 log-space reference, ROUGE-L against an LCS by hand and rouge-score, the sentence encoder
+against transformers + torch, and `mia-jax audit-unlearning` end to end with two tiny models."""
+import csv
+import json
+
+import numpy as np
+import pytest
+from helpers import write_tiny_llama, write_tiny_mlm
+
+from mia_jax import cli
+from mia_jax.audits import unlearning as U
+from mia_jax.data import wikimia
+from mia_jax.errors import UserError
+from mia_jax.models.sentence import SentenceEncoder
+
+# ----------------------------------------------------------------------------- chunking
+
+
+def test_chunk_words_by_hand():
+    text = " ".join(f"w{i}" for i in range(10))
+    assert U.chunk_words(text, 4, 2) == (["w0 w1 w2 w3", "w4 w5 w6 w7", "w8 w9"], 0)
+    assert U.chunk_words(text, 4, 3) == (["w0 w1 w2 w3", "w4 w5 w6 w7"], 2)  # the 2-word tail: dropped, counted
+    assert U.chunk_words(text, 5, 5) == (["w0 w1 w2 w3 w4", "w5 w6 w7 w8 w9"], 0)
+    assert U.chunk_words(text, 512, 10) == ([text], 0)  # shorter than a chunk, kept whole
+    assert U.chunk_words(text, 512, 32) == ([], 10)  # too short: a counted skip
+    assert U.chunk_words("  \n ", 4, 1) == ([], 0)
+    # verbatim: inner whitespace and line breaks stay, outer whitespace goes
+    assert U.chunk_words("  a  b\nc d\n\ne f ", 3, 1) == (["a  b\nc", "d\n\ne f"], 0)
+    with pytest.raises(UserError):
+        U.chunk_words(text, 0, 1)
+
+
+def test_make_chunks_counts():
+    texts = [" ".join(["x"] * 10), "too short", " ".join(["y"] * 7)]
+    chunks, counts = U.make_chunks(texts, 4, 3)
+    assert [(c.source, c.position, c.word_offset, c.n_words) for c in chunks] == [
+        (0, 0, 0, 4), (0, 1, 4, 4), (2, 0, 0, 4), (2, 1, 4, 3)]
+    assert counts == {"texts": 3, "texts_too_short": 1, "tails_dropped": 1, "words_dropped": 4, "chunks": 4}
+
+
+def test_split_prompt():
+    assert U.split_prompt("a b\nc  d e", 3) == ("a b\nc", "d e")
+    assert U.split_prompt("a b c", 3) == ("a b c", "")
+
+
+# ----------------------------------------------------------------------------- the ratio window
+
+
+def test_ratio_window_by_hand():
+    # mia_jax scores (higher = member): Min-K% is a mean log-prob (negative), ppl is minus the perplexity
+    orig = np.array([-2.0, -2.0, -1.0, -1.15, -1.0, -3.0, -1.0, 0.5, np.nan, -2.0, 0.0])
+    unl = np.array([-2.2, -1.8, -1.15, -1.0, -1.0, -6.0, -1.14999, -1.0, -1.0, np.inf, -1.0])
+    ratios, flags = U.ratio_flags(orig, unl, 1.15)
+    np.testing.assert_allclose(ratios[:7], [1.1, 0.9, 1.15, 1 / 1.15, 1.0, 2.0, 1.14999], rtol=1e-15)
+    # 1.15 and 1/1.15 exactly are outside the open window; a positive score (q < 0), NaN, inf or q = 0: undefined
+    assert flags.tolist() == [True, True, False, False, True, False, True, False, False, False, False]
+    assert np.isnan(ratios[7:]).all()
+    # the ratio is q(unlearned) / q(original) on the paper's positive quantity, the same as of the raw scores
+    np.testing.assert_allclose(U.score_ratio([-4.0], [-5.0]), [1.25])
+    for bad in (1.0, 0.5, float("nan")):
+        with pytest.raises(UserError, match="r > 1"):
+            U.ratio_flags(orig, unl, bad)
+
+
+def test_ratio_window_matches_a_log_space_reference():
+    rng = np.random.default_rng(0)
+    q_o = rng.lognormal(1.0, 1.0, 5000)
+    q_u = q_o * np.exp(rng.normal(0, 0.2, 5000))
+    for r in (1.05, 1.15, 2.0):
+        ratios, flags = U.ratio_flags(-q_o, -q_u, r)
+        log_ratio = np.log(q_u) - np.log(q_o)
+        far = np.abs(np.abs(log_ratio) - np.log(r)) > 1e-12  # away from the boundary
+        assert far.sum() > 4900
+        np.testing.assert_array_equal(flags[far], (np.abs(log_ratio) < np.log(r))[far])
+        np.testing.assert_allclose(np.log(ratios), log_ratio, atol=1e-12)
+        assert 0 < flags.sum() < len(flags)
+
+
+# ----------------------------------------------------------------------------- ROUGE-L
+
+
+def lcs(a, b) -> int:
+    table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            table[i + 1][j + 1] = table[i][j] + 1 if x == y else max(table[i][j + 1], table[i + 1][j])
+    return table[-1][-1]
+
+
+def test_rouge_l_by_hand():
+    from rouge_score import rouge_scorer
+
+    ref = "The cat sat on the mat."
+    cands = ["the cat on a mat", "", "mat the on sat cat The", ref, "dog"]
+    # LCS: "the cat on mat" = 4 of 5 candidate and 6 reference words
+    p, r = 4 / 5, 4 / 6
+    f = U.rouge_l(cands, ref)
+    assert f[0] == pytest.approx(2 * p * r / (p + r), abs=1e-12) and f[1] == 0 and f[3] == 1 and f[4] == 0
+    assert U.rouge_l(cands[:1], ref, "recall")[0] == pytest.approx(r, abs=1e-12)
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    np.testing.assert_allclose(f, [scorer.score(ref, c)["rougeL"].fmeasure for c in cands], atol=0)
+    rng = np.random.default_rng(1)
+    vocab = [f"w{i}" for i in range(6)]
+    for _ in range(30):
+        a, b = rng.choice(vocab, rng.integers(1, 15)).tolist(), rng.choice(vocab, rng.integers(1, 15)).tolist()
+        n = lcs(a, b)
+        pr, rc = n / len(a), n / len(b)
+        want = 0.0 if n == 0 else 2 * pr * rc / (pr + rc)
+        assert U.rouge_l([" ".join(a)], " ".join(b))[0] == pytest.approx(want, abs=1e-12)
+
+
+def test_options_are_checked():
+    ok = dict(chunk_words=512, min_words=32, k=0.2, ratio=1.15, max_probe=50, prompt_words=200, n_samples=20,
+              max_new_tokens=None, temperature=1.0, top_k=None, batch_size=8)
+    U.check_options(**ok)
+    for change, match in [(dict(ratio=1.0), "--ratio"), (dict(min_words=600), "--min-words"), (dict(k=0), "--k"),
+                          (dict(prompt_words=512), "--prompt-words"), (dict(n_samples=0), "--n-samples"),
+                          (dict(max_probe=-1), "--max-probe"), (dict(temperature=-1.0), "temperature")]:
+        with pytest.raises(UserError, match=match):
+            U.check_options(**{**ok, **change})
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def run_cli(argv) -> int:
+    return cli.main(argv)
+
+
+@pytest.fixture(scope="module")
+def forget_set(tmp_path_factory):
+    path = tmp_path_factory.mktemp("forget") / "forget.jsonl"
+    texts = wikimia(64).texts[:3] + ["far too short"]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    qa = path.with_name("qa.jsonl")
+    qa.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"question": "Who wrote the novel?", "answer": "the author"},
+        {"question": "Where was the city founded?", "answer": "on the river bank"}]))
+    return path, qa
+
+
+ARGS = ["--chunk-words", "16", "--min-words", "6", "--prompt-words", "6", "--n-samples", "3", "--max-probe", "2",
+        "--max-new-tokens", "8", "--no-progress"]
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_command_two_models(tiny_llama_dir, forget_set, tmp_path, capsys):
+    other = tmp_path / "unlearned"
+    write_tiny_llama(other, seed=1)
+    texts, qa = forget_set
+    out = tmp_path / "audit"
+    argv = ["audit-unlearning", "--original", str(tiny_llama_dir), "--unlearned", str(other), "--texts", str(texts),
+            "--out", str(out), "--qa", str(qa), *ARGS]
+    assert run_cli(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("## Unlearning audit")
+    for name in ("unlearning.md", "unlearning.json", "chunks.csv", "ratios.png", "probes.jsonl",
+                 "original/results.jsonl", "unlearned/results.jsonl"):
+        assert (out / name).is_file(), name
+    saved = json.loads((out / "unlearning.json").read_text())
+    rows = read_csv(out / "chunks.csv")
+    c = saved["counts"]
+    assert len(rows) == c["chunks"] == 12 and c["texts"] == 4 and c["texts_too_short"] == 1  # 3 x 64 words / 16
+    assert [int(r["source_text"]) for r in rows] == [0] * 4 + [1] * 4 + [2] * 4
+    nll = {side: np.array([float(r[f"min_k_nll_{side}"]) for r in rows]) for side in U.SIDES}
+    assert (nll["original"] > 0).all() and not np.allclose(nll["original"], nll["unlearned"])
+    ratio = np.array([float(r["min_k_ratio"]) for r in rows])
+    np.testing.assert_allclose(ratio, nll["unlearned"] / nll["original"], rtol=1e-12)
+    flagged = (ratio > 1 / 1.15) & (ratio < 1.15)
+    assert [r["min_k_flagged"] == "True" for r in rows] == flagged.tolist()
+    assert c["flagged_min_k"] == flagged.sum() == len(saved["flagged_min_k"])
+    assert c["flagged_ppl"] == sum(r["ppl_flagged"] == "True" for r in rows)
+    # the runs' own records hold the same scores (mia_jax orientation: minus the NLL)
+    recs = [json.loads(line) for line in (out / "original" / "results.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose([-r["scores"]["min_k@0.2"] for r in recs], nll["original"], rtol=1e-12)
+    assert c["probed"] == min(2, flagged.sum()) == len(saved["probes"])
+    for p in saved["probes"]:
+        assert 0 <= p["rougeL_original"]["mean"] <= p["rougeL_original"]["max"] <= 1
+    assert saved["qa"]["n"] == 2 and len(saved["qa"]["questions"]) == 2
+    assert saved["config"]["same_tokenizer"]  # the same tokenizer, another seed's weights
+
+
+def test_same_model_flags_every_chunk(tiny_llama_dir, forget_set, tmp_path, capsys):
+    texts, _ = forget_set
+    out = tmp_path / "same"
+    write_tiny_mlm(tmp_path / "encoder")  # a BertForMaskedLM folder: its encoder serves as a sentence encoder
+    argv = ["audit-unlearning", "--original", str(tiny_llama_dir), "--unlearned", str(tiny_llama_dir),
+            "--texts", str(texts), "--out", str(out), "--embed-model", str(tmp_path / "encoder"), *ARGS]
+    assert run_cli(argv) == 0
+    saved = json.loads((out / "unlearning.json").read_text())
+    rows = read_csv(out / "chunks.csv")
+    assert all(float(r["min_k_ratio"]) == 1.0 and float(r["ppl_ratio"]) == 1.0 for r in rows)
+    assert saved["counts"]["flagged_min_k"] == saved["counts"]["flagged_ppl"] == 12
+    # the two models draw with the same keys: the same samples, the same ROUGE-L
+    probes = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
+    assert len(probes) == 2
+    for p in probes:
+        assert p["samples"]["original"] == p["samples"]["unlearned"] and len(p["samples"]["original"]) == 3
+        assert p["rougeL_original"] == p["rougeL_unlearned"]
+        assert p["rougeL_original"]["max"] == pytest.approx(max(U.rouge_l(p["samples"]["original"],
+                                                                          p["reference"])))
+        enc = SentenceEncoder(tmp_path / "encoder")
+        cos = enc.embed(p["samples"]["original"]).astype(np.float64) @ enc.embed([p["reference"]])[0]
+        assert p["embed_original"] == p["embed_unlearned"]
+        assert p["embed_original"]["max"] == pytest.approx(cos.max(), abs=1e-5)
+        assert p["embed_original"]["mean"] == pytest.approx(cos.mean(), abs=1e-5)
+    md = (out / "unlearning.md").read_text()
+    assert "Story completion on 2 flagged chunks" in md and "Cos max orig" in md
+    # again: both runs resume, same outputs
+    capsys.readouterr()
+    assert run_cli(argv) == 0
+    assert "resuming the original run" in capsys.readouterr().err
+    assert read_csv(out / "chunks.csv") == rows
+
+
+def test_different_tokenizers_are_noted(tiny_llama_dir, forget_set, tmp_path, capsys):
+    other = tmp_path / "other_vocab"
+    write_tiny_llama(other, seed=2, vocab_size=288)
+    texts, _ = forget_set
+    out = tmp_path / "tok"
+    assert run_cli(["audit-unlearning", "--original", str(tiny_llama_dir), "--unlearned", str(other), "--texts",
+                    str(texts), "--out", str(out), *ARGS, "--max-probe", "0"]) == 0
+    assert "tokenize differently" in capsys.readouterr().out
+    saved = json.loads((out / "unlearning.json").read_text())
+    assert not saved["config"]["same_tokenizer"] and saved["counts"]["probed"] == 0
+    assert np.isfinite([float(r["min_k_ratio"]) for r in read_csv(out / "chunks.csv")]).all()
+
+
+def test_bad_input_writes_nothing(tiny_llama_dir, forget_set, tmp_path, capsys):
+    texts, qa = forget_set
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"text": "only five words in here"}) + "\n")
+    bad_qa = tmp_path / "bad_qa.jsonl"
+    bad_qa.write_text(json.dumps({"question": "why?"}) + "\n")
+    m = str(tiny_llama_dir)
+    out = tmp_path / "o"
+    base = ["audit-unlearning", "--original", m, "--unlearned", m, "--out", str(out)]
+    cases = [
+        (["--texts", str(tmp_path / "missing.jsonl")], "data file not found"),
+        (["--texts", str(texts), "--ratio", "1.0"], "--ratio must be a number above 1"),
+        (["--texts", str(texts), "--ratio", "0.87"], "--ratio must be a number above 1"),
+        (["--texts", str(short)], "no chunks"),
+        (["--texts", str(texts), "--qa", str(bad_qa)], "has no 'question' or no 'answer'"),
+        (["--texts", str(texts), "--unlearned", str(tmp_path / "nope")], "nope"),
+        (["--texts", str(texts), "--embed-model", str(tmp_path / "nope")], "not a sentence-transformers folder"),
+    ]
+    for extra, message in cases:
+        assert run_cli([*base, *extra, "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (extra, err)
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- the sentence encoder
+
+
+@pytest.mark.parity
+def test_sentence_encoder_matches_transformers(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from helpers import hf_config, tiny_mlm_tokenizer
+
+    tok = tiny_mlm_tokenizer("bert")
+    cfg = hf_config("bert", tok.get_vocab_size())
+    torch.manual_seed(0)
+    ref = transformers.BertModel(transformers.BertConfig(**{k: v for k, v in cfg.items() if k != "model_type"}))
+    ref = ref.eval()
+    with torch.no_grad():
+        for _, p in ref.named_parameters():
+            p.copy_(p + 0.1 * torch.randn_like(p) if p.ndim == 1 else 0.08 * torch.randn_like(p))
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 24}))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True,
+                                                                     "pooling_mode_cls_token": False}))
+    texts = ["The cat sat on the mat.", "A much longer sentence about the history of the city, its people, its "
+             "rivers and its many bridges, longer than the maximum sequence length.", ""]
+    enc = SentenceEncoder(tmp_path)
+    got = enc.embed(texts, batch_size=2)
+    ids = [e.ids for e in enc.tokenizer.encode_batch(texts)]
+    assert max(map(len, ids)) == 24  # truncated to max_seq_length, [SEP] kept
+    want = []
+    with torch.no_grad():
+        for row in ids:  # one text at a time: no padding in the reference
+            h = ref(input_ids=torch.tensor([row])).last_hidden_state[0].double()
+            v = h.mean(0)
+            want.append((v / v.norm()).numpy())
+    np.testing.assert_allclose(got, np.array(want), atol=2e-5)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    with pytest.raises(UserError, match="only mean pooling"):
+        SentenceEncoder(tmp_path)
