@@ -255,10 +255,13 @@ def main(argv=None) -> int:
     ap.add_argument("--n-bootstrap", type=int, default=1000)
     ap.add_argument("--out", help="output folder")
     ap.add_argument("--md", type=Path, help="with --from: write the report there")
+    ap.add_argument("--header", type=Path, help="with --from: a markdown file put before the sections")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.src:
         text = "\n".join(section(f, args.n_bootstrap) for f in args.src)
+        if args.header:
+            text = args.header.read_text(encoding="utf-8").rstrip() + "\n\n" + text
         if args.md:
             args.md.write_text(text)
         print(text)
