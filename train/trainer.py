@@ -117,6 +117,26 @@ def _manager(workdir: Path, cfg: TrainConfig) -> ocp.CheckpointManager:
         item_names=("state", "meta"))
 
 
+def _settle(folder: Path, quiet_s: float = 1.0, limit_s: float = 60.0) -> None:
+    """Wait until nothing under ``folder``'s unfinished (``*-tmp``) checkpoint folders changes for ``quiet_s``.
+
+    When one item of a checkpoint fails (a full disk while writing ``meta``), Orbax raises at once while the other
+    item's array writes go on in its threads; a process that then dies stops them, but a caller that resumes in the
+    same process would race them (Orbax's clean-up of the unfinished folder fails with "Directory not empty")."""
+    def snapshot():
+        try:
+            return sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns)
+                          for tmp in folder.glob("*-tmp*") for p in tmp.rglob("*"))
+        except FileNotFoundError:  # a file went away while listing: still changing
+            return None
+    end, last, quiet_since = time.monotonic() + limit_s, snapshot(), time.monotonic()
+    while time.monotonic() < end and time.monotonic() - quiet_since < quiet_s:
+        time.sleep(0.1)
+        now = snapshot()
+        if now != last or now is None:
+            last, quiet_since = now, time.monotonic()
+
+
 def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | Path, run_fingerprint: dict,
           on_step: Callable[[int], None] | None = None, mesh: Mesh | None = None) -> TrainResult:
     """Train ``model``'s parameters for ``batches.total_steps`` steps, resuming from ``workdir`` when it holds a
@@ -182,11 +202,15 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
         bar.set_postfix(loss=f"{metrics[-1]['loss']:.4f}", tok_s=f"{tokens_timed / seconds:.0f}" if seconds else "-")
         bar.update(1)
         if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
-            mngr.save(step + 1, args=ocp.args.Composite(
-                state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-                meta=ocp.args.JsonSave({"metrics": metrics, "fingerprint": run_fingerprint,
-                                        "mesh": sharding.mesh_str(mesh)})))
-            mngr.wait_until_finished()
+            try:
+                mngr.save(step + 1, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+                    meta=ocp.args.JsonSave({"metrics": metrics, "fingerprint": run_fingerprint,
+                                            "mesh": sharding.mesh_str(mesh)})))
+                mngr.wait_until_finished()
+            except BaseException:
+                _settle(workdir / "checkpoints")
+                raise
         if on_step is not None:
             on_step(step + 1)
         rundir.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here
