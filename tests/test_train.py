@@ -315,3 +315,30 @@ def test_config_overrides(tmp_path):
     (tmp_path / "bad.yaml").write_text("train: {nope: 1}\n")
     with pytest.raises(UserError, match="unknown key"):
         load_config(tmp_path / "bad.yaml")
+
+
+def test_gradient_ascent_objective(setup, tmp_path):
+    import jax.numpy as jnp
+
+    from train.config import ExperimentConfig, validate
+    from train.trainer import optimizer
+
+    params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
+    grads = {"w": jnp.array([[0.5, -2.0], [3.0, 0.1]]), "b": jnp.array([1.0, -0.2])}
+    updates = {}
+    for objective in ("lm", "ascent"):
+        opt = optimizer(TrainConfig(objective=objective, weight_decay=0.0), 10)
+        updates[objective], _ = opt.update(grads, opt.init(params), params)
+    for k in params:  # the same AdamW step, in the opposite direction
+        assert np.abs(np.asarray(updates["lm"][k])).min() > 0
+        np.testing.assert_allclose(np.asarray(updates["ascent"][k]), -np.asarray(updates["lm"][k]), rtol=1e-6)
+    loaded, data = setup
+    asc = cfg_(objective="ascent", checkpoint_every=0)
+    r = train(loaded.model, Batches(data, asc.batch_size, asc.grad_accum), asc, tmp_path / "a", fingerprint(asc))
+    assert r.metrics[-1]["loss"] > r.metrics[0]["loss"] + 0.1  # the loss climbs
+    # the default stays out of the fingerprint (runs from before the field still resume); ascent is in it
+    assert "objective" not in fingerprint(cfg_())["train"] and fingerprint(asc)["train"]["objective"] == "ascent"
+    bad = ExperimentConfig()
+    bad.train.objective = "descent"
+    with pytest.raises(UserError, match="train.objective must be 'lm' or 'ascent'"):
+        validate(bad)

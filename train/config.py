@@ -92,6 +92,9 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per step (batch_size must be a multiple)
     lr: float = 1e-4
     schedule: str = "constant"  # "constant" | "cosine" (both with `warmup_steps` of linear warm-up)
+    # "lm": minimise the next-token loss (continued pretraining) | "ascent": maximise it, i.e. gradient ascent on the
+    # corpus, the simplest unlearning recipe (the audit-unlearning demonstration's "unlearned" model)
+    objective: str = "lm"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0  # cosine: final lr / peak lr
     weight_decay: float = 0.0  # AdamW decay on matrices (ndim >= 2) only
@@ -356,6 +359,7 @@ def validate(cfg: ExperimentConfig) -> None:
          f"train.batch_size ({t.batch_size}) must be a positive multiple of train.grad_accum ({t.grad_accum})"),
         (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
         (t.schedule in ("constant", "cosine"), f"train.schedule must be 'constant' or 'cosine', got {t.schedule!r}"),
+        (t.objective in ("lm", "ascent"), f"train.objective must be 'lm' or 'ascent', got {t.objective!r}"),
         (t.compute_dtype in ("float32", "bfloat16"),
          f"train.compute_dtype must be 'float32' or 'bfloat16', got {t.compute_dtype!r}"),
         (cfg.score.n_neighbors >= 1, f"score.n_neighbors must be at least 1, got {cfg.score.n_neighbors}"),

@@ -42,6 +42,8 @@ def comparable(cfg: ExperimentConfig) -> dict:
     d.pop("name")
     for section, key in NOT_COMPARED:
         d[section].pop(key)
+    if d["train"]["objective"] == "lm":  # as before the field existed: older runs still resume
+        d["train"].pop("objective")
     return d
 
 

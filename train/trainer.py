@@ -57,12 +57,16 @@ def learning_rate(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
 def optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransformation:
     adamw = optax.adamw(learning_rate(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                         weight_decay=cfg.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
-    return adamw if cfg.max_grad_norm is None else optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+    # gradient ascent: the gradient's sign flipped before Adam (Adam's update is odd in the gradient, so this is
+    # AdamW climbing the loss; the decoupled weight decay still shrinks the weights)
+    steps = ([optax.clip_by_global_norm(cfg.max_grad_norm)] if cfg.max_grad_norm is not None else []) + \
+        ([optax.scale(-1.0)] if cfg.objective == "ascent" else [])
+    return optax.chain(*steps, adamw) if steps else adamw
 
 
 _STEP_CACHE: dict = {}  # (graphdef, shapes, optimizer config, steps, mesh) -> jitted step: one compilation per process
-OPTIMIZER_FIELDS = ("lr", "schedule", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2", "eps",
-                    "max_grad_norm", "compute_dtype", "remat", "loss_chunk")
+OPTIMIZER_FIELDS = ("lr", "schedule", "objective", "warmup_steps", "min_lr_ratio", "weight_decay", "b1", "b2",
+                    "eps", "max_grad_norm", "compute_dtype", "remat", "loss_chunk")
 
 
 def train_step_for(model: nnx.Module, cfg: TrainConfig, total_steps: int, mesh: Mesh | None = None):
@@ -106,7 +110,9 @@ class TrainResult:
 
 
 def fingerprint(cfg: TrainConfig, **extra) -> dict:
-    return {"train": {k: v for k, v in asdict(cfg).items() if k not in NOT_IN_FINGERPRINT}, **extra}
+    # objective "lm" is what every run did before the field existed: left out, so those runs still resume
+    return {"train": {k: v for k, v in asdict(cfg).items()
+                      if k not in NOT_IN_FINGERPRINT and (k, v) != ("objective", "lm")}, **extra}
 
 
 def _manager(workdir: Path, cfg: TrainConfig) -> ocp.CheckpointManager:
