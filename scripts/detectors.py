@@ -46,7 +46,7 @@ def load_eval(args) -> tuple[list[str], list[int], list[str], str]:
 
 
 def hold_out(labels, groups, per_cell: int, seed: int) -> np.ndarray:
-    """Boolean mask of the shots: ``per_cell`` texts of each (group, label), seeded."""
+    """Boolean mask of ``per_cell`` texts of each (group, label), seeded (the ReCaLL shots; the --per-cell sample)."""
     rng = np.random.default_rng(seed)
     shot = np.zeros(len(labels), bool)
     for cell in sorted(set(zip(groups, labels))):
@@ -87,11 +87,11 @@ def run(args) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     texts, labels, groups, name = load_eval(args)
-    if args.limit:  # a stratified smoke test: the first N of each label
-        keep = [i for y in (0, 1) for i in [j for j, lab in enumerate(labels) if lab == y][: args.limit // 2]]
-        texts, labels, groups = [texts[i] for i in keep], [labels[i] for i in keep], [groups[i] for i in keep]
     shot = hold_out(labels, groups, args.shots, args.seed)
     ev = [i for i in range(len(texts)) if not shot[i]]
+    if args.per_cell:  # a stratified sample of the rest: N of each (dataset, label), seeded; shots as without it
+        sub = hold_out([labels[i] for i in ev], [groups[i] for i in ev], args.per_cell, args.seed + 1)
+        ev = [i for i, keep in zip(ev, sub) if keep]
     e_texts, e_labels, e_groups = [texts[i] for i in ev], [labels[i] for i in ev], [groups[i] for i in ev]
     from mia_jax import neighbors as nb
 
@@ -136,6 +136,7 @@ def run(args) -> Path:
         gz.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode("utf-8"))
     info = {"name": name, "model": loaded.name, "model_files": loaded.files, "ref_model": ref.name if ref else None,
             "n_texts": len(texts), "n_evaluated": len(ev), "n_shots_held_out": int(shot.sum()),
+            "per_cell": args.per_cell,
             "shots_per_prefix": args.n_shots, "seed": args.seed,
             "n_neighbors": args.n_neighbors, "samia_samples": args.samia_samples, "methods": methods,
             "command": " ".join(sys.argv),
@@ -167,10 +168,14 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
     table = []
     for m in [*info["methods"], "blind"]:
         v = np.array([r["blind"] for r in rows]) if m == "blind" else _vec(rows, m)
-        if several:
-            res = metrics.evaluate_mean(labels, v, groups, n_bootstrap=n_bootstrap, seed=seed)
-        else:
-            res = metrics.evaluate(labels, v, n_bootstrap=n_bootstrap, seed=seed)
+        try:
+            if several:
+                res = metrics.evaluate_mean(labels, v, groups, n_bootstrap=n_bootstrap, seed=seed)
+            else:
+                res = metrics.evaluate(labels, v, n_bootstrap=n_bootstrap, seed=seed)
+        except ValueError as e:  # e.g. every text skipped (Lowercase on lower-case texts): a row saying so
+            table.append([m, f"n/a ({e})", "n/a", "n/a", str(int(np.isnan(v).sum()))])
+            continue
         if m == "blind" or m == BASELINE:
             vs = "—"
         else:
@@ -186,7 +191,9 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
                       _ci(res["tpr_at_5pct_fpr"], res.get("tpr_at_5pct_fpr_ci")), vs, str(res.get("n_nan", 0))])
     avg = " (mean over datasets, resampled within each)" if several else ""
     text = [f"## {info['name']}: {info['model']}\n",
-            f"{info['n_evaluated']} texts evaluated ({info['n_shots_held_out']} held out as ReCaLL shots, "
+            f"{info['n_evaluated']} texts evaluated"
+            + (f" (a seeded sample of {info['per_cell']} per dataset and label)" if info.get("per_cell") else "")
+            + f" ({info['n_shots_held_out']} held out as ReCaLL shots, "
             f"{info['shots_per_prefix']} per prefix; Neighbor with {info.get('n_neighbors', 10)} neighbours, SaMIA "
             f"with {info.get('samia_samples', 10)} sampled continuations per text). AUROC and TPR@5%FPR{avg} with 95% "
             "bootstrap intervals; the last "
@@ -250,7 +257,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-neighbors", type=int, default=10, help="neighbours per text of 'neighbor' (default 10)")
     ap.add_argument("--samia-samples", type=int, default=10, help="sampled continuations per text of SaMIA (10)")
-    ap.add_argument("--limit", type=int, help="only N texts (half of each label): a smoke test")
+    ap.add_argument("--per-cell", type=int, help="evaluate only N texts of each (dataset, label), a seeded sample "
+                                                 "(the shots are held out first, as without it)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--n-bootstrap", type=int, default=1000)
     ap.add_argument("--out", help="output folder")
