@@ -125,6 +125,39 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | N
         return _run(cfg, out, Path(cache) if cache is not None else out, on_step)
 
 
+def train_and_export(base, data, tcfg, sep: int, out: Path, *, on_step=None, mesh=None) -> dict:
+    """Train ``base`` on the packed ``data`` (train config ``tcfg``; checkpoints in ``out/train``, resumed when the
+    run is the same) and export the result to ``out/model`` (Hugging Face layout); a finished run with the same
+    fingerprint is not trained again. Returns the training summary (steps, tokens, losses, tokens/s)."""
+    from mia_jax import sharding
+    from train.data import Batches
+    from train.export import save_hf
+    from train.trainer import apply_params, fingerprint, train
+
+    main = sharding.is_main_process()
+    batches = Batches(data, tcfg.batch_size, tcfg.grad_accum, tcfg.epochs, tcfg.shuffle, tcfg.seed)
+    run_fp = fingerprint(tcfg, model_files=base.files, data=data.digest(), separator=sep)
+    done_path = out / "train" / "done.json"
+    model_dir = out / "model"
+    if done_path.exists() and json.loads(done_path.read_text()).get("fingerprint") == run_fp and \
+            (model_dir / "config.json").exists():
+        return json.loads(done_path.read_text())["train"]
+    t0 = time.perf_counter()
+    result = train(base.model, batches, tcfg, out / "train", run_fp, on_step=on_step, mesh=mesh)
+    trained_model = apply_params(base.model, result.params)
+    if main:
+        save_hf(model_dir, trained_model, base.tokenizer)
+    train_info = {"steps": result.steps, "tokens": int(sum(m["tokens"] for m in result.metrics)),
+                  "sequences": data.n_sequences, "tokens_per_second": result.tokens_per_second,
+                  "seconds": time.perf_counter() - t0, "resumed_from": result.resumed_from,
+                  "first_loss": result.metrics[0]["loss"], "final_loss": result.metrics[-1]["loss"]}
+    if main:
+        done_path.write_text(json.dumps({"fingerprint": run_fp, "train": train_info}, indent=2) + "\n")
+    del trained_model
+    sharding.sync("model exported")
+    return train_info
+
+
 def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
     import jax
 
@@ -132,9 +165,7 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
     from mia_jax.scorers import expand_methods
     from train import tables
     from train.corpus import build_corpus
-    from train.data import Batches, pack, separator_id
-    from train.export import save_hf
-    from train.trainer import apply_params, fingerprint, train
+    from train.data import pack, separator_id
 
     timings = {}
     methods = expand_methods(cfg.score.methods, cfg.score.k)
@@ -175,33 +206,12 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
                          neighbors=generator)
     timings["score_base_s"] = time.perf_counter() - t0
 
-    batches = Batches(data, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.epochs, cfg.train.shuffle,
-                      cfg.train.seed)
-    run_fp = fingerprint(cfg.train, model_files=base.files, data=data.digest(), separator=sep)
-    done_path = out / "train" / "done.json"
-    model_dir = out / "model"
-    if done_path.exists() and json.loads(done_path.read_text()).get("fingerprint") == run_fp and \
-            (model_dir / "config.json").exists():
-        train_info = json.loads(done_path.read_text())["train"]
-    else:
-        t0 = time.perf_counter()
-        result = train(base.model, batches, cfg.train, out / "train", run_fp, on_step=on_step, mesh=mesh)
-        trained_model = apply_params(base.model, result.params)
-        if main:
-            save_hf(model_dir, trained_model, base.tokenizer)
-        train_info = {"steps": result.steps, "tokens": int(sum(m["tokens"] for m in result.metrics)),
-                      "sequences": data.n_sequences, "tokens_per_second": result.tokens_per_second,
-                      "seconds": time.perf_counter() - t0, "resumed_from": result.resumed_from,
-                      "first_loss": result.metrics[0]["loss"], "final_loss": result.metrics[-1]["loss"]}
-        if main:
-            done_path.write_text(json.dumps({"fingerprint": run_fp, "train": train_info}, indent=2) + "\n")
-        del trained_model
-        sharding.sync("model exported")
+    train_info = train_and_export(base, data, cfg.train, sep, out, on_step=on_step, mesh=mesh)
     _log(f"training: {train_info['steps']} steps, loss {train_info['first_loss']:.3f} -> "
          f"{train_info['final_loss']:.3f}, {train_info['tokens_per_second'] or 0:.0f} tokens/s")
 
     t0 = time.perf_counter()
-    trained = load(str(model_dir))
+    trained = load(str(out / "model"))
     trained_records = score(trained, texts, labels, methods, out / "scores" / "trained", cfg, ref=base,
                             report=scoring["trained"], mesh=scoring_mesh, neighbors=generator)
     timings["score_trained_s"] = time.perf_counter() - t0

@@ -1,0 +1,97 @@
+"""Continued pretraining of a model on your own texts, exported in the Hugging Face layout: the recipe behind the
+audit demonstrations (books a model was trained on; a forget set learned, then unlearned by gradient ascent).
+
+    python -m train.finetune --model smollm2 --texts seen.jsonl --out runs/seen train.epochs=2
+    python -m train.finetune --model runs/seen/model --texts forget.jsonl --out runs/unlearned \\
+        train.objective=ascent train.lr=1e-5
+
+``--texts``: a JSONL / CSV / Parquet file with a ``text`` field (``--text-field``), or bare JSON strings. The texts
+are packed as in the contamination experiments (train/data.py: separator between documents, ``train.seq_len``
+tokens per sequence, each token trained on once per epoch). Overrides are the ``train.*`` keys of the contamination
+configs (train/config.py; e.g. ``train.lr=3e-5 train.epochs=3 train.objective=ascent``) and ``model.dtype``; other
+sections are refused, since they would do nothing here. The run resumes from its last checkpoint when the same
+command is run again; the finished model is ``OUT/model`` and ``OUT/train.json`` holds the losses and the speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mia_jax import rundir
+from mia_jax.errors import UserError
+from train.config import load_config
+
+ALLOWED = ("train.", "model.dtype=")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m train.finetune", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="the model to train (a Hugging Face folder, a .gguf, smollm2, ...)")
+    p.add_argument("--texts", required=True, help="the training texts (JSONL / CSV / Parquet)")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--out", required=True, help="output folder (an interrupted run in it resumes)")
+    p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("overrides", nargs="*", help="train.key=value (and model.dtype=...) overrides")
+    return p
+
+
+def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, progress: bool = True,
+             overwrite: bool = False, texts_name: str = "texts") -> dict:
+    """Train ``model`` on ``texts`` with the ``train.*`` ``overrides``; returns OUT/train.json's content."""
+    from mia_jax import models
+    from train.data import pack, separator_id
+    from train.experiment import train_and_export
+
+    bad = [o for o in overrides if not o.startswith(ALLOWED)]
+    if bad:
+        raise UserError(f"only train.* and model.dtype overrides apply to finetuning, got {', '.join(bad)}")
+    cfg = load_config(None, overrides)
+    if not progress:
+        cfg.train.progress = False
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise UserError(f"{texts_name}: no non-empty text to train on")
+    out = rundir.check_path(out)
+    loaded = models.load(model, dtype=cfg.model.dtype)
+    sep = separator_id(loaded.tokenizer, loaded.eos_token_id, cfg.train.separator)
+    data = pack(texts, loaded.tokenizer, cfg.train.seq_len, sep)
+    fp = {"model_files": loaded.files, "data": data.digest(), "train": json.loads(json.dumps(vars(cfg.train)))}
+    fp["train"].pop("progress")
+    with rundir.claim(out, fp, overwrite=overwrite,
+                      hint="use another --out, the original command, or --overwrite to start afresh"):
+        info = train_and_export(loaded, data, cfg.train, sep, out)
+        info = {"model": loaded.name, "texts": texts_name, "n_texts": len(texts), "train": vars(cfg.train),
+                "command": " ".join(sys.argv), **info}
+        (out / "train.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    print(f"{info['steps']} steps (objective {cfg.train.objective}), loss "
+          f"{info['first_loss']:.3f} -> {info['final_loss']:.3f}; model in {out / 'model'}", file=sys.stderr)
+    return info
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        from mia_jax import data
+
+        ds = data.load_records(args.texts, args.text_field, None)
+        finetune(args.model, list(ds.texts), args.out, args.overrides, progress=not args.no_progress,
+                 overwrite=args.overwrite, texts_name=str(args.texts))
+    except UserError as e:
+        print(f"finetune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("finetune: interrupted; run the same command again to resume from the last checkpoint",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
