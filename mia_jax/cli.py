@@ -1,6 +1,6 @@
 """The ``mia-jax`` command: ``eval`` (labeled data -> scores + metrics), ``score`` (unlabeled texts), ``generate``,
 ``freq-table`` (DC-PDD's reference frequencies), ``dataset-inference`` (a p-value for a whole set), the audits
-(``audit-unlearning``) and online detection's ``concat`` / ``window-metrics``."""
+(``audit-books``, ``audit-unlearning``) and online detection's ``concat`` / ``window-metrics``."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from mia_jax import blind, dataset_inference, freq, resources, rundir
-from mia_jax.audits import concat, unlearning
+from mia_jax.audits import books, concat, unlearning
 from mia_jax.errors import UserError
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     dataset_inference.add_parser(sub)
     concat.add_parsers(sub)
     unlearning.add_parser(sub)
+    books.add_parser(sub)
     return parser
 
 
@@ -454,6 +455,8 @@ def main(argv=None) -> int:
             freq.command(args)
         elif args.command == "dataset-inference":
             dataset_inference.command(args)
+        elif args.command == "audit-books":
+            books.command(args)
         elif args.command == "audit-unlearning":
             unlearning.command(args)
         elif args.command in ("concat", "window-metrics"):

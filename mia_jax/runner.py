@@ -374,8 +374,9 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
     if out_passes:
         out_passes.mkdir(parents=True, exist_ok=True)
     path = (lambda name: out_passes / f"{name}.jsonl") if out_passes else (lambda name: None)  # noqa: E731
+    desc = kwargs.pop("desc", "scoring")
     main = score_texts(loaded, texts, main_methods, labels=labels, out_path=path("main"), resume=resume,
-                       report=report.setdefault("main", {}), **kwargs)
+                       report=report.setdefault("main", {}), desc=desc, **kwargs)
     extra: dict[str, tuple[np.ndarray, dict[int, str]]] = {}
     counts: dict[str, list[int]] = {}
     done: dict[tuple[str, str], tuple[np.ndarray, dict[int, str]]] = {}  # a pass shared by methods runs once
@@ -389,7 +390,7 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
                 second = passes.prepare(kind, name, loaded, texts, ref=ref, neighbors=neighbors, out_dir=out_dir,
                                         out_path=path(name), resume=resume, method=method.pass_method, **pass_options)
                 recs = score_texts(second.model, second.texts, second.methods or [method.pass_method],
-                                   out_path=path(name), resume=second.resume, desc=f"scoring ({name} pass)",
+                                   out_path=path(name), resume=second.resume, desc=f"{desc} ({name} pass)",
                                    report=report.setdefault(name, {}), prefixes=second.prefixes,
                                    compute=second.compute, **kwargs)
                 values, reasons, pass_counts = second.fold(recs)

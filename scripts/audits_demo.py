@@ -1,0 +1,133 @@
+"""The audits' demonstrations on a ground truth the toolkit makes itself (no offline model has known book membership):
+
+1. Books (Shi et al. 2023 section 5): long Pile test documents stand in for books. Per source domain (Wikipedia,
+   Pile-CC, OpenWebText2) ``--books-per-domain`` documents of at least ``--book-words`` words are drawn (seeded) and
+   cut to that length; half of each domain's books are "seen": the model is continued-pretrained on them
+   (``python -m train.finetune``). Two seen and two unseen books per domain form the labeled validation set, the rest
+   are audited with ``mia-jax audit-books``; the per-book contamination rate should separate seen from unseen books.
+   The same audit with the untrained model is the control (it never saw any of them: any separation is chance).
+2. Unlearning (section 7): the forget set is ``--forget`` of the audited seen books; the "unlearned" model is the
+   books model after gradient ascent on the forget set (``train.objective=ascent``); ``mia-jax audit-unlearning``
+   compares it with the books model, and, as the control, the never-trained model with the books model.
+
+    python scripts/audits_demo.py --out runs/audits            # SmolLM2-135M, about 40 min on 2 CPU cores
+
+Every step is a resumable command of the toolkit (printed as it runs); rerun the same command to continue.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DOMAINS = ("wikipedia_en", "pile_cc", "openwebtext2")
+
+
+def make_books(pile_dir: Path, out: Path, *, per_domain: int, book_words: int, n_forget: int, seed: int,
+               n_validation: int = 2) -> dict:
+    """Write train.jsonl (the seen books), validation.jsonl, audit.jsonl (title, text, label, domain) and
+    forget.jsonl; returns the manifest (also written)."""
+    rng = np.random.default_rng(seed)
+    books = []
+    for domain in DOMAINS:
+        path = pile_dir / f"{domain}.jsonl"
+        if not path.exists():
+            raise SystemExit(f"audits_demo: {path} not found (the Pile test documents of ../shared/data/pile)")
+        docs = [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        long = [i for i, d in enumerate(docs) if len(d.split()) >= book_words]
+        if len(long) < per_domain:
+            raise SystemExit(f"audits_demo: only {len(long)} {domain} documents of >= {book_words} words")
+        pick = rng.permutation(long)[:per_domain]
+        for j, i in enumerate(pick):
+            text = " ".join(docs[i].split()[:book_words])  # whitespace normalised: the snippets are whole words
+            books.append({"title": f"{domain}-{int(i)}", "domain": domain, "label": int(j < per_domain // 2),
+                          "text": text})
+    validation, audit = [], []
+    for domain in DOMAINS:
+        for label in (1, 0):
+            cell = [b for b in books if b["domain"] == domain and b["label"] == label]
+            validation.extend(cell[:n_validation])
+            audit.extend(cell[n_validation:])
+    forget = [b for b in audit if b["label"] == 1][:n_forget]
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train", [b for b in books if b["label"] == 1]), ("validation", validation),
+                       ("audit", audit), ("forget", forget)):
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    manifest = {"seed": seed, "book_words": book_words, "per_domain": per_domain,
+                "seen": [b["title"] for b in books if b["label"] == 1],
+                "unseen": [b["title"] for b in books if b["label"] == 0],
+                "validation": [b["title"] for b in validation], "forget": [b["title"] for b in forget]}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def step(name: str, argv: list[str], fn) -> None:
+    print(f"== {name}: {' '.join(argv)}", file=sys.stderr, flush=True)
+    rc = fn(argv)
+    if rc:
+        raise SystemExit(f"audits_demo: {name} failed (exit {rc})")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--pile", type=Path, default=ROOT.parent / "shared" / "data" / "pile")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--books-per-domain", type=int, default=10)
+    ap.add_argument("--validation-per-cell", type=int, default=2, help="validation books per domain and label")
+    ap.add_argument("--book-words", type=int, default=2048)
+    ap.add_argument("--snippet-words", type=int, default=512)
+    ap.add_argument("--forget", type=int, default=2, help="seen audited books forming the forget set")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs over the seen books")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--ascent-lr", type=float, default=2e-5)
+    ap.add_argument("--ascent-epochs", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--n-samples", type=int, default=20, help="story-completion samples per chunk")
+    ap.add_argument("--embed-model", help="all-MiniLM-L6-v2 folder for embedding similarity (optional)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    from mia_jax import cli
+    from train import finetune
+
+    data = args.out / "data"
+    make_books(args.pile, data, per_domain=args.books_per_domain, book_words=args.book_words,
+               n_forget=args.forget, seed=args.seed, n_validation=args.validation_per_cell)
+    quiet = ["--no-progress"] if args.no_progress else []
+    train_over = [f"train.seq_len={args.seq_len}", "train.batch_size=8", "train.checkpoint_every=10"]
+    step("train on the seen books", ["--model", args.model, "--texts", str(data / "train.jsonl"),
+                                     "--out", str(args.out / "books_model"), *quiet, *train_over,
+                                     f"train.epochs={args.epochs}", f"train.lr={args.lr:g}"], finetune.main)
+    books_model = str(args.out / "books_model" / "model")
+    for name, model in (("books", books_model), ("books_control", args.model)):
+        step(f"audit-books ({name})", ["audit-books", "--books", str(data / "audit.jsonl"), "--validation",
+                                       str(data / "validation.jsonl"), "--model", model, "--snippet-words",
+                                       str(args.snippet_words), "--seed", str(args.seed),
+                                       "--out", str(args.out / name), *quiet], cli.main)
+    step("unlearn the forget set (gradient ascent)",
+         ["--model", books_model, "--texts", str(data / "forget.jsonl"), "--out", str(args.out / "unlearned"),
+          *quiet, *train_over, "train.objective=ascent", f"train.epochs={args.ascent_epochs}",
+          f"train.lr={args.ascent_lr:g}"], finetune.main)
+    embed = ["--embed-model", args.embed_model] if args.embed_model else []
+    for name, unlearned in (("unlearning", str(args.out / "unlearned" / "model")),
+                            ("unlearning_control", args.model)):
+        step(f"audit-unlearning ({name})", ["audit-unlearning", "--original", books_model, "--unlearned", unlearned,
+                                            "--texts", str(data / "forget.jsonl"), "--chunk-words",
+                                            str(args.snippet_words), "--n-samples", str(args.n_samples),
+                                            "--seed", str(args.seed), "--out", str(args.out / name), *embed,
+                                            *quiet], cli.main)
+    print(f"wrote {args.out}/ (books.md, books_control/books.md, unlearning/unlearning.md, "
+          "unlearning_control/unlearning.md)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
