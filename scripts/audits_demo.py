@@ -90,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ascent-epochs", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--n-samples", type=int, default=20, help="story-completion samples per chunk")
+    ap.add_argument("--prompt-words", type=int, default=200, help="story-completion prompt words")
     ap.add_argument("--embed-model", help="all-MiniLM-L6-v2 folder for embedding similarity (optional)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
@@ -122,9 +123,10 @@ def main(argv=None) -> int:
         step(f"audit-unlearning ({name})", ["audit-unlearning", "--original", books_model, "--unlearned", unlearned,
                                             "--texts", str(data / "forget.jsonl"), "--chunk-words",
                                             str(args.snippet_words), "--n-samples", str(args.n_samples),
+                                            "--prompt-words", str(args.prompt_words),
                                             "--seed", str(args.seed), "--out", str(args.out / name), *embed,
                                             *quiet], cli.main)
-    print(f"wrote {args.out}/ (books.md, books_control/books.md, unlearning/unlearning.md, "
+    print(f"wrote {args.out}/ (books/books.md, books_control/books.md, unlearning/unlearning.md, "
           "unlearning_control/unlearning.md)", file=sys.stderr)
     return 0
 
