@@ -1,1 +1,12 @@
 """Workflows built on scoring: windowed (online) detection; the copyrighted-book and unlearning audits."""
+
+
+def model_options(p, runs: str) -> None:
+    """The options every audit command shares: how its models are loaded and its scoring runs kept."""
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--allow-download", action="store_true",
+                   help="let a model that is not a local path be fetched from the Hugging Face Hub")
+    p.add_argument("--overwrite", action="store_true", help=f"rescore {runs} afresh")
+    p.add_argument("--no-progress", action="store_true")

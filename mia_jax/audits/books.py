@@ -63,6 +63,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mia_jax.audits import model_options
 from mia_jax.audits.unlearning import _num, _score, chunk_words
 from mia_jax.errors import UserError
 
@@ -611,13 +612,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "of the 20%% least likely tokens); required without --validation")
     p.add_argument("--n-bootstrap", type=int, default=N_BOOTSTRAP, help="bootstrap resamples of the AUROC intervals")
     p.add_argument("--encoding", default="utf-8", help="text encoding of the books (default: utf-8)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
-    p.add_argument("--allow-download", action="store_true",
-                   help="let a model that is not a local path be fetched from the Hugging Face Hub")
-    p.add_argument("--overwrite", action="store_true", help="rescore OUT/books and OUT/validation afresh")
-    p.add_argument("--no-progress", action="store_true")
+    model_options(p, "OUT/books and OUT/validation")
     return p
 
 

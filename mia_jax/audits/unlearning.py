@@ -64,6 +64,7 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from mia_jax.audits import model_options
 from mia_jax.errors import UserError
 from mia_jax.models.sentence import SentenceEncoder
 
@@ -544,13 +545,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--qa-max-new-tokens", type=int, default=QA_MAX_NEW_TOKENS)
     p.add_argument("--embed-model", metavar="PATH",
                    help="sentence-transformers folder (e.g. all-MiniLM-L6-v2) for embedding similarity")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
-    p.add_argument("--allow-download", action="store_true",
-                   help="let a model that is not a local path be fetched from the Hugging Face Hub")
-    p.add_argument("--overwrite", action="store_true", help="rescore OUT/original and OUT/unlearned afresh")
-    p.add_argument("--no-progress", action="store_true")
+    model_options(p, "OUT/original and OUT/unlearned")
     return p
 
 
