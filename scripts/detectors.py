@@ -55,6 +55,11 @@ def hold_out(labels, groups, per_cell: int, seed: int) -> np.ndarray:
     return shot
 
 
+def _all_methods() -> list[str]:
+    """Every registered method, single- and multi-pass (k = 20% where a method takes k)."""
+    return expand_methods(sorted({*REGISTRY, *MULTI_PASS}), [0.2])
+
+
 def method_groups(methods: list[str]) -> list[tuple[str, list[str]]]:
     """The single-pass methods (one shared pass), then the multi-pass methods grouped by the passes they read
     (gradnorm_l1/l2/linf: one gradient pass; samia / samia_zlib: one sampling pass)."""
@@ -106,8 +111,7 @@ def run(args) -> Path:
     resources = {"freq_table": freq.for_model(table_path, loaded)}
     prefixes = rc.prefix_shots([texts[i] for i in np.flatnonzero(shot)], [labels[i] for i in np.flatnonzero(shot)],
                                e_texts, n_shots=args.n_shots, seed=args.seed)
-    methods = [m for m in expand_methods(sorted({*REGISTRY, *MULTI_PASS} - set(args.skip)), [0.2])
-               if ref is not None or m not in NEEDS_REF]
+    methods = [m for m in _all_methods() if m not in args.skip and (ref is not None or m not in NEEDS_REF)]
     cost_path = out / "cost.json"
     cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
     records: dict[str, dict] = {}
@@ -193,10 +197,12 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
     text = [f"## {info['name']}: {info['model']}\n",
             f"{info['n_evaluated']} texts evaluated"
             + (f" (a seeded sample of {info['per_cell']} per dataset and label)" if info.get("per_cell") else "")
-            + f" ({info['n_shots_held_out']} held out as ReCaLL shots, "
-            f"{info['shots_per_prefix']} per prefix; Neighbor with {info.get('n_neighbors', 10)} neighbours, SaMIA "
-            f"with {info.get('samia_samples', 10)} sampled continuations per text). AUROC and TPR@5%FPR{avg} with 95% "
-            "bootstrap intervals; the last "
+            + f" ({info['n_shots_held_out']} held out as ReCaLL shots, {info['shots_per_prefix']} per prefix"
+            + (f"; Neighbor with {info.get('n_neighbors', 10)} neighbours" if "neighbor" in info["methods"] else "")
+            + (f"; SaMIA with {info.get('samia_samples', 10)} sampled continuations per text"
+               if "samia" in info["methods"] else "")
+            + f"). Not run: {', '.join(m for m in _all_methods() if m not in info['methods']) or 'none'}. "
+            f"AUROC and TPR@5%FPR{avg} with 95% bootstrap intervals; the last "
             f"column is the paired bootstrap of the method minus Min-K%++ (k=20%) on the same examples.\n",
             markdown(["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "vs Min-K%++ (AUROC)", "NaN"], table),
             "\nCost on this machine (each group timed alone, its main pass included, compilation included; the "
