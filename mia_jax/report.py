@@ -54,8 +54,8 @@ def best_in_bold(rows: Sequence[Sequence], *, never: Collection = (), shown_ties
 
 
 def write_csv(path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
-    """A CSV file: the header, then the rows (None as an empty cell)."""
-    with open(path, "w", newline="") as fh:
+    """A CSV file in UTF-8: the header, then the rows (None as an empty cell)."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(header)
         w.writerows(rows)

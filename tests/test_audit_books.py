@@ -1,7 +1,7 @@
 """mia_jax.audits.books (Shi et al. 2023 section 5): snippet cutting and the seeded draw by hand, the two validation
 thresholds on hand-made scores and against brute force / metrics.tpr_at_fpr, Clopper-Pearson against scipy and the
 closed forms at 0/n and n/n, the book loaders, and `audit-books` end to end on a tiny random model (every output
-recomputed from snippets.csv)."""
+recomputed from snippets.csv; `--from` rebuilds the same files from the folder alone)."""
 import argparse
 import csv
 import hashlib
@@ -334,3 +334,59 @@ def test_cli_one_class_validation_exit_2(tiny_llama_dir, book_files, tmp_path, c
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err and "every kept validation book is seen" in err
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "earlier work"
+
+
+# ----------------------------------------------------------------------------- rebuilding from a folder
+
+
+def test_rebuild_from_folder(tiny_llama_dir, book_files, tmp_path, capsys):
+    from mia_jax.cli import main
+
+    books, val = book_files
+    src = tmp_path / "audit"
+    res = B.command(parse(["--books", str(books), "--validation", str(val), "--model", str(tiny_llama_dir),
+                           "--out", str(src), "--threshold", "-5.5", *ARGS]))
+    before = {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()}
+    # snippets.csv holds the scores at full precision: read back bit for bit (NaN where lowercase has no score)
+    again = B.rebuild(src)
+    assert np.isnan(res.scores["lowercase"]).any() or np.isnan(res.validation_scores["lowercase"]).any()
+    for m in res.config["methods"]:
+        np.testing.assert_array_equal(again.scores[m], res.scores[m])
+        np.testing.assert_array_equal(again.validation_scores[m], res.validation_scores[m])
+    capsys.readouterr()
+    out = tmp_path / "rebuilt"
+    assert main(["audit-books", "--from", str(src), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("## Copyrighted-book audit")
+    for name in ("books.md", "books.csv", "snippets.csv"):  # flags recomputed too
+        assert (out / name).read_bytes() == (src / name).read_bytes(), name
+    assert (out / "histogram.png").is_file()
+    a, b = (json.loads((d / "info.json").read_text()) for d in (src, out))
+    assert a["validation_metrics"]["min_k@0.2"]["auroc_ci"] is not None and a["book_separation"]
+    for key in ("config", "counts", "notes", "thresholds", "validation_metrics", "book_separation", "skipped_books",
+                "skipped_validation_books", "command", "model"):
+        assert b[key] == a[key], key
+    assert b["rebuilt"]["from"] == str(src) and "rebuilt" not in a
+    assert {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()} == before  # the source untouched
+    # the scoring facts come from info.json: truncation, books also in validation (an older folder: its note)
+    info = dict(a, counts={**a["counts"], "truncated_books": 2, "books_also_validation": 1})
+    (src / "info.json").write_text(json.dumps(info))
+    notes = B.rebuild(src).notes
+    assert notes[0].startswith("Note: 1 audited books are also validation") and "2 books snippets are longer than "\
+        f"the model's context of {a['model']['max_length']} tokens" in notes[1]
+    del info["counts"]["books_also_validation"]
+    (src / "info.json").write_text(json.dumps(dict(info, notes=notes)))
+    assert B.rebuild(src).notes == notes
+    # refusals: one line, exit 2, nothing written
+    (src / "snippets.csv").unlink()
+    bad = tmp_path / "bad"
+    cases = [(["--from", str(src), "--out", str(bad)], "snippets.csv not found"),
+             (["--from", str(out), "--out", str(out)], "is the --from folder"),
+             (["--from", str(out), "--out", str(bad), "--model", "m", "--threshold", "0"],
+              "leave out --model, --threshold"),
+             (["--out", str(bad), "--model", "m"], "needs --books and --model")]
+    for argv, match in cases:
+        rc = main(["audit-books", *argv])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err and match in err, (argv, err)
+    assert not bad.exists()
+    assert (out / "books.md").read_bytes() == before["books.md"]

@@ -31,6 +31,13 @@ section 5): what share of each book's snippets does the model appear to have see
 5. When every audited book carries a label, how well the per-book rate (and the book's mean snippet score)
    separates seen from unseen books: AUROC over books with a bootstrap interval that resamples books.
 
+Scoring (steps 1-2, ``audit_books``) and analysis (steps 3-5, ``analyse``) are apart, so an audit's outputs can be
+rebuilt without the model: ``rebuild(folder)`` (``mia-jax audit-books --from DIR --out OUT``) reads DIR/snippets.csv
+(every snippet's scores, written at full precision: a float's shortest repr, a non-finite score as an empty cell,
+which every step leaves out like NaN), books.csv (snippets available per book) and info.json (the settings, the
+skipped books, the truncation counts) and runs the same ``analyse``: OUT's books.md, books.csv and snippets.csv are
+DIR's byte for byte. A committed results folder can so be recomputed, or checked, by anyone.
+
 Where this follows the paper: 512-word snippets, 100 drawn per book, MIN-K% PROB (k = 20%) thresholded at the
 accuracy-maximising threshold of a validation set of seen and unseen books, the contamination rate per book, the
 ranked table (Table 2), the validation AUROC of Min-K% and the baselines (Figure 3: PPL, Zlib, Lowercase; Neighbor
@@ -53,9 +60,11 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import csv
 import hashlib
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,9 +280,10 @@ def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[flo
 
 
 def flags(scores, threshold: float) -> np.ndarray:
-    """bool [N]: score >= threshold (NaN: False)."""
+    """bool [N]: finite score >= threshold (NaN, +-inf: False; as in the rates, which count finite scores only)."""
+    sc = np.asarray(scores, np.float64)
     with np.errstate(invalid="ignore"):
-        return np.asarray(scores, np.float64) >= threshold
+        return np.isfinite(sc) & (sc >= threshold)
 
 
 def book_rates(plan: SnippetPlan, scores, thresholds: Sequence[Threshold],
@@ -455,55 +465,76 @@ def audit_books(loaded, books, *, validation=None, snippets: int = SNIPPETS, sni
     (``load_books``) or a sequence of ``Book`` or dicts with ``title``, ``text`` (and ``label``); ``threshold``: a
     given threshold on ``rate_method``'s score (required without validation); ``run_dirs`` / ``resume``:
     {"books" / "validation": folder / bool} of the scoring runs (claimed by the caller)."""
-    from mia_jax import metrics
-
     check_options(snippets=snippets, snippet_words=snippet_words, seed=seed, fpr=fpr, threshold=threshold,
                   batch_size=batch_size, n_bootstrap=n_bootstrap)
     methods, rate_method = check_methods(methods, rate_method)
     p, vp, files = prepare(books, validation, snippets=snippets, snippet_words=snippet_words, seed=seed,
                         threshold=threshold, encoding=encoding)
     run_dirs, resume = run_dirs or {}, resume or {}
-    counts, notes, records = {}, [], {}
+    records, vs = {}, None
     scores, records["books"] = _score(loaded, [s.text for s in p.snippets], methods, run_dirs.get("books"),
                                       resume.get("books", False), batch_size, chunk_size, progress, "scoring books")
-    res = BooksResult(p, scores, rate_method, [], [], counts=counts, notes=notes, config=dict(
-        snippets=snippets, snippet_words=snippet_words, seed=seed, methods=methods, rate_method=rate_method, fpr=fpr,
-        threshold=threshold, n_bootstrap=n_bootstrap, confidence=CONFIDENCE, data_files=files))
     if vp is not None:
         vs, records["validation"] = _score(loaded, [s.text for s in vp.snippets], methods,
                                            run_dirs.get("validation"), resume.get("validation", False), batch_size,
                                            chunk_size, progress, "scoring validation books")
+    facts = {f"truncated_{which}": sum(1 for r in recs if r.get("truncated")) for which, recs in records.items()}
+    facts["max_length"] = loaded.max_length
+    if vp is not None:
+        facts["books_also_validation"] = len({vp.books[b].text for b in vp.kept} & {p.books[b].text for b in p.kept})
+    config = dict(snippets=snippets, snippet_words=snippet_words, seed=seed, methods=methods, rate_method=rate_method,
+                  fpr=fpr, threshold=threshold, n_bootstrap=n_bootstrap, confidence=CONFIDENCE, data_files=files)
+    return analyse(p, scores, config, vp, vs, facts=facts)
+
+
+def analyse(plan: SnippetPlan, scores: dict, config: dict, validation: SnippetPlan | None = None,
+            validation_scores: dict | None = None, *, facts: dict | None = None) -> BooksResult:
+    """Steps 3-5 of the module docstring on scored snippets (``audit_books`` after scoring, ``rebuild`` from a
+    folder). ``scores`` / ``validation_scores``: method -> float64 [snippets]; ``config``: ``audit_books``'
+    (``methods``, ``rate_method``, ``fpr``, ``threshold``, ``n_bootstrap``, ``seed``, ...); ``facts``: what the
+    scores do not hold: ``truncated_books`` / ``truncated_validation`` (snippets longer than the model's context,
+    ``max_length``) and ``books_also_validation`` (audited books whose text is a validation book's)."""
+    from mia_jax import metrics
+
+    facts = facts or {}
+    rate_method, n_bootstrap, seed = config["rate_method"], config["n_bootstrap"], config["seed"]
+    counts, notes = {}, []
+    res = BooksResult(plan, scores, rate_method, [], [], counts=counts, notes=notes, config=config)
+    if validation is not None:
+        vp, vs = validation, validation_scores
         res.validation, res.validation_scores = vp, vs
         lab = vp.labels
         res.validation_metrics = {m: metrics.evaluate(lab, vs[m], n_bootstrap=n_bootstrap, seed=seed)
-                                  for m in methods}
-        res.thresholds += [accuracy_threshold(lab, vs[rate_method]), fpr_threshold(lab, vs[rate_method], fpr)]
+                                  for m in config["methods"]}
+        res.thresholds += [accuracy_threshold(lab, vs[rate_method]),
+                           fpr_threshold(lab, vs[rate_method], config["fpr"])]
         kept = [vp.books[b] for b in vp.kept]
+        same = facts.get("books_also_validation", 0)
         counts.update(validation_books=len(vp.books), validation_books_skipped=len(vp.skipped),
                       validation_books_seen=sum(b.label == 1 for b in kept),
                       validation_books_unseen=sum(b.label == 0 for b in kept), validation_snippets=len(vp.snippets),
-                      validation_unscored=int((~np.isfinite(vs[rate_method])).sum()))
-        same = {b.text for b in kept} & {p.books[b].text for b in p.kept}
+                      validation_unscored=int((~np.isfinite(vs[rate_method])).sum()), books_also_validation=same)
         if same:
-            notes.append(f"Note: {len(same)} audited books are also validation books (the same text): their rates "
+            notes.append(f"Note: {same} audited books are also validation books (the same text): their rates "
                          "are measured on the data the thresholds were chosen on.")
-    if threshold is not None:
-        res.thresholds.append(Threshold("given", float(threshold)))
-    res.rates = book_rates(p, scores[rate_method], res.thresholds)
-    counts.update(books=len(p.kept), books_input=len(p.books), books_skipped=len(p.skipped), snippets=len(p.snippets),
-                  unscored=int((~np.isfinite(scores[rate_method])).sum()))
+    if config["threshold"] is not None:
+        res.thresholds.append(Threshold("given", float(config["threshold"])))
+    res.rates = book_rates(plan, scores[rate_method], res.thresholds)
+    counts.update(books=len(plan.kept), books_input=len(plan.books), books_skipped=len(plan.skipped),
+                  snippets=len(plan.snippets), unscored=int((~np.isfinite(scores[rate_method])).sum()))
     labels = [r["label"] for r in res.rates]
     if labels and all(x is not None for x in labels):
         sep = {f"rate @ {t.name}": [r["rates"][t.name]["rate"] for r in res.rates] for t in res.thresholds}
         sep["mean score"] = [r["mean_score"] for r in res.rates]
         res.separation = {k: metrics.evaluate(labels, np.array([np.nan if x is None else x for x in v], np.float64),
                                               n_bootstrap=n_bootstrap, seed=seed) for k, v in sep.items()}
-    for which, recs in records.items():
-        n = sum(1 for r in recs if r.get("truncated"))
-        counts[f"truncated_{which}"] = n
+    for which in ("books", "validation"):
+        n = facts.get(f"truncated_{which}")
+        if n is not None:
+            counts[f"truncated_{which}"] = n
         if n:
-            notes.append(f"Note: {n} {which} snippets are longer than the model's context of {loaded.max_length} "
-                         "tokens and were scored on their first tokens only.")
+            notes.append(f"Note: {n} {which} snippets are longer than the model's context of "
+                         f"{facts.get('max_length')} tokens and were scored on their first tokens only.")
     if counts["unscored"]:
         notes.append(f"Note: {counts['unscored']} audited snippets have no {rate_method} score; rates are over the "
                      "scored ones.")
@@ -585,14 +616,111 @@ def write_outputs(res: BooksResult, out: Path, meta: dict) -> None:
     (out / "info.json").write_text(json.dumps(_jsonable(info), indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
 
+# ----------------------------------------------------------------------------- rebuilding from a folder
+
+def _read_csv(path: Path, columns: Sequence[str]) -> list[dict]:
+    if not path.is_file():
+        raise UserError(f"--from: {path} not found; --from takes a folder written by mia-jax audit-books")
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
+        if missing:
+            raise UserError(f"--from: {path} has no column {missing[0]!r}")
+        return list(reader)
+
+
+def _read_info(folder: Path) -> dict:
+    path = folder / "info.json"
+    if not path.is_file():
+        raise UserError(f"--from: {path} not found; --from takes a folder written by mia-jax audit-books")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise UserError(f"--from: {path} is not valid JSON ({e})") from None
+    missing = [k for k in ("methods", "rate_method", "fpr", "threshold", "n_bootstrap", "seed", "snippet_words",
+                           "snippets") if k not in (info.get("config") or {})]
+    if missing or not isinstance(info.get("counts"), dict):
+        raise UserError(f"--from: {path} has no {', '.join(missing) or 'counts'} in its config / counts; not an "
+                        "audit-books info.json")
+    return info
+
+
+def _plan_from_rows(rows: list[tuple[int, dict]], methods, skipped: list[dict], available: dict | None,
+                    path: Path) -> tuple[SnippetPlan, dict]:
+    """(plan, scores) of one set's snippets.csv rows; books in their order there, then the skipped ones."""
+    books, index, snippets, cols = [], {}, [], {m: [] for m in methods}
+    for line, r in rows:
+        try:
+            title = r["title"]
+            if title not in index:
+                index[title] = len(books)
+                books.append(Book(title, "", _label(r["label"] or None, f"{path} line {line}"), f"{path} line {line}"))
+            snippets.append(Snippet(index[title], int(r["snippet"]), int(r["word_offset"]), int(r["n_words"]), ""))
+            for m in methods:
+                cols[m].append(float(r[m]) if r[m] != "" else math.nan)  # written by _num: empty = not finite
+        except ValueError as e:
+            raise UserError(f"--from: {path} line {line}: {e}") from None
+    drawn = np.bincount([s.book for s in snippets], minlength=len(books)).tolist()
+    if available is not None:
+        lost = [b.title for b in books if b.title not in available]
+        if lost:
+            raise UserError(f"--from: book {lost[0]!r} of snippets.csv is not in books.csv")
+    n_pieces = [available[b.title] for b in books] if available is not None else drawn
+    books += [Book(s["title"], "") for s in skipped]
+    return (SnippetPlan(books, snippets, n_pieces + [0] * len(skipped), list(skipped)),
+            {m: np.array(v, np.float64) for m, v in cols.items()})
+
+
+def rebuild(folder: str | Path) -> BooksResult:
+    """The result of the audit whose outputs are in ``folder``, recomputed without the model: the scores from its
+    snippets.csv (full precision), each audited book's snippets available from books.csv, the settings, skipped
+    books and scoring facts (truncation, books also in validation) from info.json; then ``analyse``. The books
+    have no text; a validation book's snippets available, not recorded, is its count of drawn snippets."""
+    folder = Path(folder)
+    info = _read_info(folder)
+    cfg, counts = info["config"], info["counts"]
+    methods = cfg["methods"]
+    path = folder / "snippets.csv"
+    rows = _read_csv(path, ("set", "title", "label", "snippet", "word_offset", "n_words", *methods))
+    try:
+        available = {r["title"]: int(r["snippets_available"])
+                     for r in _read_csv(folder / "books.csv", ("title", "snippets_available"))}
+    except ValueError as e:
+        raise UserError(f"--from: {folder / 'books.csv'}: {e}") from None
+    sets = {"audit": [], "validation": []}
+    for line, r in enumerate(rows, 2):
+        if r["set"] not in sets:
+            raise UserError(f"--from: {path} line {line}: set {r['set']!r} (expected audit or validation)")
+        sets[r["set"]].append((line, r))
+    if not sets["audit"]:
+        raise UserError(f"--from: {path} has no audited snippets")
+    if not sets["validation"] and cfg["threshold"] is None:
+        raise UserError(f"--from: {path} has no validation snippets and info.json no threshold")
+    plan, scores = _plan_from_rows(sets["audit"], methods, info.get("skipped_books") or [], available, path)
+    vp = vs = None
+    if sets["validation"]:
+        vp, vs = _plan_from_rows(sets["validation"], methods, info.get("skipped_validation_books") or [], None, path)
+    facts = {k: counts[k] for k in ("truncated_books", "truncated_validation") if k in counts}
+    facts["max_length"] = (info.get("model") or {}).get("max_length")
+    facts["books_also_validation"] = counts.get("books_also_validation")
+    if facts["books_also_validation"] is None:  # a folder written before the count: its note
+        found = re.search(r"Note: (\d+) audited books are also validation books", "\n".join(info.get("notes") or []))
+        facts["books_also_validation"] = int(found[1]) if found else 0
+    return analyse(plan, scores, cfg, vp, vs, facts=facts)
+
+
 # ----------------------------------------------------------------------------- mia-jax audit-books
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("audit-books", help="what share of each book's snippets has a model seen? (Min-K%% "
                                            "contamination rates, Shi et al. 2023 section 5)")
-    p.add_argument("--books", required=True, help="the books to audit: a folder of BOOK.txt files (or of seen/ and "
-                                                  "unseen/ subfolders), or a .jsonl with title and text fields")
-    p.add_argument("--model", required=True, help="a Hugging Face folder, a .gguf file or an offline name")
+    p.add_argument("--books", help="the books to audit: a folder of BOOK.txt files (or of seen/ and unseen/ "
+                                   "subfolders), or a .jsonl with title and text fields")
+    p.add_argument("--model", help="a Hugging Face folder, a .gguf file or an offline name")
+    p.add_argument("--from", dest="source", metavar="DIR",
+                   help="rebuild every output of the audit in DIR (its --out) from DIR/snippets.csv, books.csv and "
+                        "info.json, without the model, into --out; its settings are DIR's (no --books, --model, "
+                        "--validation or --threshold)")
     p.add_argument("--validation", help="labeled books that set the thresholds: a .jsonl with title, text and label "
                                         "(1 = seen, 0 = unseen), or a folder with seen/ and unseen/ subfolders")
     p.add_argument("--out", required=True, help="output folder: books.md, books.csv, snippets.csv, histogram.png, "
@@ -620,6 +748,10 @@ def command(args) -> BooksResult:
     """`mia-jax audit-books`: every input checked and the model loaded before anything is written."""
     from mia_jax import __version__, models, rundir, runner
 
+    if args.source is not None:
+        return rebuild_command(args)
+    if args.books is None or args.model is None:
+        raise UserError("audit-books needs --books and --model (or --from DIR to rebuild an audit's outputs)")
     check_options(snippets=args.snippets, snippet_words=args.snippet_words, seed=args.seed, fpr=args.fpr,
                   threshold=args.threshold, batch_size=args.batch_size, n_bootstrap=args.n_bootstrap)
     methods, rate_method = check_methods(args.methods, args.method_for_rate)
@@ -656,6 +788,31 @@ def command(args) -> BooksResult:
                 "books": str(args.books), "validation": args.validation,
                 "model": {"name": loaded.name, "source": loaded.source, "files": loaded.files, "dtype": loaded.dtype,
                           "add_bos": loaded.add_bos, "max_length": loaded.max_length}}
+        write_outputs(res, out, meta)
+    print(res.to_markdown())
+    print(f"wrote {out}/", file=sys.stderr)
+    return res
+
+
+def rebuild_command(args) -> BooksResult:
+    """`mia-jax audit-books --from DIR --out OUT`: ``rebuild``, then the outputs into OUT (never DIR), info.json
+    keeping DIR's command, model and data files and noting the rebuild."""
+    from mia_jax import __version__, rundir
+
+    given = [f for f, v in (("--books", args.books), ("--model", args.model), ("--validation", args.validation),
+                            ("--threshold", args.threshold)) if v is not None]
+    if given:
+        raise UserError(f"--from rebuilds with the settings of the audit in its folder; leave out {', '.join(given)}")
+    source, out = Path(args.source), rundir.check_path(args.out)
+    if not source.is_dir():
+        raise UserError(f"--from {source}: not a folder (the --out folder of an audit-books run)")
+    if out.resolve() == source.resolve():
+        raise UserError(f"--out {out} is the --from folder; give another folder (a rebuild never writes into its "
+                        "source)")
+    res = rebuild(source)
+    meta = {**_read_info(source), "rebuilt": {"command": " ".join(sys.argv), "from": str(source),
+                                              "package_version": __version__}}
+    with rundir.claim(out):
         write_outputs(res, out, meta)
     print(res.to_markdown())
     print(f"wrote {out}/", file=sys.stderr)
