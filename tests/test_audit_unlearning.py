@@ -3,6 +3,7 @@ signs) against a float64 log-space reference, ROUGE-L against an LCS by hand and
 against transformers + torch, and `mia-jax audit-unlearning` end to end with two tiny models."""
 import csv
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -149,6 +150,26 @@ def read_csv(path):
         return list(csv.DictReader(fh))
 
 
+def snapshot(folder):
+    return {f: (f.read_bytes(), f.stat().st_mtime_ns) for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def check_rebuild(out, again, capsys):
+    """`--from out --out again` writes the same report, chunks.csv and probes.jsonl, and leaves `out` alone."""
+    before = snapshot(out)
+    capsys.readouterr()
+    assert run_cli(["audit-unlearning", "--from", str(out), "--out", str(again), "--no-progress"]) == 0
+    assert capsys.readouterr().out.startswith("## Unlearning audit")
+    assert snapshot(out) == before
+    for name in ("unlearning.md", "chunks.csv", "probes.jsonl"):
+        assert (again / name).read_bytes() == (out / name).read_bytes(), name
+    assert (again / "ratios.png").is_file()
+    old, new = json.loads((out / "unlearning.json").read_text()), json.loads((again / "unlearning.json").read_text())
+    assert new.pop("rebuilt")["from"] == str(out)
+    assert new == old
+    return U.rebuild(again)
+
+
 def test_command_two_models(tiny_llama_dir, forget_set, tmp_path, capsys):
     other = tmp_path / "unlearned"
     write_tiny_llama(other, seed=1)
@@ -183,6 +204,14 @@ def test_command_two_models(tiny_llama_dir, forget_set, tmp_path, capsys):
         assert 0 <= p["rougeL_original"]["mean"] <= p["rougeL_original"]["max"] <= 1
     assert saved["qa"]["n"] == 2 and len(saved["qa"]["questions"]) == 2
     assert saved["config"]["same_tokenizer"]  # the same tokenizer, another seed's weights
+    # the QA ratios come from the per-question NLLs kept in unlearning.json
+    q = saved["qa"]["questions"]
+    np.testing.assert_allclose([x["ratio"] for x in q], [x["min_k_nll_unlearned"] / x["min_k_nll_original"]
+                                                         for x in q], rtol=1e-15)
+    # rebuilt without the models: the same files
+    back = check_rebuild(out, tmp_path / "rebuilt", capsys)
+    np.testing.assert_array_equal(-back.scores["original"]["min_k"], nll["original"])
+    assert back.meta["models"] == saved["models"] and [c.text for c in back.chunks] == [""] * 12
 
 
 def test_same_model_flags_every_chunk(tiny_llama_dir, forget_set, tmp_path, capsys):
@@ -209,8 +238,14 @@ def test_same_model_flags_every_chunk(tiny_llama_dir, forget_set, tmp_path, caps
         assert p["embed_original"] == p["embed_unlearned"]
         assert p["embed_original"]["max"] == pytest.approx(cos.max(), abs=1e-5)
         assert p["embed_original"]["mean"] == pytest.approx(cos.mean(), abs=1e-5)
+        # the per-sample values behind the summaries
+        np.testing.assert_array_equal(p["rougeL_per_sample"]["original"],
+                                      U.rouge_l(p["samples"]["original"], p["reference"]))
+        np.testing.assert_allclose(p["embed_per_sample"]["original"], cos, atol=1e-5)
+        assert p["embed_original"]["max"] == max(p["embed_per_sample"]["original"])
     md = (out / "unlearning.md").read_text()
     assert "Story completion on 2 flagged chunks" in md and "Cos max orig" in md
+    check_rebuild(out, tmp_path / "rebuilt", capsys)
     # again: both runs resume, same outputs
     capsys.readouterr()
     assert run_cli(argv) == 0
@@ -254,6 +289,139 @@ def test_bad_input_writes_nothing(tiny_llama_dir, forget_set, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], (extra, err)
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- rebuild (--from), without models
+
+
+def hand_result():
+    """An audit result from hand-made scores (NaN and -inf among them), probes and QA values, via ``analyse``."""
+    rng = np.random.default_rng(3)
+    chunks = [U.Chunk(0, j, 4 * j, 4, f"chunk {j}") for j in range(5)]
+    so = {"min_k": -rng.lognormal(size=5), "ppl": -rng.lognormal(2, size=5)}  # full-precision floats
+    so["min_k"][3] = np.nan
+    so["ppl"][4] = -np.inf
+    factor = np.array([1.0, 1.1, 1.2, 1.0, 0.8])
+    scores = {"original": so, "unlearned": {name: x * factor for name, x in so.items()}}
+    counts = {"texts": 1, "texts_too_short": 0, "tails_dropped": 0, "words_dropped": 0, "chunks": 5,
+              "truncated_original": 0, "truncated_unlearned": 0, "flagged_without_continuation": 0, "probed": 1}
+    config = dict(chunk_words=4, min_words=2, k=0.2, ratio=1.15, max_probe=2, prompt_words=2, n_samples=3,
+                  max_new_tokens=None, temperature=1.0, top_k=None, seed=0, same_tokenizer=True)
+    probes = [{"chunk": 1, "prompt": "a b", "reference": "c d",
+               "samples": {"original": ["c d", "c", "x"], "unlearned": ["y", "c x", "z"]},
+               "rougeL_per_sample": {"original": [1.0, 2 / 3, 0.0], "unlearned": [0.0, 0.5, 0.0]},
+               "embed_per_sample": {"original": [0.9, 0.7, 0.1], "unlearned": [0.2, 0.3, 0.1]}}]
+    qa = [{"question": f"q{i}", "answer": f"a{i}", "min_k_nll_original": o, "min_k_nll_unlearned": u,
+           "answer_original": "x", "answer_unlearned": "y", "recall_original": ro, "recall_unlearned": ru}
+          for i, (o, u, ro, ru) in enumerate([(2.0, 2.1, 0.5, 0.25), (2.0, 3.0, 1.0, 0.0), (None, 1.0, 0.0, 0.0)])]
+    methods = {"min_k": "min_k@0.2", "ppl": "ppl"}
+    return U.analyse(chunks, methods, scores, counts, config, ["Note: by hand."], probes, qa)
+
+
+def test_analyse_by_hand():
+    res = hand_result()
+    assert res.flags["min_k"].tolist() == [True, True, False, False, False]  # ratios 1, 1.1, 1.2, NaN, 0.8
+    assert res.flags["ppl"].tolist() == [True, True, False, True, False]  # 1, 1.1, 1.2, 1, undefined (inf)
+    c = res.counts
+    assert (c["scored_min_k"], c["flagged_min_k"], c["undefined_min_k"]) == (4, 2, 1)
+    assert (c["scored_ppl"], c["flagged_ppl"], c["undefined_ppl"]) == (4, 3, 1)
+    assert c["probed"] == 1 and list(c)[:5] == ["texts", "texts_too_short", "tails_dropped", "words_dropped", "chunks"]
+    p = res.probes[0]
+    assert p["rougeL_original"] == {"max": 1.0, "mean": pytest.approx(5 / 9, abs=1e-15)}
+    assert p["embed_unlearned"] == {"max": 0.3, "mean": pytest.approx(0.2, abs=1e-15)}
+    q = res.qa
+    assert q["n"] == 3 and q["n_flagged"] == 1 and [x["flagged"] for x in q["questions"]] == [True, False, False]
+    assert q["questions"][0]["ratio"] == pytest.approx(1.05, abs=1e-15) and q["questions"][2]["ratio"] is None
+    assert q["flagged"] == {"n": 1, "original": 0.5, "unlearned": 0.25}
+    assert q["other"] == {"n": 2, "original": 0.5, "unlearned": 0.0}
+    md = res.to_markdown()
+    assert "| 1 | 0 | 5-8 |" in md and "Cos max orig" in md and "Note: by hand." in md
+
+
+def test_chunks_csv_round_trips_floats(tmp_path):
+    from mia_jax.report import write_csv
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.lognormal(0, 5, 200), [0.1 + 0.2, 1 / 3, 5e-324, 1.7976931348623157e308, 1e-300]])
+    write_csv(tmp_path / "x.csv", ["x"], [[U._num(v)] for v in x])
+    back = np.array([float(r["x"]) for r in read_csv(tmp_path / "x.csv")])
+    np.testing.assert_array_equal(back, x)  # exactly: written with repr
+
+
+def test_rebuild_by_hand(tmp_path, capsys):
+    res = hand_result()
+    out = tmp_path / "a"
+    out.mkdir()
+    U.write_outputs(res, out, {"command": "by hand"})
+    back = U.rebuild(out)
+    assert back.to_markdown() == res.to_markdown() and back.meta == {"command": "by hand"}
+    assert back.counts == res.counts and back.probes == res.probes and back.qa == res.qa
+    for side in U.SIDES:
+        for name in ("min_k", "ppl"):
+            want = np.where(np.isfinite(res.scores[side][name]), res.scores[side][name], np.nan)  # inf: an empty cell
+            np.testing.assert_array_equal(back.scores[side][name], want)
+    for name in ("min_k", "ppl"):
+        np.testing.assert_array_equal(back.ratios[name], res.ratios[name])
+        np.testing.assert_array_equal(back.flags[name], res.flags[name])
+    check_rebuild(out, tmp_path / "b", capsys)
+    # the analysis is redone, not copied: the unlearned model twice as unsure flags nothing
+    edited = tmp_path / "edited"
+    shutil.copytree(out, edited)
+    rows = read_csv(out / "chunks.csv")
+    for r in rows:
+        for col in ("min_k_nll_unlearned", "ppl_unlearned"):
+            r[col] = repr(2 * float(r[col])) if r[col] else ""
+    with open(edited / "chunks.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    again = U.rebuild(edited)
+    assert not again.flags["min_k"].any() and again.counts["flagged_ppl"] == 0
+    np.testing.assert_allclose(again.ratios["min_k"], 2 * res.ratios["min_k"], rtol=1e-15)
+
+
+def test_rebuild_bad_input_exits_2(tmp_path, capsys):
+    good = tmp_path / "good"
+    good.mkdir()
+    U.write_outputs(hand_result(), good, {})
+
+    def broken(name, edit):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        edit(folder)
+        return str(folder)
+
+    no_csv = broken("no_csv", lambda f: (f / "chunks.csv").unlink())
+    old_probes = broken("old_probes", lambda f: (f / "probes.jsonl").write_text(json.dumps(
+        {k: v for k, v in json.loads((f / "probes.jsonl").read_text()).items() if not k.endswith("_per_sample")})
+        + "\n"))
+    short_csv = broken("short_csv", lambda f: (f / "chunks.csv").write_text(
+        "".join((f / "chunks.csv").read_text().splitlines(keepends=True)[:-1])))
+    bad_cell = broken("bad_cell", lambda f: (f / "chunks.csv").write_text(
+        (f / "chunks.csv").read_text().replace("\n0,0,0,0,4,", "\n0,0,0,0,four,", 1)))
+    m = str(tmp_path / "model")
+    out = tmp_path / "o"
+    cases = [
+        (["--from", no_csv], "no chunks.csv"),
+        (["--from", str(tmp_path / "missing")], "no such folder"),
+        (["--from", old_probes], "no rougeL_per_sample"),
+        (["--from", short_csv], "has 4 chunks"),
+        (["--from", bad_cell], "row 2 has a missing or non-numeric value"),
+        (["--from", str(good), "--original", m], "leave out --original"),
+        (["--from", str(good), "--texts", m, "--qa", m], "leave out --texts, --qa"),
+        (["--original", m, "--unlearned", m], "--texts is required (or --from DIR"),
+        ([], "--original, --unlearned, --texts are required"),
+    ]
+    for extra, message in cases:
+        before = {d: snapshot(tmp_path / d) for d in ("good", "no_csv", "old_probes", "short_csv", "bad_cell")}
+        assert run_cli(["audit-unlearning", *extra, "--out", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (extra, err)
+        assert not out.exists()
+        assert {d: snapshot(tmp_path / d) for d in before} == before
+    inside = good / "rebuilt"
+    assert run_cli(["audit-unlearning", "--from", str(good), "--out", str(inside)]) == 2
+    assert "inside --from" in capsys.readouterr().err and not inside.exists()
 
 
 # ----------------------------------------------------------------------------- the sentence encoder

@@ -3,6 +3,8 @@ member_from, everything before it is non-member text, draws are seeded and never
 eval --window run labels its windows by member_from."""
 import argparse
 import csv
+import gzip
+import io
 import json
 import re
 
@@ -247,3 +249,16 @@ def test_eval_windows_labeled_by_member_from(tiny_llama_dir, tmp_path, capsys):
     assert list(per) == ["first", "second"]
     assert sum(r["n_labeled"] for r in per.values()) == sum(1 for w in lines if w["label"])
     assert re.search(r"first: \d+ labeled windows", concat.window_metrics_markdown(per))
+    # a committed results folder may hold windows.csv.gz (plus run.json) instead: the same reports
+    plain = (out / "windows.csv").read_bytes()
+    (out / "windows.csv.gz").write_bytes(gzip.compress(plain))
+    (out / "windows.csv").unlink()
+    assert concat.window_metrics(out, data, n_bootstrap=10) == per
+    assert concat.window_metrics(out, n_bootstrap=10)["all"]["metrics"] == pooled
+    assert concat.read_windows_csv(out) == list(csv.reader(io.StringIO(plain.decode(), newline="")))
+    (out / "windows.csv.gz").write_bytes(plain)  # not gzip
+    with pytest.raises(UserError, match="not a readable gzip file"):
+        concat.window_metrics(out)
+    (out / "windows.csv.gz").unlink()
+    with pytest.raises(UserError, match=r"no windows.csv \(or windows.csv.gz\)"):
+        concat.window_metrics(out)

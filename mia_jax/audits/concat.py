@@ -27,6 +27,7 @@ the code that built it; so where the paper is silent we chose, and say so:
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import re
 import zlib
@@ -246,22 +247,42 @@ def write_jsonl(records: Sequence[dict], path: str | Path) -> Path:
     return path
 
 
+def read_windows_csv(run_dir: str | Path) -> list[list[str]]:
+    """The rows (header first) of an ``eval --window`` run's ``windows.csv``, or, where it is absent, of
+    ``windows.csv.gz`` (the same file gzipped, e.g. in a committed results folder)."""
+    run_dir = Path(run_dir)
+    plain, packed = run_dir / "windows.csv", run_dir / "windows.csv.gz"
+    if plain.is_file():
+        with open(plain, newline="") as f:
+            rows = list(csv.reader(f))
+    elif packed.is_file():
+        try:
+            with gzip.open(packed, "rt", newline="") as f:
+                rows = list(csv.reader(f))
+        except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
+            raise UserError(f"{packed}: not a readable gzip file ({e})") from None
+    else:
+        raise UserError(f"{run_dir}: no windows.csv (or windows.csv.gz); run `mia-jax eval ... --window N --out "
+                        f"{run_dir}` first")
+    if not rows or rows[0][:4] != ["text", "window", "n_tokens", "label"]:
+        where = plain if plain.is_file() else packed
+        raise UserError(f"{where}: not an eval --window windows.csv (header text, window, n_tokens, label, methods)")
+    return rows
+
+
 def window_metrics(run_dir: str | Path, data: str | Path | None = None, *, by: str = "dataset",
                    method: str | None = None, n_bootstrap: int = 1000, seed: int = 0) -> dict:
     """Window-level metrics of a finished ``eval --window`` run per group of texts: ``{group: report}`` with
     :func:`mia_jax.audits.windowed.report` on each group's windows (labels and scores read back from the run's
-    ``windows.csv``). Groups: the ``by`` field of each row of ``data`` (the run's own ``--data`` file, checked
-    against the SHA-256 in run.json), or one group ``"all"``."""
+    ``windows.csv``, or ``windows.csv.gz`` where there is no ``windows.csv``: :func:`read_windows_csv`). Groups:
+    the ``by`` field of each row of ``data`` (the run's own ``--data`` file, checked against the SHA-256 in
+    run.json), or one group ``"all"``."""
     from mia_jax import data as data_io
     from mia_jax.audits import windowed
     from mia_jax.files import sha256
 
     run_dir = Path(run_dir)
-    csv_path = run_dir / "windows.csv"
-    if not csv_path.is_file():
-        raise UserError(f"{run_dir}: no windows.csv; run `mia-jax eval ... --window N --out {run_dir}` first")
-    with open(csv_path, newline="") as f:
-        rows = list(csv.reader(f))
+    rows = read_windows_csv(run_dir)
     methods = rows[0][4:]
     num = lambda s: float(s) if s != "" else None  # noqa: E731
     texts: dict[int, dict] = {}

@@ -28,6 +28,12 @@ Models*, section 7): which texts of a forget set does an "unlearned" model still
    answer per question from each model (prompt ``"Question: {q}\\nAnswer:"``, its first non-empty line), ROUGE-L
    recall of the gold answer; mean recall of flagged vs other questions.
 
+Outputs (``write_outputs``): unlearning.md, unlearning.json, chunks.csv (per chunk: its place, q under both models,
+ratios, flags), ratios.png and probes.jsonl (per probe: prompt, reference, every sample, its ROUGE-L F and cosine
+similarity). Everything after scoring and generation (ratios, flags, their counts, the probe and QA summaries) is
+``analyse``; ``rebuild`` (``--from DIR``) feeds it the per-example values of an output folder and so recomputes the
+same report without the models.
+
 Where this follows the paper: 512-word chunks, Min-K% scores of each chunk under both models, the window
 (1/1.15, 1.15) on their ratio, the same comparison with perplexity (the paper: 188 chunks flagged by Min-K%, none
 by perplexity), prompts of the first 200 words, 20 sampled continuations per chunk (multinomial sampling: temperature
@@ -232,6 +238,7 @@ class UnlearningResult:
     qa: dict | None = None
     notes: list[str] = field(default_factory=list)
     config: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)  # what a rebuilt result read from unlearning.json besides the above
 
     def to_markdown(self) -> str:
         from mia_jax.report import fmt, markdown
@@ -353,17 +360,9 @@ def audit_unlearning(original, unlearned, texts: Sequence[str], *, chunk_words: 
                                           run_dirs.get(side), resume.get(side, False), batch_size, chunk_size,
                                           progress, f"scoring ({side})")
         scores[side] = {name: by_method[m] for name, m in methods.items()}
-    ratios, flags = {}, {}
-    for name in methods:
-        ratios[name], flags[name] = ratio_flags(scores["original"][name], scores["unlearned"][name], ratio)
-        counts[f"scored_{name}"] = int(np.sum(np.isfinite(scores["original"][name])
-                                              & np.isfinite(scores["unlearned"][name])))
-        counts[f"flagged_{name}"] = int(flags[name].sum())
-        counts[f"undefined_{name}"] = int(np.isnan(ratios[name]).sum())
+    truncated = {f"truncated_{side}": sum(1 for r in records[side] if r.get("truncated")) for side in SIDES}
     notes = []
-    for side in SIDES:
-        counts[f"truncated_{side}"] = sum(1 for r in records[side] if r.get("truncated"))
-    trunc = {side: (counts[f"truncated_{side}"], models[side].max_length) for side in SIDES}
+    trunc = {side: (truncated[f"truncated_{side}"], models[side].max_length) for side in SIDES}
     for who, (n, ctx) in ([("either model's", trunc["original"])] if trunc["original"] == trunc["unlearned"]
                           else [(f"the {side} model's", trunc[side]) for side in SIDES]):
         if n:
@@ -373,19 +372,23 @@ def audit_unlearning(original, unlearned, texts: Sequence[str], *, chunk_words: 
     if not same_tok:
         notes.append("Note: the two models tokenize differently; Min-K% and PPL are per-chunk quantities, so the "
                      "ratio is defined, but the per-token scores behind them are over different tokens.")
-    res = UnlearningResult(chunks, methods, scores, ratios, flags, counts, notes=notes, config=dict(
-        chunk_words=chunk_words, min_words=min_words, k=k, ratio=ratio, max_probe=max_probe,
-        prompt_words=prompt_words, n_samples=n_samples, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, seed=seed, same_tokenizer=same_tok))
-    res.probes = _story_completion(res, models, embedder, batch_size=batch_size, progress=progress)
+    config = dict(chunk_words=chunk_words, min_words=min_words, k=k, ratio=ratio, max_probe=max_probe,
+                  prompt_words=prompt_words, n_samples=n_samples, max_new_tokens=max_new_tokens,
+                  temperature=temperature, top_k=top_k, seed=seed, same_tokenizer=same_tok)
+    res = analyse(chunks, methods, scores, counts, config, notes)
+    res.counts.update(truncated)
+    probes = _story_completion(res, models, embedder, batch_size=batch_size, progress=progress)
+    res.probes = [probe_summary(p) for p in probes]
     if qa is not None:
-        res.qa = _qa_probes(models, qa, k=k, ratio=ratio, max_new_tokens=qa_max_new_tokens, batch_size=batch_size,
-                            chunk_size=chunk_size, progress=progress)
+        res.qa = qa_summary(_qa_probes(models, qa, k=k, max_new_tokens=qa_max_new_tokens, batch_size=batch_size,
+                                       chunk_size=chunk_size, progress=progress), ratio, methods["min_k"])
     return res
 
 
 def _story_completion(res: UnlearningResult, models: dict, embedder, *, batch_size: int, progress: bool) -> list:
-    """Probe the flagged chunks (ratio closest to 1 first, at most max_probe, with a continuation)."""
+    """Probe the flagged chunks (ratio closest to 1 first, at most max_probe, with a continuation): per probe its
+    chunk, prompt, reference, ``samples`` and the per-sample ``rougeL_per_sample`` (and ``embed_per_sample``) values,
+    {side: [n_samples]}; ``probe_summary`` adds the max and mean."""
     cfg = res.config
     log_r = np.abs(np.log(np.where(res.flags["min_k"], res.ratios["min_k"], np.nan)))
     flagged = [int(i) for i in np.argsort(log_r, kind="stable") if res.flags["min_k"][i]]
@@ -407,25 +410,19 @@ def _story_completion(res: UnlearningResult, models: dict, embedder, *, batch_si
         samples[side] = sample(m, prompts, budgets, n_samples=cfg["n_samples"], temperature=cfg["temperature"],
                                top_k=cfg["top_k"], seed=cfg["seed"], batch_size=batch_size, progress=progress,
                                desc=f"completions ({side})")
-    probes = []
-    for r, (i, prompt, ref) in enumerate(zip(todo, prompts, refs)):
-        p = {"chunk": i, "prompt": prompt, "reference": ref}
-        for side in SIDES:
-            mx, mean = _stats(rouge_l(samples[side][r], ref))
-            p[f"rougeL_{side}"] = {"max": mx, "mean": mean}
-        probes.append(p)
+    probes = [{"chunk": i, "prompt": prompt, "reference": ref,
+               "samples": {side: samples[side][r] for side in SIDES},
+               "rougeL_per_sample": {side: rouge_l(samples[side][r], ref).tolist() for side in SIDES}}
+              for r, (i, prompt, ref) in enumerate(zip(todo, prompts, refs))]
     if embedder is not None:
         flat = list(refs) + [s for side in SIDES for ss in samples[side] for s in ss]
         emb = embedder.embed(flat, batch_size=max(8, batch_size), progress=progress)
         ref_e, rest = emb[:len(refs)], emb[len(refs):]
         n = cfg["n_samples"]
-        for s, side in enumerate(SIDES):
-            for r, p in enumerate(probes):
-                e = rest[(s * len(refs) + r) * n:(s * len(refs) + r + 1) * n]
-                mx, mean = _stats(e.astype(np.float64) @ ref_e[r].astype(np.float64))
-                p[f"embed_{side}"] = {"max": mx, "mean": mean}
-    for r, p in enumerate(probes):
-        p["samples"] = {side: samples[side][r] for side in SIDES}
+        for r, p in enumerate(probes):
+            p["embed_per_sample"] = {
+                side: (rest[(s * len(refs) + r) * n:(s * len(refs) + r + 1) * n].astype(np.float64)
+                       @ ref_e[r].astype(np.float64)).tolist() for s, side in enumerate(SIDES)}
     return probes
 
 
@@ -433,9 +430,10 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def _qa_probes(models: dict, qa, *, k: float, ratio: float, max_new_tokens: int, batch_size: int, chunk_size: int,
-               progress: bool) -> dict:
-    """Min-K% of each question under both models, the window's flags, greedy answers, ROUGE-L recall."""
+def _qa_probes(models: dict, qa, *, k: float, max_new_tokens: int, batch_size: int, chunk_size: int,
+               progress: bool) -> list[dict]:
+    """Per question: its Min-K% NLL under both models (``min_k_nll_{side}``, None where not finite), each model's
+    greedy answer and its ROUGE-L recall of the gold answer; ``qa_summary`` flags and averages them."""
     questions, answers = list(qa[0]), list(qa[1])
     method = min_k_method(k)
     prompts = [QA_TEMPLATE.format(question=q) for q in questions]
@@ -448,27 +446,82 @@ def _qa_probes(models: dict, qa, *, k: float, ratio: float, max_new_tokens: int,
         gen = sample(m, prompts, [cap] * len(prompts), n_samples=1, temperature=0.0, batch_size=batch_size,
                      progress=progress, desc=f"answers ({side})")
         answers_by[side] = [_first_line(g[0]) for g in gen]
-        recall[side] = np.array([rouge_l([a], gold, "recall")[0] for a, gold in zip(answers_by[side], answers)])
-    ratios, flags = ratio_flags(sc["original"], sc["unlearned"], ratio)
-    out = {"n": len(questions), "n_flagged": int(flags.sum()), "method": method}
-    for group, sel in (("flagged", flags), ("other", ~flags), ("all", np.ones_like(flags))):
-        out[group] = {"n": int(sel.sum()), **{side: float(recall[side][sel].mean()) if sel.any() else None
-                                              for side in SIDES}}
-    out["questions"] = [{"question": q, "answer": a, "ratio": _num(ratios[i]), "flagged": bool(flags[i]),
-                         **{f"answer_{s}": answers_by[s][i] for s in SIDES},
-                         **{f"recall_{s}": float(recall[s][i]) for s in SIDES}}
-                        for i, (q, a) in enumerate(zip(questions, answers))]
-    return out
+        recall[side] = [float(rouge_l([a], gold, "recall")[0]) for a, gold in zip(answers_by[side], answers)]
+    return [{"question": q, "answer": a, **{f"min_k_nll_{s}": _num(-sc[s][i]) for s in SIDES},
+             **{f"answer_{s}": answers_by[s][i] for s in SIDES}, **{f"recall_{s}": recall[s][i] for s in SIDES}}
+            for i, (q, a) in enumerate(zip(questions, answers))]
 
 
 def _num(x) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+# ----------------------------------------------------------------------------- the analysis (audit and rebuild)
+
+def analyse(chunks: list[Chunk], methods: dict, scores: dict, counts: dict, config: dict, notes: Sequence[str],
+            probes: Sequence[dict] = (), qa: Sequence[dict] | None = None) -> UnlearningResult:
+    """Everything the report says that is not scoring or generation: each method's ratios and flags (``ratio_flags``
+    with ``config["ratio"]``) and their counts (``scored_``, ``flagged_``, ``undefined_``; the other ``counts`` are
+    kept), the story-completion summaries (``probe_summary`` of each probe) and the QA summary (``qa_summary`` of
+    the per-question values). ``scores``: side -> "min_k" / "ppl" -> float64 [n_chunks] (mia_jax orientation)."""
+    counts, ratios, flags = dict(counts), {}, {}
+    for name in methods:
+        ratios[name], flags[name] = ratio_flags(scores["original"][name], scores["unlearned"][name], config["ratio"])
+        counts[f"scored_{name}"] = int(np.sum(np.isfinite(scores["original"][name])
+                                              & np.isfinite(scores["unlearned"][name])))
+        counts[f"flagged_{name}"] = int(flags[name].sum())
+        counts[f"undefined_{name}"] = int(np.isnan(ratios[name]).sum())
+    res = UnlearningResult(chunks, dict(methods), scores, ratios, flags, counts, notes=list(notes),
+                           config=dict(config))
+    res.probes = [probe_summary(p) for p in probes]
+    if qa is not None:
+        res.qa = qa_summary(qa, config["ratio"], methods["min_k"])
+    return res
+
+
+_PER_SAMPLE = ("rougeL", "embed")  # per-sample ROUGE-L F / embedding cosine similarity of a probe
+
+
+def probe_summary(probe: dict) -> dict:
+    """A story-completion probe (``chunk``, ``prompt``, ``reference``, ``samples``, ``rougeL_per_sample`` and
+    optionally ``embed_per_sample``: {side: [value per sample]}) with, for each kind, ``{kind}_{side}`` = the max
+    and mean over the samples. The keys in a fixed order (the same file whether written by the audit or rebuilt)."""
+    out = {k: probe[k] for k in ("chunk", "prompt", "reference")}
+    kinds = [kind for kind in _PER_SAMPLE if f"{kind}_per_sample" in probe]
+    for kind in kinds:
+        for side in SIDES:
+            mx, mean = _stats(probe[f"{kind}_per_sample"][side])
+            out[f"{kind}_{side}"] = {"max": mx, "mean": mean}
+    out["samples"] = probe["samples"]
+    out.update({f"{kind}_per_sample": probe[f"{kind}_per_sample"] for kind in kinds})
+    return out
+
+
+def qa_summary(questions: Sequence[dict], ratio: float, method: str) -> dict:
+    """The QA probes' summary from per-question values (``question``, ``answer``, ``min_k_nll_{side}``: the Min-K%
+    NLL, None where not finite, ``answer_{side}``, ``recall_{side}``): each question's ratio and flag
+    (``ratio_flags``), and the mean ROUGE-L recall of the flagged, other and all questions under each model."""
+    nll = {s: np.array([math.nan if q[f"min_k_nll_{s}"] is None else q[f"min_k_nll_{s}"] for q in questions],
+                       np.float64) for s in SIDES}
+    ratios, flags = ratio_flags(-nll["original"], -nll["unlearned"], ratio)
+    recall = {s: np.array([q[f"recall_{s}"] for q in questions], np.float64) for s in SIDES}
+    out = {"n": len(questions), "n_flagged": int(flags.sum()), "method": method}
+    for group, sel in (("flagged", flags), ("other", ~flags), ("all", np.ones_like(flags))):
+        out[group] = {"n": int(sel.sum()), **{side: float(recall[side][sel].mean()) if sel.any() else None
+                                              for side in SIDES}}
+    out["questions"] = [{"question": q["question"], "answer": q["answer"],
+                         **{f"min_k_nll_{s}": q[f"min_k_nll_{s}"] for s in SIDES},
+                         "ratio": _num(ratios[i]), "flagged": bool(flags[i]),
+                         **{f"answer_{s}": q[f"answer_{s}"] for s in SIDES},
+                         **{f"recall_{s}": q[f"recall_{s}"] for s in SIDES}} for i, q in enumerate(questions)]
+    return out
+
+
 # ----------------------------------------------------------------------------- outputs
 
 def write_outputs(res: UnlearningResult, out: Path, meta: dict) -> None:
-    """OUT/unlearning.md, chunks.csv, ratios.png, unlearning.json and probes.jsonl."""
+    """OUT/unlearning.md, chunks.csv, ratios.png, unlearning.json and probes.jsonl (with every sample and its
+    per-sample values): what ``rebuild`` reads back."""
     from mia_jax.files import write_jsonl
     from mia_jax.report import pyplot, save_figure, write_csv
 
@@ -507,10 +560,142 @@ def write_outputs(res: UnlearningResult, out: Path, meta: dict) -> None:
     record = {**meta, "config": res.config, "methods": res.methods, "counts": res.counts, "notes": res.notes,
               "flagged_min_k": [int(i) for i in np.flatnonzero(res.flags["min_k"])],
               "flagged_ppl": [int(i) for i in np.flatnonzero(res.flags["ppl"])],
-              "probes": [{k: v for k, v in p.items() if k != "samples"} for p in res.probes],
+              "probes": [{k: v for k, v in p.items() if k != "samples" and not k.endswith("_per_sample")}
+                         for p in res.probes],
               "qa": res.qa}
     (out / "unlearning.json").write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
     write_jsonl(out / "probes.jsonl", res.probes)
+
+
+# ----------------------------------------------------------------------------- rebuild from a results folder
+
+_CSV_Q = {"min_k": "min_k_nll", "ppl": "ppl"}  # chunks.csv: the column prefix of each method's q (= -score)
+_CSV_INT = ("chunk", "source_text", "chunk_in_text", "word_offset", "n_words")
+_RESULT_KEYS = ("config", "methods", "counts", "notes", "flagged_min_k", "flagged_ppl", "probes", "qa")
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a JSON file ({e})") from None
+    missing = [k for k in ("config", "methods", "counts", "notes") if k not in (record if isinstance(record, dict)
+                                                                                 else {})]
+    if missing:
+        raise UserError(f"{path}: no {', '.join(missing)}: not the unlearning.json of `mia-jax audit-unlearning`")
+    return record
+
+
+def _load_chunks(path: Path, methods: dict) -> tuple[list[Chunk], dict]:
+    """The chunks (positions only: texts are not in chunks.csv) and side -> name -> float64 scores."""
+    import csv
+
+    want = [*_CSV_INT, *(f"{_CSV_Q[name]}_{side}" for name in methods for side in SIDES)]
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in want if c not in (reader.fieldnames or [])]
+            if missing:
+                raise UserError(f"{path}: no column {', '.join(missing)}: not the chunks.csv of `mia-jax "
+                                "audit-unlearning`")
+            rows = list(reader)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not a UTF-8 CSV file ({e})") from None
+    chunks, q = [], {c: np.full(len(rows), np.nan) for c in want[len(_CSV_INT):]}
+    for i, row in enumerate(rows):
+        try:
+            ints = [int(row[c]) for c in _CSV_INT]
+            for c in q:
+                q[c][i] = float(row[c]) if row[c] != "" else math.nan  # written with repr: exact
+        except (TypeError, ValueError):
+            raise UserError(f"{path}: row {i + 2} has a missing or non-numeric value") from None
+        if ints[0] != i:
+            raise UserError(f"{path}: row {i + 2} is chunk {ints[0]}, expected {i} (rows in chunk order)")
+        chunks.append(Chunk(*ints[1:], text=""))
+    return chunks, {side: {name: -q[f"{_CSV_Q[name]}_{side}"] for name in methods} for side in SIDES}
+
+
+def _load_probes(path: Path, n_chunks: int) -> list[dict]:
+    probes = []
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not a UTF-8 file ({e})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            p = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {n} is not JSON ({e})") from None
+        missing = [k for k in ("chunk", "prompt", "reference", "samples", "rougeL_per_sample")
+                   if k not in (p if isinstance(p, dict) else {})]
+        if missing:
+            raise UserError(f"{path}: line {n} has no {', '.join(missing)} (written by a mia-jax that did not "
+                            "keep per-sample values?); rerun the audit to rebuild from it")
+        if not (isinstance(p["chunk"], int) and 0 <= p["chunk"] < n_chunks):
+            raise UserError(f"{path}: line {n} probes chunk {p['chunk']!r}, not one of the {n_chunks} chunks")
+        probes.append(p)
+    return probes
+
+
+def rebuild(folder: str | Path) -> UnlearningResult:
+    """The result of the audit whose outputs are in ``folder``, recomputed without the models by ``analyse`` (the
+    code the audit runs): the per-chunk scores from chunks.csv, the story-completion probes with their samples and
+    per-sample values from probes.jsonl, and config, methods, counts, notes and the QA per-question values from
+    unlearning.json (the rest of it, models and command, in ``meta``). Not redone, only read: scoring, sampling,
+    which chunks were probed, ROUGE-L and embeddings of each sample, the counts of chunking, truncation and probing.
+    Chunk texts are not in the folder (``Chunk.text`` is ""). Reads only; UserError for a missing or malformed
+    file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"--from {folder}: no such folder")
+    paths = {name: folder / name for name in ("unlearning.json", "chunks.csv", "probes.jsonl")}
+    for name, path in paths.items():
+        if not path.is_file():
+            raise UserError(f"{folder}: no {name}; --from needs the unlearning.json, chunks.csv and probes.jsonl "
+                            "that `mia-jax audit-unlearning` writes")
+    record = _load_json(paths["unlearning.json"])
+    chunks, scores = _load_chunks(paths["chunks.csv"], record["methods"])
+    n = record["counts"].get("chunks")
+    if n != len(chunks):
+        raise UserError(f"{paths['chunks.csv']} has {len(chunks)} chunks, {paths['unlearning.json']} counts {n}")
+    probes = _load_probes(paths["probes.jsonl"], len(chunks))
+    qa = record.get("qa")
+    if qa is not None:
+        keys = [f"{k}_{s}" for k in ("min_k_nll", "answer", "recall") for s in SIDES]
+        if not all(all(k in q for k in ("question", "answer", *keys)) for q in qa.get("questions", [])):
+            raise UserError(f"{paths['unlearning.json']}: its QA questions lack per-question values "
+                            f"({', '.join(keys)}); rerun the audit to rebuild from it")
+        qa = qa["questions"]
+    res = analyse(chunks, record["methods"], scores, record["counts"], record["config"], record["notes"], probes,
+                  qa)
+    res.meta = {k: v for k, v in record.items() if k not in _RESULT_KEYS}
+    return res
+
+
+def rebuild_command(args) -> UnlearningResult:
+    """`mia-jax audit-unlearning --from DIR --out OUT`: ``rebuild`` DIR, then OUT's files as the audit writes them
+    (unlearning.json adds ``rebuilt``: from where, the command, the package version)."""
+    from mia_jax import __version__, rundir
+
+    given = [flag for flag, v in (("--original", args.original), ("--unlearned", args.unlearned),
+                                  ("--texts", args.texts), ("--qa", args.qa), ("--embed-model", args.embed_model))
+             if v is not None]
+    if given:
+        raise UserError(f"--from rebuilds the report from a results folder, without models or data: leave out "
+                        f"{', '.join(given)}")
+    src, out = Path(args.from_dir), rundir.check_path(args.out)
+    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
+        raise UserError(f"--out {out} is inside --from {src}; a rebuild never writes into the folder it reads: give "
+                        "another --out")
+    res = rebuild(src)
+    meta = {**res.meta, "rebuilt": {"from": str(src), "command": " ".join(sys.argv), "package_version": __version__}}
+    with rundir.claim(out):
+        write_outputs(res, out, meta)
+    print(res.to_markdown())
+    print(f"wrote {out}/ (rebuilt from {src}/)", file=sys.stderr)
+    return res
 
 
 # ----------------------------------------------------------------------------- mia-jax audit-unlearning
@@ -518,9 +703,14 @@ def write_outputs(res: UnlearningResult, out: Path, meta: dict) -> None:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("audit-unlearning", help="which forget-set texts does an unlearned model still know? "
                                                 "(Min-K%% ratio audit, Shi et al. 2023 section 7)")
-    p.add_argument("--original", required=True, help="the model before unlearning (HF folder, .gguf or a name)")
-    p.add_argument("--unlearned", required=True, help="the model after unlearning")
-    p.add_argument("--texts", required=True, metavar="FORGET", help="the forget set (.jsonl / .csv / .tsv / .parquet)")
+    p.add_argument("--original", help="the model before unlearning (HF folder, .gguf or a name); required "
+                                       "unless --from")
+    p.add_argument("--unlearned", help="the model after unlearning; required unless --from")
+    p.add_argument("--texts", metavar="FORGET", help="the forget set (.jsonl / .csv / .tsv / .parquet); required "
+                                                     "unless --from")
+    p.add_argument("--from", dest="from_dir", metavar="DIR",
+                   help="rebuild the report from an earlier --out folder (its unlearning.json, chunks.csv and "
+                        "probes.jsonl; its config, not this command's options) into --out, without the models")
     p.add_argument("--text-field", default="text", help="field of the texts (default: text)")
     p.add_argument("--encoding", default="utf-8", help="text encoding of --texts and --qa (default: utf-8)")
     p.add_argument("--out", required=True, help="output folder: unlearning.md / .json, chunks.csv, ratios.png, "
@@ -553,6 +743,13 @@ def command(args) -> UnlearningResult:
     """`mia-jax audit-unlearning`: every input checked and both models loaded before anything is written."""
     from mia_jax import __version__, data, models, rundir, runner
 
+    if args.from_dir is not None:
+        return rebuild_command(args)
+    missing = [flag for flag, v in (("--original", args.original), ("--unlearned", args.unlearned),
+                                    ("--texts", args.texts)) if v is None]
+    if missing:
+        raise UserError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (or --from DIR to "
+                        "rebuild the report of an earlier --out folder)")
     check_options(chunk_words=args.chunk_words, min_words=args.min_words, k=args.k, ratio=args.ratio,
                   max_probe=args.max_probe, prompt_words=args.prompt_words, n_samples=args.n_samples,
                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -606,6 +803,7 @@ def command(args) -> UnlearningResult:
                                   "add_bos": m.add_bos, "max_length": m.max_length,
                                   "tokenizer_sha256": tokenizer_digest(m)} for side, m in loaded.items()},
                 "embed_model": {"name": embedder.name, "files": embedder.files} if embedder else None}
+        res.meta = meta
         write_outputs(res, out, meta)
     print(res.to_markdown())
     print(f"wrote {out}/", file=sys.stderr)
