@@ -363,7 +363,10 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
         report.plot_roc(out / "roc.png", {m: (labels, scores[m]) for m in methods},
                         title=f"{ds.name}, {loaded.name}")
         report.plot_histograms(out / "histograms.png", scores, labels)
-        print(report.markdown_table({m: summary[m] for m in methods}))
+        if len(set(labels)) == 2:
+            print(report.markdown_table({m: summary[m] for m in methods}))
+        else:
+            print(f"Text-level metrics not computed: every text has label {labels[0]} (see the window-level table).")
         print("".join(f"\n{n}" for n in notes).lstrip("\n"))
         if comparisons:
             print("\n" + report.comparisons_markdown(comparisons))
@@ -373,8 +376,9 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
 
 
 def _window_report(args, ds, loaded, records, methods, out: Path, labeled: bool) -> dict:
-    """Online detection: window-level metrics where the data says where each text's member part begins, each
-    text's first flagged window; windows.csv (text, window, tokens, label, scores) and a printed summary."""
+    """Online detection: window-level metrics (and the blind baseline on the windows' texts, unless --no-blind)
+    where the data says where each text's member part begins, each text's first flagged window; windows.csv (text,
+    window, tokens, label, scores, window_text) and a printed summary."""
     from mia_jax.audits import windowed
     from mia_jax.report import markdown_table, write_csv
 
@@ -383,16 +387,20 @@ def _window_report(args, ds, loaded, records, methods, out: Path, labeled: bool)
         raise UserError(f"--window-method {method!r} is not one of this run's methods ({', '.join(methods)})")
     starts = ds.extra.get(args.member_from_field, [None] * len(ds))
     labels = windowed.window_labels(loaded.tokenizer, ds.texts, starts, records)
+    texts = windowed.window_texts(loaded, ds.texts, records)  # from the texts: also on a resumed run
     rep = windowed.report(records, labels, methods, method=method, threshold=args.window_threshold, fpr=0.05,
-                          n_bootstrap=args.n_bootstrap if labeled else 0, seed=getattr(args, "seed", 0))
-    rows = [[i, j, n, lab, *(r["windows"]["scores"][m][j] for m in methods)]
-            for i, (r, labs) in enumerate(zip(records, labels)) if "windows" in r
-            for j, (n, lab) in enumerate(zip(r["windows"]["n_tokens"], labs))]
-    write_csv(out / "windows.csv", ["text", "window", "n_tokens", "label", *methods], rows)
+                          n_bootstrap=args.n_bootstrap if labeled else 0, seed=getattr(args, "seed", 0),
+                          texts=texts, blind=not getattr(args, "no_blind", False))
+    rows = [[i, j, n, lab, *(r["windows"]["scores"][m][j] for m in methods), wt]
+            for i, (r, labs, wts) in enumerate(zip(records, labels, texts)) if "windows" in r
+            for j, (n, lab, wt) in enumerate(zip(r["windows"]["n_tokens"], labs, wts))]
+    write_csv(out / "windows.csv", ["text", "window", "n_tokens", "label", *methods, concat.WINDOW_TEXT], rows)
     print(f"windows of {args.window} tokens: {rep['n_windows']} ({rep['n_labeled']} labeled, {rep['n_straddling']} "
           f"straddling the member boundary or unlabeled); per-window scores in {out / 'windows.csv'}", file=sys.stderr)
     if "metrics" in rep:
         print("Window-level detection (windows pooled over texts):\n" + markdown_table(rep["metrics"]))
+    if rep.get("blind_note"):
+        print(rep["blind_note"])
     if "threshold" in rep:
         flagged = [f for f in rep["first_flagged"] if f is not None]
         print(f"{method} above {rep['threshold']:.4g}"

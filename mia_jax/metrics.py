@@ -22,6 +22,9 @@ Conventions
   stated ("A > B") only when that interval excludes 0, else it is "not distinguishable". :func:`subset_bootstrap`
   does the same for two member subsets against shared non-members, :func:`evaluate_mean` gives the interval of
   an average over datasets.
+* **Cluster bootstrap** (``clusters=`` in :func:`evaluate` and :func:`paired_bootstrap`): when examples come in
+  clusters (the snippets of one book, the windows of one text), whole clusters are resampled instead of examples
+  (see :func:`evaluate`); the point estimates are the same, only the intervals change.
 """
 
 from __future__ import annotations
@@ -163,21 +166,48 @@ def _interval(values: np.ndarray, confidence: float) -> list[float]:
     return [float(lo), float(hi)]
 
 
-def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confidence: float = 0.95) -> dict:
+def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confidence: float = 0.95,
+             clusters: Sequence | None = None) -> dict:
     """All metrics for one method as a JSON-serialisable dict (see the module docstring).
 
     NaN/inf scores are counted in ``n_nan`` and excluded (and mentioned in ``note``). With only one class
     among the scored rows every metric is ``None`` and ``note`` says why. ``auroc_ci`` and
     ``tpr_at_5pct_fpr_ci`` are stratified percentile-bootstrap intervals, identical for the same ``seed``;
-    ``None`` when ``n_bootstrap == 0``."""
+    ``None`` when ``n_bootstrap == 0``.
+
+    ``clusters`` (one hashable key per example, e.g. the title of the book a snippet comes from): a **cluster
+    bootstrap**. Examples of one cluster are not independent (a book's snippets share its style, its names, whether
+    the model saw it), so resampling examples as if they were treats 48 snippets of 12 books as 48 independent
+    draws and gives intervals that are too narrow. Each resample here draws whole clusters with replacement and
+    keeps every example of a drawn cluster (as many times as the cluster was drawn); the statistic is computed on
+    that multiset. This is the usual cluster (block) bootstrap of one-way clustered data: Field & Welsh (2007,
+    *Bootstrapping clustered data*, JRSS B 69(3), 369-390; read: its summary) find its variance estimates consistent
+    both under a random-effect and under a transformation model of such data (for means and sums of squares; an
+    AUROC is not among the statistics they treat). With few clusters the interval is wide, and it should be.
+
+    - When every cluster holds one label (a book is seen or unseen), the resample is **stratified**: the member
+      clusters and the non-member clusters are drawn separately, each at its observed count of clusters, so every
+      resample has both classes (the class balance of examples may vary with cluster sizes).
+    - When some cluster holds both labels, all clusters are drawn together (as many as there are); a resample with
+      one class only has no AUROC and is **redrawn** (the interval is conditional on both classes, as the
+      stratified ones are by construction); ``n_redrawn`` counts the redraws.
+
+    The point estimates are the same as without ``clusters``. Clusters with a NaN/inf score are kept with their
+    other examples (a cluster whose every score is NaN/inf is gone). With ``clusters`` the dict also has
+    ``clusters`` (how many among the scored examples), ``bootstrap: "cluster"``, ``cluster_stratified`` (True,
+    False, or None with one class) and ``n_redrawn``. With one example per cluster the draws are exactly those of
+    the plain stratified bootstrap (clusters numbered in order of first appearance), so the intervals are the
+    same."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if n_bootstrap < 0:
         raise ValueError(f"n_bootstrap must be >= 0, got {n_bootstrap}")
     lab = _as_labels(labels)
     sc = _as_scores(scores, lab.shape[0])
+    cid = None if clusters is None else _cluster_ids(clusters, lab.shape[0])
     finite = np.isfinite(sc)
     lab, sc = lab[finite], sc[finite]
+    cid = None if cid is None else cid[finite]
     n_nan = int((~finite).sum())
     n_pos = int(lab.sum())
     n_neg = int(lab.shape[0] - n_pos)
@@ -192,6 +222,8 @@ def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confiden
     notes = []
     if n_nan:
         notes.append(f"{n_nan} NaN/inf score{'s' if n_nan != 1 else ''} excluded")
+    if cid is not None:
+        out.update(clusters=len(set(cid.tolist())), bootstrap="cluster", cluster_stratified=None, n_redrawn=0)
     if n_pos == 0 or n_neg == 0:
         notes.insert(0, f"AUROC undefined: only one class among scored examples "
                         f"({n_pos} members, {n_neg} non-members)")
@@ -202,8 +234,15 @@ def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confiden
         out[_TPR_KEYS[f]] = tpr_at_fpr(lab, sc, f)
     out["fpr_at_95pct_tpr"] = fpr_at_tpr(lab, sc, 0.95)
     out["best_balanced_accuracy"], out["best_threshold"] = best_balanced_accuracy(lab, sc)
+    if cid is not None:
+        draw = _ClusterDraw(np.arange(lab.shape[0]), cid, lab)
+        out["cluster_stratified"] = draw.stratified
     if n_bootstrap:
-        aucs, tprs = _bootstrap(sc[lab == 1], sc[lab == 0], n_bootstrap, seed, 0.05)
+        if cid is None:
+            aucs, tprs = _bootstrap(sc[lab == 1], sc[lab == 0], n_bootstrap, seed, 0.05)
+        else:
+            boot_auc, boot_tpr, out["n_redrawn"] = _cluster_bootstrap([sc], [draw], n_bootstrap, seed, 0.05)
+            aucs, tprs = boot_auc[:, 0], boot_tpr[:, 0]
         out["auroc_ci"] = _interval(aucs, confidence)
         out["tpr_at_5pct_fpr_ci"] = _interval(tprs, confidence)
     out["note"] = "; ".join(notes) or None
@@ -315,7 +354,8 @@ def _check_bootstrap_args(n_bootstrap: int, confidence: float) -> None:
 
 
 def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = None, n_bootstrap: int = 1000,
-                     seed: int = 0, confidence: float = 0.95, fpr: float = 0.05) -> dict:
+                     seed: int = 0, confidence: float = 0.95, fpr: float = 0.05,
+                     clusters: Sequence | None = None) -> dict:
     """Paired bootstrap of A - B for two score vectors on the **same** examples: two methods scored by one model,
     or one method scored by two models (e.g. two learning rates) on the same eval set.
 
@@ -329,28 +369,159 @@ def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = No
     dict: ``n, n_used, n_dropped, n_members, n_nonmembers, groups, n_bootstrap, seed, confidence`` and, for
     ``"auroc"`` and the TPR key (``"tpr_at_5pct_fpr"``), ``{"a", "b", "diff", "ci": [lo, hi], "verdict"}`` with
     ``verdict`` one of ``"A > B"``, ``"B > A"`` or ``"not distinguishable"`` (the interval contains 0).
-    Deterministic for a given ``seed``; swapping A and B negates every difference and interval exactly."""
+    Deterministic for a given ``seed``; swapping A and B negates every difference and interval exactly.
+
+    ``clusters`` (one key per example, e.g. a snippet's book): a cluster bootstrap (see :func:`evaluate`): whole
+    clusters are resampled, stratified by label when every cluster holds one label, and each resample of clusters is
+    applied to both A and B. With ``groups``, clusters are resampled within each group (a key found in two groups is
+    two clusters), per group stratified or not on its own. The point estimates are those without ``clusters``; the
+    dict also has ``clusters`` (their number, summed over groups), ``bootstrap: "cluster"``, ``cluster_stratified``
+    (True when every group was stratified) and ``n_redrawn``."""
     _check_bootstrap_args(n_bootstrap, confidence)
     lab = _as_labels(labels)
     a = _as_scores(scores_a, lab.shape[0])
     b = _as_scores(scores_b, lab.shape[0])
     if groups is not None and len(groups) != lab.shape[0]:
         raise ValueError(f"groups and labels differ in length: {len(groups)} groups, {lab.shape[0]} labels")
+    cid = None if clusters is None else _cluster_ids(clusters, lab.shape[0])
     keep = np.isfinite(a) & np.isfinite(b)
     kept_groups = None if groups is None else [g for g, k in zip(groups, keep) if k]
     lab, a, b = lab[keep], a[keep], b[keep]
     keys, rows = _group_rows(lab, kept_groups, lab.shape[0])
-    auc, tpr, boot_auc, boot_tpr = _grouped_bootstrap([a, b], rows, n_bootstrap, seed, fpr)
+    if cid is None:
+        auc, tpr, boot_auc, boot_tpr = _grouped_bootstrap([a, b], rows, n_bootstrap, seed, fpr)
+    else:
+        auc, tpr, _, _ = _grouped_bootstrap([a, b], rows, 0, seed, fpr)
+        draws = [_ClusterDraw(np.sort(np.concatenate([pos, neg])), cid[keep], lab) for pos, neg in rows]
+        boot_auc, boot_tpr, n_redrawn = _cluster_bootstrap([a, b], draws, n_bootstrap, seed, fpr)
     out = {"n": int(keep.shape[0]), "n_used": int(keep.sum()), "n_dropped": int((~keep).sum()),
            "n_members": int(lab.sum()), "n_nonmembers": int(lab.shape[0] - lab.sum()),
            "groups": None if groups is None else [str(k) for k in keys],
            "n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
+    if cid is not None:
+        out.update(clusters=sum(d.k for d in draws), bootstrap="cluster",
+                   cluster_stratified=all(d.stratified for d in draws), n_redrawn=n_redrawn)
     for key, point, boot in (("auroc", auc, boot_auc), (_tpr_key(fpr), tpr, boot_tpr)):
         diff = boot[:, 0] - boot[:, 1]
         ci = _interval(diff, confidence)
         out[key] = {"a": float(point[0]), "b": float(point[1]), "diff": float(point[0] - point[1]),
                     "ci": ci, "verdict": verdict(ci)}
     return out
+
+
+# ---------------------------------------------------------------- cluster bootstrap (vectorised, weighted)
+
+_MAX_REDRAW_ROUNDS = 1000  # a group with a mixed cluster has P(one-class resample) <= (1 - 1/K)^K < 1/e
+
+
+def _cluster_ids(clusters, n: int) -> np.ndarray:
+    """int64 [n]: each example's cluster, numbered in order of first appearance."""
+    keys = list(clusters)
+    if len(keys) != n:
+        raise ValueError(f"clusters and labels differ in length: {len(keys)} clusters, {n} labels")
+    index: dict = {}
+    try:
+        return np.array([index.setdefault(k, len(index)) for k in keys], np.int64)
+    except TypeError:
+        raise ValueError("clusters must be hashable keys (e.g. a title or an id), one per example") from None
+
+
+def _cluster_counts(draw: np.ndarray, k: int) -> np.ndarray:
+    """Times each of ``k`` clusters is drawn in each row of ``draw`` [b, m] (values in [0, k)) -> float64 [b, k]."""
+    b = draw.shape[0]
+    flat = (draw + k * np.arange(b)[:, None]).ravel()
+    return np.bincount(flat, minlength=b * k).reshape(b, k).astype(np.float64)
+
+
+class _ClusterDraw:
+    """How one group's examples are resampled by cluster. ``rows`` [n_g]: the group's rows in the score vectors
+    (ascending); its clusters are numbered 0..K-1 in order of first appearance among them. Stratified when no
+    cluster holds both labels.
+
+    Draws per call (``rng`` shared by the groups, in order): stratified, ``rng.integers(0, K1, (b, K1))`` over the
+    member clusters, then ``rng.integers(0, K0, (b, K0))`` over the non-member clusters (each in order of first
+    appearance); else ``rng.integers(0, K, (b, K))``, then for the resamples with one class only
+    ``rng.integers(0, K, (r, K))`` again until none is left."""
+
+    def __init__(self, rows: np.ndarray, cid: np.ndarray, lab: np.ndarray):
+        self.rows = rows
+        self.lab = lab[rows]
+        self.local = _cluster_ids(cid[rows].tolist(), rows.size)
+        self.k = int(self.local.max()) + 1 if rows.size else 0
+        self.n_pos = np.bincount(self.local, weights=self.lab, minlength=self.k)
+        self.n_neg = np.bincount(self.local, weights=1 - self.lab, minlength=self.k)
+        self.stratified = not bool(((self.n_pos > 0) & (self.n_neg > 0)).any())
+        self.pos_clusters = np.flatnonzero(self.n_pos > 0)
+        self.neg_clusters = np.flatnonzero(self.n_neg > 0)
+
+    def weights(self, rng, b: int) -> tuple[np.ndarray, int]:
+        """(float64 [b, n_g]: how many times each example is in each of ``b`` resamples, resamples redrawn)."""
+        if self.stratified:
+            counts = np.zeros((b, self.k))
+            for cl in (self.pos_clusters, self.neg_clusters):
+                counts[:, cl] = _cluster_counts(rng.integers(0, cl.size, size=(b, cl.size)), cl.size)
+            return counts[:, self.local], 0
+        counts = _cluster_counts(rng.integers(0, self.k, size=(b, self.k)), self.k)
+        redrawn = 0
+        for _ in range(_MAX_REDRAW_ROUNDS):
+            bad = np.flatnonzero((counts @ self.n_pos == 0) | (counts @ self.n_neg == 0))
+            if not bad.size:
+                return counts[:, self.local], redrawn
+            redrawn += int(bad.size)
+            counts[bad] = _cluster_counts(rng.integers(0, self.k, size=(bad.size, self.k)), self.k)
+        raise RuntimeError("cluster bootstrap: resamples with one class kept coming back")  # P < e^-1000
+
+
+def _weighted_rows(sc: np.ndarray, lab: np.ndarray, w: np.ndarray, fpr: float) -> tuple[np.ndarray, np.ndarray]:
+    """AUROC and TPR@``fpr`` of each resample given as multiplicities ``w`` [B, n] of the examples (``sc``, ``lab``
+    [n]): the same values as :func:`_auroc_rows` / :func:`_tpr_at_fpr_rows` on the resampled rows, exactly (integer
+    counts, one division each), without materialising rows of unequal length."""
+    order = np.argsort(sc, kind="stable")
+    s = sc[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # runs of equal scores, ascending
+    w = w[:, order]
+    member = lab[order] == 1
+    pos = np.add.reduceat(np.where(member, w, 0.0), starts, axis=1)  # [B, m]: member weight at each distinct score
+    neg = np.add.reduceat(np.where(member, 0.0, w), starts, axis=1)
+    n_pos, n_neg = pos.sum(axis=1), neg.sum(axis=1)
+    neg_below = np.cumsum(neg, axis=1) - neg
+    auc = (pos * (neg_below + 0.5 * neg)).sum(axis=1) / (n_pos * n_neg)
+    # k: the largest count with k / n_neg <= fpr (the float comparison of _max_false_positives)
+    k = np.floor(fpr * n_neg)
+    k = np.where((k + 1) / n_neg <= fpr, k + 1, k)
+    k = np.where(k / n_neg > fpr, k - 1, k)
+    neg_at_or_above = n_neg[:, None] - neg_below  # non-increasing along the scores
+    v = (neg_at_or_above >= k[:, None] + 1).sum(axis=1) - 1  # the (k+1)-th largest non-member score's run
+    pos_upto = np.cumsum(pos, axis=1)
+    above = n_pos - np.take_along_axis(pos_upto, np.maximum(v, 0)[:, None], axis=1)[:, 0]
+    tpr = np.where(k >= n_neg, 1.0, above / n_pos)
+    return auc, tpr
+
+
+def _cluster_bootstrap(vectors: Sequence[np.ndarray], draws: Sequence[_ClusterDraw], n_bootstrap: int, seed: int,
+                       fpr: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """Mean over groups (``draws``, one per group) of AUROC and TPR@``fpr`` of each score vector on ``n_bootstrap``
+    cluster resamples shared by all vectors: -> (boot_auroc [B, V], boot_tpr [B, V], resamples redrawn). Blocks of
+    ``max(1, _CHUNK_ELEMENTS // (V * n))`` resamples, as :func:`_grouped_bootstrap`."""
+    n_total = sum(d.rows.size for d in draws)
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _CHUNK_ELEMENTS // (len(vectors) * n_total))
+    aucs, tprs, redrawn = [], [], 0
+    for start in range(0, n_bootstrap, chunk):
+        b = min(chunk, n_bootstrap - start)
+        auc = np.zeros((b, len(vectors)))
+        tpr = np.zeros((b, len(vectors)))
+        for d in draws:
+            w, r = d.weights(rng, b)
+            redrawn += r
+            for v, sc in enumerate(vectors):
+                x, y = _weighted_rows(sc[d.rows], d.lab, w, fpr)
+                auc[:, v] += x
+                tpr[:, v] += y
+        aucs.append(auc / len(draws))
+        tprs.append(tpr / len(draws))
+    empty = np.zeros((0, len(vectors)))
+    return (np.concatenate(aucs) if aucs else empty, np.concatenate(tprs) if tprs else empty, redrawn)
 
 
 def evaluate_mean(labels, scores, groups: Sequence, *, n_bootstrap: int = 1000, seed: int = 0,

@@ -160,6 +160,14 @@ def _ci(x, ci) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{x:.3f}"
 
 
+def _model_label(info) -> str:
+    """The model's name, or for a folder named like the generic "model" its parent folder too (contam-lr4/model)."""
+    files = [Path(f) for f in info.get("model_files") or {}]
+    if info["model"] == "model" and files and files[0].parent.name == "model":
+        return f"{files[0].parent.parent.name}/{info['model']}"
+    return info["model"]
+
+
 def section(folder: Path, n_bootstrap: int = 1000) -> str:
     info = json.loads((folder / "info.json").read_text())
     cost = json.loads((folder / "cost.json").read_text())
@@ -194,7 +202,7 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
         table.append([name, _ci(res["auroc"], res.get("auroc_ci")),
                       _ci(res["tpr_at_5pct_fpr"], res.get("tpr_at_5pct_fpr_ci")), vs, str(res.get("n_nan", 0))])
     avg = " (mean over datasets, resampled within each)" if several else ""
-    text = [f"## {info['name']}: {info['model']}\n",
+    text = [f"## {info['name']}" + (" (sample)" if info.get("per_cell") else "") + f": {_model_label(info)}\n",
             f"{info['n_evaluated']} texts evaluated"
             + (f" (a seeded sample of {info['per_cell']} per dataset and label)" if info.get("per_cell") else "")
             + f" ({info['n_shots_held_out']} held out as ReCaLL shots, {info['shots_per_prefix']} per prefix"

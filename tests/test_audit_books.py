@@ -257,6 +257,13 @@ def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
     assert th["given"]["value"] == -5.5
     assert info["validation_metrics"]["ppl"]["auroc"] == pytest.approx(
         metrics.auroc(lab, [float(r["ppl"]) for r in vrows]))
+    # the validation intervals resample books (a cluster bootstrap over the 6 validation books), not snippets
+    vppl = [float(r["ppl"]) for r in vrows]
+    vm = info["validation_metrics"]["ppl"]
+    assert vm["bootstrap"] == "cluster" and vm["clusters"] == 6 and vm["cluster_stratified"] is True
+    want = metrics.evaluate(lab, vppl, n_bootstrap=200, seed=0, clusters=[r["title"] for r in vrows])
+    assert vm["auroc_ci"] == pytest.approx(want["auroc_ci"], abs=1e-12)
+    assert vm["auroc_ci"] != metrics.evaluate(lab, vppl, n_bootstrap=200, seed=0)["auroc_ci"]
     # the per-book rates, recomputed from the audit rows
     rows = read_csv(out / "books.csv")
     assert [r["title"] for r in rows] == [r["title"] for r in res.rates] and len(rows) == 6
@@ -277,6 +284,7 @@ def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
     assert sep["rate @ accuracy"]["n_members"] == 3 and sep["rate @ accuracy"]["n_nonmembers"] == 3
     md = (out / "books.md").read_text()
     assert "### Contamination rate per book (Table 2), ranked" in md and "| 1 | " in md and "Figure 3" in md
+    assert "intervals resample the 6 validation books, each with all its snippets" in md
     print(md)  # the README example (pytest -s)
     # the same command again: both scoring runs resume, the same tables
     B.command(parse(argv))

@@ -48,3 +48,34 @@ def test_no_signal_when_labels_are_random():
 def test_too_few_examples():
     with pytest.raises(UserError, match="at least 5 members"):
         blind_bow_scores(["a", "b", "c", "d"], [1, 0, 1, 0])
+
+
+def test_groups_keep_each_texts_windows_in_one_fold_and_stop_the_leak():
+    """40 documents of 3 windows each; every window of a document carries the document's own word, and the label is
+    the document's. Plain k-fold spreads a document's windows over folds (the fold model saw its word: AUROC near 1,
+    a leak); grouped k-fold keeps them in one fold (the word is unseen: every window scores the same, AUROC 0.5)."""
+    from mia_jax.blind import assign_folds
+
+    groups = np.repeat(np.arange(40), 3)
+    labels = (groups % 2).astype(int)
+    texts = [f"doc{g} shared words here" for g in groups]
+    folds = assign_folds(labels, seed=0, groups=groups)
+    assert sorted(set(folds.tolist())) == [0, 1, 2, 3, 4]
+    for g in range(40):
+        assert len(set(folds[groups == g].tolist())) == 1  # all windows of a text in one fold
+    for k in range(5):
+        assert set(labels[folds == k].tolist()) == {0, 1}  # stratified: both classes in each fold
+    np.testing.assert_array_equal(folds, assign_folds(labels, seed=0, groups=groups))
+    plain = assign_folds(labels, seed=0)
+    assert any(len(set(plain[groups == g].tolist())) > 1 for g in range(40))  # what grouping prevents
+    assert auroc(labels, blind_bow_scores(texts, labels, seed=0)) > 0.9  # the leak
+    grouped = blind_bow_scores(texts, labels, seed=0, groups=groups)
+    assert auroc(labels, grouped) < 0.6 and np.ptp(grouped[folds == 0]) < 1e-9
+
+
+def test_too_few_groups():
+    texts, labels = [f"w{i}" for i in range(12)], [0, 1] * 6
+    with pytest.raises(UserError, match="at least 5 groups"):
+        blind_bow_scores(texts, labels, groups=[i % 4 for i in range(12)])
+    with pytest.raises(UserError, match="members are in 2, non-members in 5"):  # 6 groups, members in only 2
+        blind_bow_scores(texts, labels, groups=[0, 1, 2, 1, 3, 5, 4, 1, 5, 5, 0, 1])

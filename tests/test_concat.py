@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from mia_jax import blind
 from mia_jax.audits import concat
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
@@ -200,7 +201,9 @@ def test_window_metrics_per_group_against_sklearn(tmp_path):
         assert reps[g]["metrics"]["loss"]["auroc"] == pytest.approx(roc_auc_score(lab, loss))
         assert reps[g]["metrics"]["min_k_pp@0.2"]["auroc"] == pytest.approx(roc_auc_score(lab, mkpp))
         assert reps[g]["metrics"]["loss"]["auroc_ci"] is not None
-    assert "| loss" in concat.window_metrics_markdown(reps)
+    assert all(blind.NAME not in r["metrics"] and "no window texts" in r["blind_note"] for r in reps.values())
+    assert "| loss" in concat.window_metrics_markdown(reps) and "no window texts" in concat.window_metrics_markdown(
+        reps)
     assert list(concat.window_metrics(tmp_path / "run", n_bootstrap=0)) == ["all"]
     other = tmp_path / "other.jsonl"
     other.write_text(data.read_text() + "\n")
@@ -210,7 +213,8 @@ def test_window_metrics_per_group_against_sklearn(tmp_path):
 
 def test_eval_windows_labeled_by_member_from(tiny_llama_dir, tmp_path, capsys):
     """End to end on the tiny model: every window labeled 1 holds only member text (tokens from member_from on),
-    every window labeled 0 only non-member text, the rest straddle; window_metrics reproduces eval's numbers."""
+    every window labeled 0 only non-member text, the rest straddle; window_text is the decoded window; the blind
+    baseline is a row of the window metrics; window_metrics reproduces eval's numbers (with window_text or not)."""
     from mia_jax import models
     from mia_jax.cli import main
 
@@ -222,14 +226,15 @@ def test_eval_windows_labeled_by_member_from(tiny_llama_dir, tmp_path, capsys):
                                                       seed=0))]
     data = concat.write_jsonl(recs, tmp_path / "concat.jsonl")
     out = tmp_path / "out"
-    assert main(["eval", "--model", str(tiny_llama_dir), "--data", str(data), "--methods", "loss", "min_k_pp",
-                 "--window", "8", "--out", str(out), "--no-progress", "--no-blind", "--n-bootstrap", "10"]) == 0
-    capsys.readouterr()
+    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(data), "--methods", "loss", "min_k_pp",
+            "--window", "8", "--out", str(out), "--no-progress", "--n-bootstrap", "10"]
+    assert main(argv) == 0
+    assert "Blind baseline on the windows (blind_bow" in capsys.readouterr().out
     tok = models.load(str(tiny_llama_dir)).tokenizer
-    lines = list(csv.DictReader(open(out / "windows.csv", newline="")))
+    lines = list(csv.DictReader(open(out / "windows.csv", newline="", encoding="utf-8")))
     seen = set()
     for i, rec in enumerate(recs):
-        offsets = tok.encode(rec["text"]).offsets[1:]  # the scored tokens
+        offsets, ids = tok.encode(rec["text"]).offsets[1:], tok.encode(rec["text"]).ids[1:]  # the scored tokens
         member = [False] * len(rec["text"])  # characters of member text (a part, or the separator before one)
         for p in rec["parts"]:
             if p["label"] == 1:
@@ -237,6 +242,7 @@ def test_eval_windows_labeled_by_member_from(tiny_llama_dir, tmp_path, capsys):
         pos = 0
         for w in (row for row in lines if row["text"] == str(i)):
             sides = {member[c] for s, e in offsets[pos: pos + int(w["n_tokens"])] for c in range(s, e)}
+            assert w["window_text"] == tok.decode(ids[pos: pos + int(w["n_tokens"])])
             pos += int(w["n_tokens"])
             assert w["label"] == ("" if len(sides) == 2 else str(int(sides.pop())))
             assert w["label"] != "1" or rec["label"] == 1
@@ -244,18 +250,33 @@ def test_eval_windows_labeled_by_member_from(tiny_llama_dir, tmp_path, capsys):
     assert seen == {"0", "1", ""}
     meta = json.loads((out / "run.json").read_text())["windows"]["metrics"]
     pooled = concat.window_metrics(out, n_bootstrap=10)["all"]["metrics"]
+    assert list(meta) == ["loss", "min_k_pp@0.2", blind.NAME]
     assert {m: pooled[m]["auroc"] for m in pooled} == {m: meta[m]["auroc"] for m in meta}
+    assert meta[blind.NAME]["n_scored"] == meta["loss"]["n_scored"] == sum(1 for w in lines if w["label"])
     per = concat.window_metrics(out, data, n_bootstrap=10)
     assert list(per) == ["first", "second"]
+    assert all("Blind baseline not computed" in r["blind_note"] for r in per.values())  # 4 and 6 texts: too few
+    # a resumed run (every batch already scored, the records hold no window text) writes the same windows.csv;
+    # --no-blind drops the blind row
+    plain = (out / "windows.csv").read_bytes()
+    assert main(argv + ["--no-blind"]) == 0 and (out / "windows.csv").read_bytes() == plain
+    assert "resuming" in capsys.readouterr().err
+    assert blind.NAME not in json.loads((out / "run.json").read_text())["windows"]["metrics"]
     assert sum(r["n_labeled"] for r in per.values()) == sum(1 for w in lines if w["label"])
     assert re.search(r"first: \d+ labeled windows", concat.window_metrics_markdown(per))
     # a committed results folder may hold windows.csv.gz (plus run.json) instead: the same reports
-    plain = (out / "windows.csv").read_bytes()
     (out / "windows.csv.gz").write_bytes(gzip.compress(plain))
     (out / "windows.csv").unlink()
     assert concat.window_metrics(out, data, n_bootstrap=10) == per
     assert concat.window_metrics(out, n_bootstrap=10)["all"]["metrics"] == pooled
     assert concat.read_windows_csv(out) == list(csv.reader(io.StringIO(plain.decode(), newline="")))
+    # one written before the window_text column: the same method rows, no blind row, a note saying why
+    old = io.StringIO(newline="")
+    csv.writer(old).writerows(r[:-1] for r in concat.read_windows_csv(out))
+    (out / "windows.csv.gz").write_bytes(gzip.compress(old.getvalue().encode()))
+    again = concat.window_metrics(out, n_bootstrap=10)["all"]
+    assert again["metrics"] == {m: v for m, v in pooled.items() if m != blind.NAME}
+    assert "no window texts" in again["blind_note"]
     (out / "windows.csv.gz").write_bytes(plain)  # not gzip
     with pytest.raises(UserError, match="not a readable gzip file"):
         concat.window_metrics(out)

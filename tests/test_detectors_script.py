@@ -66,7 +66,8 @@ def test_detectors_script(det, tiny_llama_dir, tmp_path, capsys):
     header.write_text("# Head\n")
     assert det.main(["--from", str(out), "--header", str(header), "--md", str(md), "--n-bootstrap", "20"]) == 0
     text = md.read_text()
-    assert text.startswith("# Head\n") and "## toy:" in text and "a seeded sample of 5 per dataset and label" in text
+    assert text.startswith("# Head\n") and "## toy (sample):" in text
+    assert "a seeded sample of 5 per dataset and label" in text
     assert "Not run: pac, polarized, ref." in text and "Neighbor with 2 neighbours; SaMIA with 2 sampled" in text
     table = text.split("| Method |")[1].split("\n\n")[0]
     for m in info["methods"]:

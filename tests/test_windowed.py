@@ -1,5 +1,6 @@
 """Online detection (`--window`): every window's score from the one forward pass over the whole text equals the
 method on a separate forward over that window's prefix + window (float64 reference), at a fraction of the tokens."""
+import csv
 import json
 from fractions import Fraction
 
@@ -134,12 +135,12 @@ def test_eval_window_labels_metrics_and_first_flag(tiny_llama_dir, tmp_path, cap
     assert "Window-level detection" in printed.out and "windows of 8 tokens" in printed.err
     meta = json.loads((out / "run.json").read_text())["windows"]
     assert meta["method"] == "min_k_pp@0.2" and len(meta["first_flagged"]) == len(rows)
-    lines = (out / "windows.csv").read_text().splitlines()
-    assert lines[0] == "text,window,n_tokens,label,loss,min_k_pp@0.2"
+    lines = list(csv.reader(open(out / "windows.csv", newline="", encoding="utf-8")))
+    assert lines[0] == ["text", "window", "n_tokens", "label", "loss", "min_k_pp@0.2", "window_text"]
     loaded = models.load(str(tiny_llama_dir))
     for r, (row, rec) in enumerate(zip(rows, map(json.loads, (out / "results.jsonl").read_text().splitlines()))):
         begins = [s for s, _ in loaded.tokenizer.encode(row["input"]).offsets][1:]
-        cut = [line.split(",") for line in lines[1:] if line.split(",")[0] == str(r)]
+        cut = [line for line in lines[1:] if line[0] == str(r)]
         pos = 0
         for c in cut:
             n = int(c[2])

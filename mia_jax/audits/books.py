@@ -12,9 +12,11 @@ section 5): what share of each book's snippets does the model appear to have see
    the paper's MIN-K% PROB itself (Eq. 1: the mean log-likelihood of the 20% least likely tokens), the quantity the
    paper thresholds.
 3. With a labeled validation set (1 = seen, 0 = unseen; snippets take their book's label): each method's validation
-   AUROC with a stratified bootstrap interval (``metrics.evaluate``; the paper's Figure 3), and two thresholds on the
-   rate method's score (default ``min_k@0.2``), each one of the distinct finite validation scores, a snippet being
-   flagged *seen* when its score is **at or above** the threshold (``metrics``' convention):
+   AUROC over snippets with a bootstrap interval that resamples books (``metrics.evaluate`` with ``clusters`` = the
+   snippet's book: a cluster bootstrap, seen and unseen books drawn separately, a drawn book bringing all its
+   snippets; the paper's Figure 3), and two thresholds on the rate method's score (default ``min_k@0.2``), each
+   one of the distinct finite validation scores, a snippet being flagged *seen* when its score is **at or above**
+   the threshold (``metrics``' convention):
 
    - ``accuracy``: the threshold of maximum accuracy on the validation snippets (the paper's); ties go to the
      highest such threshold (the fewest snippets flagged);
@@ -51,7 +53,8 @@ Where it differs:
 - The paper scores GPT-3 (text-davinci-003) through its API; here a local model. A snippet longer than the model's
   context is scored on its first tokens only (counted and noted).
 - Added: the FPR-bounded threshold, intervals on every AUROC and rate, the book-level separation. The validation
-  AUROC intervals resample snippets, not books, so they are too narrow when a book's snippets are alike.
+  AUROC intervals resample books, not snippets: a book's snippets are alike (and share its label), so intervals
+  that resampled snippets as independent would be too narrow; with few validation books they are wide.
 - The paper's validation set is balanced (50 + 50 books x 100 snippets); plain accuracy on an unbalanced one leans
   to its larger class, so the class counts are reported beside the threshold.
 """
@@ -349,7 +352,8 @@ class BooksResult:
                          f"books -> {int(lab.sum())} seen and {int(lab.size - lab.sum())} unseen snippets"
                          + (f" ({_books(len(v.skipped))} shorter than one snippet skipped)" if v.skipped else "")
                          + ".")
-            lines.append("\n### Validation AUROC per method (Figure 3; intervals resample snippets)\n\n"
+            lines.append(f"\n### Validation AUROC per method (Figure 3; intervals resample the "
+                         f"{_books(len(v.kept), 'validation ')}, each with all its snippets)\n\n"
                          + markdown_table(self.validation_metrics))
         tp = [[THRESHOLD_NAMES[t.name].format(fpr=cfg["fpr"]), "+inf (flags nothing)" if t.value == math.inf
                else f"{t.value:.4f}", fmt(t.accuracy), fmt(t.tpr), fmt(t.fpr)] for t in self.thresholds]
@@ -504,8 +508,9 @@ def analyse(plan: SnippetPlan, scores: dict, config: dict, validation: SnippetPl
         vp, vs = validation, validation_scores
         res.validation, res.validation_scores = vp, vs
         lab = vp.labels
-        res.validation_metrics = {m: metrics.evaluate(lab, vs[m], n_bootstrap=n_bootstrap, seed=seed)
-                                  for m in config["methods"]}
+        of_book = [s.book for s in vp.snippets]  # cluster bootstrap: a book's snippets are resampled together
+        res.validation_metrics = {m: metrics.evaluate(lab, vs[m], n_bootstrap=n_bootstrap, seed=seed,
+                                                      clusters=of_book) for m in config["methods"]}
         res.thresholds += [accuracy_threshold(lab, vs[rate_method]),
                            fpr_threshold(lab, vs[rate_method], config["fpr"])]
         kept = [vp.books[b] for b in vp.kept]

@@ -39,6 +39,7 @@ import numpy as np
 from mia_jax.errors import UserError
 
 PAPER_LENGTHS = (32, 64, 128)
+WINDOW_TEXT = "window_text"  # the last column of windows.csv: each window's decoded tokens
 _WORD = re.compile(r"\S+")
 
 
@@ -249,15 +250,17 @@ def write_jsonl(records: Sequence[dict], path: str | Path) -> Path:
 
 def read_windows_csv(run_dir: str | Path) -> list[list[str]]:
     """The rows (header first) of an ``eval --window`` run's ``windows.csv``, or, where it is absent, of
-    ``windows.csv.gz`` (the same file gzipped, e.g. in a committed results folder)."""
+    ``windows.csv.gz`` (the same file gzipped, e.g. in a committed results folder). Columns: text, window, n_tokens,
+    label, one per method, then ``window_text`` (the window's decoded tokens; absent from files written before it
+    was added)."""
     run_dir = Path(run_dir)
     plain, packed = run_dir / "windows.csv", run_dir / "windows.csv.gz"
     if plain.is_file():
-        with open(plain, newline="") as f:
+        with open(plain, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
     elif packed.is_file():
         try:
-            with gzip.open(packed, "rt", newline="") as f:
+            with gzip.open(packed, "rt", newline="", encoding="utf-8") as f:
                 rows = list(csv.reader(f))
         except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
             raise UserError(f"{packed}: not a readable gzip file ({e})") from None
@@ -266,7 +269,8 @@ def read_windows_csv(run_dir: str | Path) -> list[list[str]]:
                         f"{run_dir}` first")
     if not rows or rows[0][:4] != ["text", "window", "n_tokens", "label"]:
         where = plain if plain.is_file() else packed
-        raise UserError(f"{where}: not an eval --window windows.csv (header text, window, n_tokens, label, methods)")
+        raise UserError(f"{where}: not an eval --window windows.csv (header text, window, n_tokens, label, methods, "
+                        "window_text)")
     return rows
 
 
@@ -274,7 +278,8 @@ def window_metrics(run_dir: str | Path, data: str | Path | None = None, *, by: s
                    method: str | None = None, n_bootstrap: int = 1000, seed: int = 0) -> dict:
     """Window-level metrics of a finished ``eval --window`` run per group of texts: ``{group: report}`` with
     :func:`mia_jax.audits.windowed.report` on each group's windows (labels and scores read back from the run's
-    ``windows.csv``, or ``windows.csv.gz`` where there is no ``windows.csv``: :func:`read_windows_csv`). Groups:
+    ``windows.csv``, or ``windows.csv.gz`` where there is no ``windows.csv``: :func:`read_windows_csv`), with the
+    blind baseline's row on the windows' texts where the file has them (column ``window_text``). Groups:
     the ``by`` field of each row of ``data`` (the run's own ``--data`` file, checked against the SHA-256 in
     run.json), or one group ``"all"``."""
     from mia_jax import data as data_io
@@ -283,14 +288,17 @@ def window_metrics(run_dir: str | Path, data: str | Path | None = None, *, by: s
 
     run_dir = Path(run_dir)
     rows = read_windows_csv(run_dir)
-    methods = rows[0][4:]
+    has_text = rows[0][-1] == WINDOW_TEXT
+    methods = rows[0][4: len(rows[0]) - has_text]
     num = lambda s: float(s) if s != "" else None  # noqa: E731
     texts: dict[int, dict] = {}
     for r in rows[1:]:
-        t = texts.setdefault(int(r[0]), {"n_tokens": [], "scores": {m: [] for m in methods}, "labels": []})
+        t = texts.setdefault(int(r[0]), {"n_tokens": [], "scores": {m: [] for m in methods}, "labels": [],
+                                         "texts": []})
+        t["texts"].append(r[4 + len(methods)] if has_text else None)
         t["n_tokens"].append(int(r[2]))
         t["labels"].append(int(r[3]) if r[3] != "" else None)
-        for m, v in zip(methods, r[4:]):
+        for m, v in zip(methods, r[4: 4 + len(methods)]):
             t["scores"][m].append(num(v))
     groups = {i: "all" for i in texts}
     if data is not None:
@@ -306,7 +314,8 @@ def window_metrics(run_dir: str | Path, data: str | Path | None = None, *, by: s
         idx = [i for i in sorted(texts) if groups[i] == g]
         recs = [{"windows": {"n_tokens": texts[i]["n_tokens"], "scores": texts[i]["scores"]}} for i in idx]
         out[g] = windowed.report(recs, [texts[i]["labels"] for i in idx], methods, method=method, threshold=None,
-                                 fpr=0.05, n_bootstrap=n_bootstrap, seed=seed)
+                                 fpr=0.05, n_bootstrap=n_bootstrap, seed=seed,
+                                 texts=[texts[i]["texts"] for i in idx] if has_text else None)
     return out
 
 
@@ -318,7 +327,8 @@ def window_metrics_markdown(reports: dict) -> str:
     for g, rep in reports.items():
         head = f"{g}: {rep['n_labeled']} labeled windows ({rep['n_straddling']} straddling or unlabeled)"
         parts.append(head + "\n\n" + (markdown_table(rep["metrics"]) if "metrics" in rep
-                                      else "(needs member and non-member windows)"))
+                                      else "(needs member and non-member windows)")
+                     + (f"\n\n{rep['blind_note']}" if rep.get("blind_note") else ""))
     return "\n\n".join(parts)
 
 

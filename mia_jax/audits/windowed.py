@@ -8,6 +8,10 @@ Windows are consecutive and non-overlapping over the *scored* tokens (the first 
 unless the tokenizer adds BOS); the last window may be shorter (its ``n_tokens`` says so). Only single-pass methods
 apply (a multi-pass method would need a second pass per window, as the paper notes for Lowercase / Neighbor / Ref);
 ``zlib`` reads the window's own decoded text.
+
+Window-level metrics come with the blind baseline (``mia_jax.blind``) on the windows' decoded texts, the windows of
+one text kept in one cross-validation fold: non-member and member windows of a concatenation may differ in topic and
+date words, and this says how far a model-free classifier separates them.
 """
 from __future__ import annotations
 
@@ -96,6 +100,47 @@ def window_labels(tokenizer, texts: Sequence[str], member_from: Sequence[int | N
     return out
 
 
+def window_texts(loaded, texts: Sequence[str], records: Sequence[dict]) -> list[list[str]]:
+    """Per text, per window: the decoded text of the window's scored (target) tokens, the text its scores are
+    about. Rebuilt from the texts and the tokenizer exactly as the scoring pass cut them (``runner.encode``: every
+    token after the first, cut to the context), so it needs nothing but the records' ``n_tokens``."""
+    from mia_jax.runner import encode
+
+    out = []
+    for enc, rec in zip(encode(loaded, texts), records):
+        ids, pieces, pos = enc.ids[1:], [], 0
+        for n in (rec.get("windows") or {}).get("n_tokens", []):
+            pieces.append(ids[pos: pos + n])
+            pos += n
+        out.append(loaded.tokenizer.decode_batch(pieces) if pieces else [])
+    return out
+
+
+def blind_row(texts: list[list[str]] | None, labels: list[list[int | None]], *, n_bootstrap: int, seed: int,
+              ) -> tuple[dict | None, str]:
+    """The blind baseline over the labeled windows (groups: the text each window belongs to), as a metrics row, and
+    the line that reports it (with ``blind.warning`` above its threshold) or says why it was not computed."""
+    from mia_jax import blind, metrics
+
+    if texts is None:
+        return None, "Blind baseline not computed: no window texts (a windows.csv without its window_text column)"
+    picked = [(t, lab, i) for i, (ts, labs) in enumerate(zip(texts, labels)) for t, lab in zip(ts, labs)
+              if lab is not None]
+    try:
+        if not picked:
+            raise UserError("no labeled window")
+        wt, y, g = map(list, zip(*picked))
+        scores = blind.blind_bow_scores(wt, y, seed=seed, groups=g)
+    except UserError as e:
+        return None, f"Blind baseline not computed on the windows: {e}"
+    m = metrics.evaluate(np.asarray(y), scores, n_bootstrap=n_bootstrap, seed=seed)
+    ci = m["auroc_ci"] or (float("nan"), float("nan"))
+    line = (f"Blind baseline on the windows ({blind.NAME}: bag-of-words + logistic regression, {blind.FOLDS}-fold CV "
+            f"with each text's windows in one fold, no model): AUROC {m['auroc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}].")
+    warn = blind.warning(m["auroc"])
+    return m, line + (f"\n{warn}" if warn else "")
+
+
 def first_flags(records: Sequence[dict], method: str, threshold: float) -> list[int | None]:
     """Per text, the index of its first window whose ``method`` score is above ``threshold`` (None: no window)."""
     out = []
@@ -115,10 +160,15 @@ def threshold_at_fpr(scores: np.ndarray, labels: np.ndarray, fpr: float) -> floa
 
 
 def report(records: Sequence[dict], labels: list[list[int | None]], methods: Sequence[str], *, method: str,
-           threshold: float | None, fpr: float, n_bootstrap: int, seed: int) -> dict:
+           threshold: float | None, fpr: float, n_bootstrap: int, seed: int,
+           texts: list[list[str]] | None = None, blind: bool = True) -> dict:
     """Window-level AUROC / TPR per method (windows pooled over texts) where window labels exist, the flag
-    threshold (given, or at ``fpr`` on the non-member windows of ``method``) and each text's first flagged window."""
+    threshold (given, or at ``fpr`` on the non-member windows of ``method``) and each text's first flagged window.
+    With ``blind``, the metrics also hold the blind baseline's row (``blind.NAME``) over ``texts`` (per text, per
+    window: :func:`window_texts`) where it can be computed, and ``blind_note`` the line that reports it or says
+    why not."""
     from mia_jax import metrics
+    from mia_jax.blind import NAME
 
     flat_labels = np.array([lab for labs in labels for lab in labs if lab is not None], np.int64)
     out: dict = {"n_windows": int(sum(len(r.get("windows", {}).get("n_tokens", [])) for r in records)),
@@ -131,6 +181,10 @@ def report(records: Sequence[dict], labels: list[list[int | None]], methods: Seq
     if flat_labels.size and len(set(flat_labels.tolist())) == 2:
         out["metrics"] = {m: metrics.evaluate(flat_labels, scores[m], n_bootstrap=n_bootstrap, seed=seed)
                           for m in methods}
+        if blind:
+            row, out["blind_note"] = blind_row(texts, labels, n_bootstrap=n_bootstrap, seed=seed)
+            if row is not None:
+                out["metrics"][NAME] = row
         if threshold is None:
             threshold = threshold_at_fpr(scores[method], flat_labels, fpr)
             out["threshold_from"] = f"{fpr:g} FPR on the non-member windows"
