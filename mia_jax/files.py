@@ -1,7 +1,9 @@
-"""File helpers shared by data, models and outputs: content hashes and atomic JSONL writes."""
+"""File helpers shared by data, models and outputs: content hashes, atomic JSONL writes, gzipped JSONL."""
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import os
 from pathlib import Path
@@ -25,3 +27,18 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
         for rec in records:
             f.write(json.dumps(rec) + "\n")
     os.replace(tmp, path)
+
+
+def write_jsonl_gz(path: str | os.PathLike, records: Iterable[dict]) -> None:
+    """``records`` as gzip-compressed JSONL (keys sorted), byte-identical for the same records: no file name or time
+    in the gzip header (the per-example files committed beside results tables)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as gz:
+        for rec in records:
+            gz.write((json.dumps(rec, sort_keys=True) + "\n").encode("utf-8"))
+    Path(path).write_bytes(buf.getvalue())
+
+
+def read_jsonl_gz(path: str | os.PathLike) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

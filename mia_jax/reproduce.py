@@ -94,7 +94,8 @@ def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int,
     {method, auroc, tpr_at_5pct_fpr, ...}. ``pass_counts`` receives the per-pass counts of ``runner.score_dataset``.
     With a reference model whose tokenizer differs from the target's, ``ref`` is compared per byte
     (:func:`ref_per_byte`; the row says ``"ref_unit": "byte"``). ``examples`` (a dict) receives ``{"labels": [...],
-    "scores": {method: [...]}}`` for the report's intervals and paired comparisons."""
+    "methods": [...], "scores": {method: [...]}, "ref_unit"}`` (the blind baseline's scores too; a non-finite score is null) for the
+    report's intervals and paired comparisons; the rows are computed from it (:func:`cell_rows`)."""
     options = {k: kwargs[k] for k in ("batch_size", "chunk_size") if k in kwargs}
     fingerprint = runner.run_fingerprint(loaded, ds.texts, ds.labels, methods, ref=kwargs.get("ref"),
                                          neighbors=kwargs.get("neighbors"), data_files=ds.files, **options)
@@ -107,19 +108,61 @@ def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int,
     if per_byte:
         scores["ref"] = ref_per_byte(ds.texts, _pass_records(Path(out_dir, "passes", "main.jsonl")),
                                      _pass_records(Path(out_dir, "passes", "ref.jsonl")))
-    rows = [{"method": m, **metrics.evaluate(ds.labels, scores[m], n_bootstrap=n_bootstrap, seed=seed)}
-            for m in methods]
-    if "ref" in methods:
-        next(r for r in rows if r["method"] == "ref")["ref_unit"] = "byte" if per_byte else "token"
-    b = blind.blind_bow_scores(ds.texts, ds.labels, seed=seed)
-    rows.append({"method": blind.NAME, **metrics.evaluate(ds.labels, b, n_bootstrap=n_bootstrap, seed=seed)})
+    ref_unit = ("byte" if per_byte else "token") if "ref" in methods else None
+    scores[blind.NAME] = blind.blind_bow_scores(ds.texts, ds.labels, seed=seed)
+    order = [*methods, blind.NAME]
+    cell = {"labels": [int(y) for y in ds.labels], "methods": order, "scores": {m: _plain(scores[m]) for m in order},
+            "ref_unit": ref_unit}
     if examples is not None:
-        def plain(v):
-            return [None if not np.isfinite(x) else float(x) for x in np.asarray(v, float)]
+        examples.update(cell)
+    return cell_rows(cell, n_bootstrap=n_bootstrap, seed=seed)
 
-        examples.update(labels=[int(y) for y in ds.labels],
-                        scores={**{m: plain(scores[m]) for m in methods}, blind.NAME: plain(b)})
+
+def _plain(values) -> list:
+    return [None if not np.isfinite(x) else float(x) for x in np.asarray(values, float)]
+
+
+def cell_rows(cell: dict, *, n_bootstrap: int, seed: int) -> list[dict]:
+    """A cell's long-format rows (every method of ``cell["methods"]``, the blind baseline last) from its per-example
+    scores ``{"labels", "methods", "scores": {method: [...]}, "ref_unit"}``: what :func:`run_cell` returns, and what
+    :func:`rebuild` recomputes from a reproduction's ``examples.jsonl.gz`` without any model."""
+    rows = []
+    for m in cell["methods"]:
+        x = np.array([np.nan if v is None else v for v in cell["scores"][m]], np.float64)
+        rows.append({"method": m, **metrics.evaluate(cell["labels"], x, n_bootstrap=n_bootstrap, seed=seed)})
+        if m == "ref" and cell.get("ref_unit"):
+            rows[-1]["ref_unit"] = cell["ref_unit"]
     return rows
+
+
+EXAMPLES = "examples.jsonl.gz"
+
+
+def rebuild(src: Path, out: Path) -> str:
+    """Every table and plot of a reproduction from its ``examples.jsonl.gz`` alone (one line per cell: model,
+    length, setting, labels, methods, per-example scores of every method, ref_unit, mirrored, n_bootstrap, seed): the cells'
+    rows by :func:`cell_rows`, then :func:`write_reports`, so the outputs equal those of the run that wrote it."""
+    from mia_jax.errors import UserError
+    from mia_jax.files import read_jsonl_gz
+
+    path = Path(src) / EXAMPLES
+    if not path.exists():
+        raise UserError(f"{path} not found: --from takes the folder of a reproduction (its {EXAMPLES})")
+    try:
+        cells = read_jsonl_gz(path)
+        results, examples = [], {}
+        for c in cells:
+            key = (c["model"], c["length"], c["setting"])
+            examples[key] = {k: c[k] for k in ("labels", "methods", "scores", "ref_unit")}
+            results += [dict(r, model=key[0], length=key[1], setting=key[2])
+                        for r in cell_rows(c, n_bootstrap=c["n_bootstrap"], seed=c["seed"])]
+        mirrored = sorted({c["model"] for c in cells if c.get("mirrored")})
+        n_bootstrap, seed = max(1, cells[0]["n_bootstrap"]), cells[0]["seed"]
+    except (OSError, EOFError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise UserError(f"{path}: not a reproduction's per-example file ({type(e).__name__}: {e})") from None
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return write_reports(Path(out), results, examples=examples, mirrored=mirrored, n_bootstrap=n_bootstrap,
+                         seed=seed)
 
 
 def neighbor_kwargs(loaded, n: int, seed: int) -> dict:

@@ -16,7 +16,6 @@ single-pass methods share one forward pass (one group, one time); each multi-pas
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, data, metrics, models, runner
+from mia_jax import blind, data, files, metrics, models, runner
 from mia_jax.errors import UserError
 from mia_jax.report import markdown
 from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
@@ -136,8 +135,7 @@ def run(args) -> Path:
     rows = [{"index": ev[j], "label": e_labels[j], "dataset": e_groups[j],
              "text_sha256": hashlib.sha256(e_texts[j].encode("utf-8")).hexdigest(), "blind": float(blind_scores[j]),
              "scores": {m: records[m][j] for m in methods}} for j in range(len(ev))]
-    with gzip.GzipFile(out / EXAMPLES, "wb", mtime=0) as gz:
-        gz.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode("utf-8"))
+    files.write_jsonl_gz(out / EXAMPLES, rows)
     info = {"name": name, "model": loaded.name, "model_files": loaded.files, "ref_model": ref.name if ref else None,
             "n_texts": len(texts), "n_evaluated": len(ev), "n_shots_held_out": int(shot.sum()),
             "per_cell": args.per_cell,
@@ -162,17 +160,16 @@ def _ci(x, ci) -> str:
 
 def _model_label(info) -> str:
     """The model's name, or for a folder named like the generic "model" its parent folder too (contam-lr4/model)."""
-    files = [Path(f) for f in info.get("model_files") or {}]
-    if info["model"] == "model" and files and files[0].parent.name == "model":
-        return f"{files[0].parent.parent.name}/{info['model']}"
+    paths = [Path(f) for f in info.get("model_files") or {}]
+    if info["model"] == "model" and paths and paths[0].parent.name == "model":
+        return f"{paths[0].parent.parent.name}/{info['model']}"
     return info["model"]
 
 
 def section(folder: Path, n_bootstrap: int = 1000) -> str:
     info = json.loads((folder / "info.json").read_text())
     cost = json.loads((folder / "cost.json").read_text())
-    with gzip.open(folder / EXAMPLES, "rt", encoding="utf-8") as fh:
-        rows = [json.loads(line) for line in fh]
+    rows = files.read_jsonl_gz(folder / EXAMPLES)
     labels = np.array([r["label"] for r in rows])
     groups = [r["dataset"] for r in rows]
     several = len(set(groups)) > 1

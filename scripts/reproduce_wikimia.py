@@ -3,21 +3,24 @@
     python scripts/reproduce_wikimia.py --models smollm2 gemma3-270m --lengths 32 64 --out runs/reproduce
 
 Writes into --out: table1_auroc.{md,csv}, table6_tpr_at_5pct_fpr.{md,csv}, k_sweep.{md,csv,png},
-fig2b_auroc_by_length.png, results_long.json, examples.json (every cell's labels and per-example scores, from which
-the tables' intervals and paired comparisons come), and one resumable run folder per (model, length, setting).
-A mirrored Smaller-Ref pair (A with reference B and B with reference A) is refused unless --allow-mirrored, which
-flags its cells instead.
+fig2b_auroc_by_length.png, results_long.json, examples.jsonl.gz (one line per cell: its labels and the per-example
+scores of every method, from which every table, interval and paired comparison comes), and one resumable run folder
+per (model, length, setting) under runs/. A mirrored Smaller-Ref pair (A with reference B and B with reference A) is
+refused unless --allow-mirrored, which flags its cells instead.
+
+    python scripts/reproduce_wikimia.py --from results/wikimia_reproduction --out OUT
+
+rebuilds every table and plot from examples.jsonl.gz alone (no model), byte for byte.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import yaml
 
-from mia_jax import models, reproduce, rundir
+from mia_jax import files, models, reproduce, rundir
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 
@@ -39,11 +42,21 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-mirrored", action="store_true",
                     help="run mirrored Smaller-Ref pairs (A with reference B and B with reference A), flagged in the "
                          "tables and never bolded: their two cells are one score negated")
+    ap.add_argument("--from", dest="from_dir", metavar="DIR",
+                    help="rebuild the tables and plots of the reproduction in DIR from its examples.jsonl.gz into "
+                         "--out, without any model")
     ap.add_argument("--allow-download", action="store_true",
                     help="fetch models that are not local paths from the Hugging Face Hub (the paper's pairs in "
                          "configs/reference_pairs.yaml are Hub ids)")
     args = ap.parse_args(argv)
     try:
+        if args.from_dir:
+            out = rundir.check_path(args.out)
+            if out.resolve() == Path(args.from_dir).resolve():
+                raise UserError("--out must be another folder than --from (the rebuild writes every table anew)")
+            print(reproduce.rebuild(Path(args.from_dir), out))
+            print(f"wrote {out}/", file=sys.stderr)
+            return 0
         pairs = yaml.safe_load(PAIRS.read_text())
         refs = args.ref_models or [pairs.get(m) for m in args.models]
         if len(refs) != len(args.models) or None in refs:
@@ -71,10 +84,11 @@ def main(argv=None) -> int:
 def reproduce_all(args, refs, methods, out: Path) -> None:
     results, examples = [], {}
     mirrored = set(getattr(args, "mirrored", ()))
-    labels_of = {}
+    labels_of, ref_of = {}, {}
     for name, ref_name in zip(args.models, refs):
         loaded, ref = (models.load(m, allow_download=args.allow_download) for m in (name, ref_name))
         label = loaded.name  # a packaged name, or the folder / file name of a path
+        ref_of[label] = ref.name
         if name in mirrored:
             labels_of[name] = label
         for length in args.lengths:
@@ -91,8 +105,9 @@ def reproduce_all(args, refs, methods, out: Path) -> None:
                                           n_bootstrap=args.n_bootstrap, seed=args.seed, examples=ex,
                                           **reproduce.neighbor_kwargs(loaded, args.n_neighbors, args.seed))
                 results += [dict(r, model=label, length=length, setting=setting) for r in rows]
-    (out / "examples.json").write_text(json.dumps([{"model": m, "length": n, "setting": s, **ex}
-                                                   for (m, n, s), ex in examples.items()]))
+    files.write_jsonl_gz(out / reproduce.EXAMPLES, [
+        {"model": m, "length": n, "setting": s, **ex, "ref_model": ref_of[m], "mirrored": m in labels_of,
+         "n_bootstrap": args.n_bootstrap, "seed": args.seed} for (m, n, s), ex in examples.items()])
     print(reproduce.write_reports(out, results, examples=examples, mirrored=sorted(labels_of.values()),
                                   n_bootstrap=max(1, args.n_bootstrap), seed=args.seed))
     print(f"wrote {out}/", file=sys.stderr)

@@ -117,6 +117,27 @@ def test_tiny_experiment(tiny_run, capsys):
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_oracle_ref_pass_reuses_the_base_pass(tiny_run):
+    """The `ref` pass (reference = the base model) is not computed again: the base pass's losses are reused
+    (counted in run.json) and equal the losses of a ref pass computed afresh with the base model."""
+    import numpy as np
+
+    from mia_jax import runner
+
+    out = tiny_run
+    info = json.loads((out / "run.json").read_text())
+    ref = info["scoring"]["trained"]["ref"]
+    texts = [json.loads(line)["text"] for line in (out / "corpus" / "eval.jsonl").read_text().splitlines()]
+    assert ref["computed"] == 0 and ref["batches_computed"] == 0 and ref["reused"] == len(texts) - ref["skipped"] > 0
+    base = models.load(str(out / "base_model"), dtype=info["config"]["model"]["dtype"])
+    fresh = runner.score_texts(base, texts, ["loss"], batch_size=info["config"]["score"]["batch_size"], progress=False)
+    seeded = complete_records(out / "scores" / "trained" / "passes" / "ref.jsonl")
+    assert [r["index"] for r in seeded] == list(range(len(texts)))
+    got = np.array([r["scores"]["loss"] for r in seeded], float)
+    want = np.array([r["scores"]["loss"] for r in fresh], float)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def tmp_path_factory_dir(out):
     return out.parent
 

@@ -1,5 +1,6 @@
 """The WikiMIA reproduction's tables and plots from long-format results."""
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -74,7 +75,21 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys):
         assert f"| {name} |" in table
     assert reproduce.BLIND_ROW in table
     assert (out / "fig2b_auroc_by_length.png").exists() and (out / "k_sweep.png").exists()
-    assert (out / "examples.json").exists() and "[" in table.split("| PPL |")[1].splitlines()[0]
+    assert (out / "examples.jsonl.gz").exists() and "[" in table.split("| PPL |")[1].splitlines()[0]
+    # every table, its intervals and the plots come back from examples.jsonl.gz alone, byte for byte
+    rebuilt = tmp_path / "rebuilt"
+    assert mod.main(["--from", str(out), "--out", str(rebuilt)]) == 0
+    for name in ("table1_auroc.md", "table1_auroc.csv", "table6_tpr_at_5pct_fpr.md", "table6_tpr_at_5pct_fpr.csv",
+                 "k_sweep.csv", "results_long.json"):
+        assert (rebuilt / name).read_bytes() == (out / name).read_bytes(), name
+    ref_rows = [r for r in json.loads((out / "results_long.json").read_text()) if r["method"] == "ref"]
+    assert ref_rows and {r["ref_unit"] for r in ref_rows} == {"byte"}  # the reference has another vocabulary
+    # --from a folder without the per-example file: exit 2, one line, nothing written
+    capsys.readouterr()
+    assert mod.main(["--from", str(tmp_path / "nothing"), "--out", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "examples.jsonl.gz not found" in err and "Traceback" not in err
+    assert not (tmp_path / "r2").exists()
     # a cell folder holding a run of other settings is refused, not mixed
     assert mod.main(argv[:-6] + ["--n-neighbors", "3", "--n-bootstrap", "10", "--out", str(out)]) == 2
     assert "holds a different run" in capsys.readouterr().err

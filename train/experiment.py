@@ -107,6 +107,24 @@ def score(loaded, texts, labels, methods, out_dir: Path, cfg: ExperimentConfig, 
                                 mesh=mesh)
 
 
+def seed_ref_pass(base_main: Path, ref_path: Path) -> None:
+    """The `ref` method's reference is the base model, whose pass over the same eval texts (same tokenizer, batch
+    plan and program) the base scoring has just made: its ``loss`` records are written as the ref pass's finished
+    records, which ``runner.score_texts`` then reuses instead of computing the same numbers again (the run's
+    scoring report counts them as reused). Nothing is written when the ref pass has records already, or when the
+    base pass holds no ``loss``."""
+    if ref_path.exists() or not base_main.exists():
+        return
+    from mia_jax.files import write_jsonl
+
+    recs = [json.loads(line) for line in base_main.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not recs or any("loss" not in r["scores"] for r in recs):
+        return
+    ref_path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(ref_path, [{k: ({"loss": v["loss"]} if k == "scores" else v) for k, v in r.items() if k != "label"}
+                           for r in recs])
+
+
 def evaluate_by_dataset(records: list[dict], eval_set: list[dict], methods: list[str], cfg: ExperimentConfig) -> dict:
     """{dataset: {method: metrics}} of the records of the eval set, datasets in order of first appearance."""
     from mia_jax import metrics
@@ -211,6 +229,9 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
          f"{train_info['final_loss']:.3f}, {train_info['tokens_per_second'] or 0:.0f} tokens/s")
 
     t0 = time.perf_counter()
+    if "ref" in methods and main:
+        seed_ref_pass(base_dir / "passes" / "main.jsonl", out / "scores" / "trained" / "passes" / "ref.jsonl")
+    sharding.sync("ref pass seeded")
     trained = load(str(out / "model"))
     trained_records = score(trained, texts, labels, methods, out / "scores" / "trained", cfg, ref=base,
                             report=scoring["trained"], mesh=scoring_mesh, neighbors=generator)

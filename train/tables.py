@@ -21,9 +21,7 @@ Every run writes ``examples.jsonl.gz`` (one JSON object per eval example: the co
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
-import io
 import json
 import sys
 from pathlib import Path
@@ -31,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import rankdata
 
-from mia_jax import blind, metrics
+from mia_jax import blind, files, metrics
 from mia_jax.report import fmt, markdown, pyplot, save_figure, write_csv
 
 EXAMPLES = "examples.jsonl.gz"
@@ -102,17 +100,12 @@ def example_rows(eval_set: list[dict], trained: list[dict], base: list[dict], se
 
 
 def write_examples(path: Path, rows: list[dict]) -> None:
-    """``rows`` as gzip-compressed JSONL, byte-identical for the same rows (no name or time in the gzip header)."""
-    buf = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as gz:
-        for r in rows:
-            gz.write((json.dumps(r, sort_keys=True) + "\n").encode("utf-8"))
-    Path(path).write_bytes(buf.getvalue())
+    """``rows`` as gzip-compressed JSONL, byte-identical for the same rows (``files.write_jsonl_gz``)."""
+    files.write_jsonl_gz(path, rows)
 
 
 def read_examples(path: Path) -> list[dict]:
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return files.read_jsonl_gz(path)
 
 
 def _by_dataset(rows: list[dict]) -> dict[str, list[int]]:
