@@ -106,7 +106,7 @@ def reproduce_all(args, refs, methods, out: Path) -> None:
                                           **reproduce.neighbor_kwargs(loaded, args.n_neighbors, args.seed))
                 results += [dict(r, model=label, length=length, setting=setting) for r in rows]
     files.write_jsonl_gz(out / reproduce.EXAMPLES, [
-        {"model": m, "length": n, "setting": s, **ex, "ref_model": ref_of[m], "mirrored": m in labels_of,
+        {"model": m, "length": n, "setting": s, **ex, "ref_model": ref_of[m], "mirrored": m in labels_of.values(),
          "n_bootstrap": args.n_bootstrap, "seed": args.seed} for (m, n, s), ex in examples.items()])
     print(reproduce.write_reports(out, results, examples=examples, mirrored=sorted(labels_of.values()),
                                   n_bootstrap=max(1, args.n_bootstrap), seed=args.seed))

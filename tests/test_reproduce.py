@@ -95,6 +95,33 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys):
     assert "holds a different run" in capsys.readouterr().err
 
 
+def test_mirrored_run_is_flagged_and_rebuilt_from_its_examples(tiny_llama_dir, tmp_path):
+    """--allow-mirrored on two tiny models that are each other's reference: the Smaller-Ref cells are flagged (and
+    their AUROCs sum to 1), and --from rebuilds the flagged tables from examples.jsonl.gz byte for byte."""
+    import importlib.util
+    from pathlib import Path
+
+    from helpers import write_tiny_llama
+
+    other = tmp_path / "other"
+    write_tiny_llama(other, seed=5)
+    script = Path(__file__).parents[1] / "scripts" / "reproduce_wikimia.py"
+    spec = importlib.util.spec_from_file_location("reproduce_wikimia", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "repro"
+    assert mod.main(["--models", str(tiny_llama_dir), str(other), "--ref-models", str(other), str(tiny_llama_dir),
+                     "--allow-mirrored", "--lengths", "32", "--limit", "16", "--n-neighbors", "1",
+                     "--n-bootstrap", "10", "--out", str(out)]) == 0
+    table = (out / "table1_auroc.md").read_text()
+    assert "‡" in table.split("| Smaller Ref |")[1].splitlines()[0]
+    ref = [r["auroc"] for r in json.loads((out / "results_long.json").read_text()) if r["method"] == "ref"]
+    assert len(ref) == 2 and ref[0] + ref[1] == pytest.approx(1.0)
+    assert mod.main(["--from", str(out), "--out", str(tmp_path / "rebuilt")]) == 0
+    for name in ("table1_auroc.md", "table6_tpr_at_5pct_fpr.md", "results_long.json"):
+        assert (tmp_path / "rebuilt" / name).read_bytes() == (out / name).read_bytes(), name
+
+
 def test_mirrored_pairs_are_found():
     assert reproduce.mirrored_pairs(["smollm2", "gemma3-270m"], ["gemma3-270m", "smollm2"]) == [
         ("smollm2", "gemma3-270m"), ("gemma3-270m", "smollm2")]
