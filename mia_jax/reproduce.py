@@ -94,8 +94,8 @@ def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int,
     {method, auroc, tpr_at_5pct_fpr, ...}. ``pass_counts`` receives the per-pass counts of ``runner.score_dataset``.
     With a reference model whose tokenizer differs from the target's, ``ref`` is compared per byte
     (:func:`ref_per_byte`; the row says ``"ref_unit": "byte"``). ``examples`` (a dict) receives ``{"labels": [...],
-    "methods": [...], "scores": {method: [...]}, "ref_unit"}`` (the blind baseline's scores too; a non-finite score is null) for the
-    report's intervals and paired comparisons; the rows are computed from it (:func:`cell_rows`)."""
+    "methods": [...], "scores": {method: [...]}, "ref_unit"}`` (the blind baseline's scores too; a non-finite score
+    is null) for the report's intervals and paired comparisons; the rows are computed from it (:func:`cell_rows`)."""
     options = {k: kwargs[k] for k in ("batch_size", "chunk_size") if k in kwargs}
     fingerprint = runner.run_fingerprint(loaded, ds.texts, ds.labels, methods, ref=kwargs.get("ref"),
                                          neighbors=kwargs.get("neighbors"), data_files=ds.files, **options)
@@ -140,8 +140,9 @@ EXAMPLES = "examples.jsonl.gz"
 
 def rebuild(src: Path, out: Path) -> str:
     """Every table and plot of a reproduction from its ``examples.jsonl.gz`` alone (one line per cell: model,
-    length, setting, labels, methods, per-example scores of every method, ref_unit, mirrored, n_bootstrap, seed): the cells'
-    rows by :func:`cell_rows`, then :func:`write_reports`, so the outputs equal those of the run that wrote it."""
+    length, setting, labels, methods, per-example scores of every method, ref_unit, mirrored, n_bootstrap, seed):
+    the cells' rows by :func:`cell_rows`, then :func:`write_reports`, so the outputs equal those of the run that
+    wrote it."""
     from mia_jax.errors import UserError
     from mia_jax.files import read_jsonl_gz
 
