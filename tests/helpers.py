@@ -241,3 +241,14 @@ def torch_logits(model, ids):
 
 def nll(logprobs, ids):
     return -np.take_along_axis(logprobs[:-1], np.asarray(ids)[1:, None], axis=-1).mean()
+
+
+def tpr_ref(labels, scores, fpr):
+    """Largest TPR over thresholds t in {+inf} U scores (member when score >= t) with FPR <= fpr."""
+    labels, scores = np.asarray(labels), np.asarray(scores, np.float64)
+    best = 0.0
+    for t in np.concatenate([[np.inf], np.unique(scores)]):
+        pred = scores >= t
+        if pred[labels == 0].mean() <= fpr:
+            best = max(best, pred[labels == 1].mean())
+    return best

@@ -2,20 +2,10 @@
 and hand-made cases whose verdict is known."""
 import numpy as np
 import pytest
+from helpers import tpr_ref
 from sklearn.metrics import roc_auc_score
 
 from mia_jax import metrics as m
-
-
-def tpr_ref(labels, scores, fpr):
-    """Largest TPR over thresholds t in {+inf} U scores (member when score >= t) with FPR <= fpr."""
-    labels, scores = np.asarray(labels), np.asarray(scores, np.float64)
-    best = 0.0
-    for t in np.concatenate([[np.inf], np.unique(scores)]):
-        pred = scores >= t
-        if pred[labels == 0].mean() <= fpr:
-            best = max(best, pred[labels == 1].mean())
-    return best
 
 
 def paired_ref(labels, a, b, groups, n_bootstrap, seed, fpr=0.05):
