@@ -282,6 +282,33 @@ def test_study_report_marks_each_claim_with_its_paired_interval(tmp_path, sweeps
     assert (tmp_path / "again.md").read_text() == text
 
 
+def test_study_report_with_one_sweep_on_two_models(tmp_path, sweeps):
+    """`--lr A B`: the same sweep on two models gets a heading per model, and each model's claims carry its name
+    (here B is A's per-example scores relabelled as another model: its verdicts must equal A's)."""
+    import shutil
+
+    from train import study
+
+    a = sweeps("lr")
+    b = tmp_path / "other-lr"
+    shutil.copytree(a, b)
+    for info in b.glob("lr_*/run.json"):
+        run_info = json.loads(info.read_text())
+        run_info["config"]["model"]["path"] = "other-model"
+        info.write_text(json.dumps(run_info))
+    out = tmp_path / "two.md"
+    assert study.main(["--lr", str(a), str(b), "--out", str(out)]) == 0
+    text = out.read_text()
+    claims = {c["claim"]: c for c in json.loads(out.with_suffix(".claims.json").read_text())}
+    model_a = json.loads((a / "lr_0.0001" / "run.json").read_text())["config"]["model"]["path"]
+    assert f"# Model {model_a}: the lr sweep" in text and "# Model other-model: the lr sweep" in text
+    mine = [n for n in claims if n.startswith(f"Table 4 ({model_a}): lr 0.003 > lr 0.0001")]
+    assert len(mine) == 5 and len(claims) == 2 * (3 + 5)  # per model: 3 Table 3 claims, average + 4 datasets
+    for name in mine:
+        other = claims[name.replace(f"({model_a})", "(other-model)")]
+        assert (other["ci"], other["verdict"]) == (claims[name]["ci"], claims[name]["verdict"])
+
+
 def test_bad_config(tmp_path, capsys):
     assert run(tmp_path / "x", "train.nope=1") == 2
     assert "unknown key 'train.nope'" in capsys.readouterr().err

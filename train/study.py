@@ -2,8 +2,12 @@
 paper's claims (Shi et al. 2023, section 6) marked reproduced / not reproduced / not distinguishable with the paired
 bootstrap interval behind the verdict::
 
-    python -m train.study --lr results/contamination/lr --size results/contamination/size \\
-        --news results/contamination/news --occurrence results/contamination/occurrence --out results/contamination.md
+    python -m train.study --lr results/contamination/lr results/contamination/gemma-lr \\
+        --size results/contamination/size --news results/contamination/news \\
+        --occurrence results/contamination/occurrence --out results/contamination.md
+
+A sweep option may name several folders (the same sweep on several models): each folder's tables get a heading with
+its model, and its claims carry the model's name, so a reader sees which conclusions hold across models.
 
 A claim "A > B" is *reproduced* when the 95% interval of A - B lies above 0, *not reproduced* when it lies below 0
 (the opposite holds), *not distinguishable* when it contains 0. The claims and their tests:
@@ -31,6 +35,7 @@ import numpy as np
 from mia_jax import metrics
 from train import tables
 
+KINDS = ("lr", "size", "news", "occurrence")
 VERDICT = {"A > B": "reproduced", "B > A": "not reproduced", "not distinguishable": "not distinguishable"}
 
 
@@ -61,7 +66,7 @@ def _paired(rows_a, rows_b, model_a, model_b, m_a, m_b, n_bootstrap, seed, datas
     return metrics.paired_bootstrap(lab, a, b, groups=groups, n_bootstrap=n_bootstrap, seed=seed)
 
 
-def table3_claims(run: dict) -> list[dict]:
+def table3_claims(run: dict, tag: str = "") -> list[dict]:
     rows, methods = run["examples"], run["methods"]
     mk = tables.headline(methods, "min_k")
     out = []
@@ -69,12 +74,12 @@ def table3_claims(run: dict) -> list[dict]:
         if mk is None or base not in methods:
             continue
         comp = _paired(rows, rows, "trained", "trained", mk, base, *_cfg(run))
-        out.append(_claim(f"Table 3: Min-K% > {label} (average over datasets)", "reproduced in the paper", comp,
+        out.append(_claim(f"Table 3{tag}: Min-K% > {label} (average over datasets)", "reproduced in the paper", comp,
                           tables.method_name(mk), label))
     return out
 
 
-def lr_claims(runs: list[tuple[str, dict]]) -> list[dict]:
+def lr_claims(runs: list[tuple[str, dict]], tag: str = "") -> list[dict]:
     by_lr = sorted(runs, key=lambda r: r[1]["config"]["train"]["lr"])
     lo, hi = by_lr[0][1], by_lr[-1][1]
     if len(by_lr) < 2 or not tables._same_examples(lo["examples"], hi["examples"]):
@@ -85,12 +90,12 @@ def lr_claims(runs: list[tuple[str, dict]]) -> list[dict]:
     for d in [None, *dict.fromkeys(r["dataset"] for r in hi["examples"])]:
         comp = _paired(hi["examples"], lo["examples"], "trained", "trained", mk, mk, *_cfg(hi), dataset=d)
         where = "average" if d is None else tables.DATASET_NAMES.get(d, d)
-        out.append(_claim(f"Table 4: lr {lr_hi:g} > lr {lr_lo:g}, Min-K%, {where}", "every dataset", comp,
+        out.append(_claim(f"Table 4{tag}: lr {lr_hi:g} > lr {lr_lo:g}, Min-K%, {where}", "every dataset", comp,
                           f"lr {lr_hi:g}", f"lr {lr_lo:g}"))
     return out
 
 
-def size_claim(runs: list[tuple[str, dict]], figure: str, larger_is_easier: bool) -> list[dict]:
+def size_claim(runs: list[tuple[str, dict]], figure: str, larger_is_easier: bool, tag: str = "") -> list[dict]:
     by_size = sorted(runs, key=lambda r: r[1]["corpus"]["tokens"]["total"])
     small, large = by_size[0][1], by_size[-1][1]
     if len(by_size) < 2 or not tables._same_examples(small["examples"], large["examples"]):
@@ -99,12 +104,12 @@ def size_claim(runs: list[tuple[str, dict]], figure: str, larger_is_easier: bool
     a, b = (large, small) if larger_is_easier else (small, large)
     comp = _paired(a["examples"], b["examples"], "trained", "trained", mk, mk, *_cfg(large))
     tok = {id(r): r["corpus"]["tokens"]["total"] for r in (small, large)}
-    name = (f"{figure}: Min-K% AUROC, {tok[id(a)]:,} > {tok[id(b)]:,} corpus tokens (average)")
+    name = (f"{figure}{tag}: Min-K% AUROC, {tok[id(a)]:,} > {tok[id(b)]:,} corpus tokens (average)")
     return [_claim(name, "larger corpus easier" if larger_is_easier else "larger corpus harder", comp,
                    f"{tok[id(a)]:,} tokens", f"{tok[id(b)]:,} tokens")]
 
 
-def occurrence_claim(run: dict) -> list[dict]:
+def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
     rows, methods = run["examples"], run["methods"]
     mk = tables.headline(methods, "min_k")
     idx, sc = tables.group_scores([{"scores": r["trained"]} for r in rows], rows, [mk], "all")
@@ -116,7 +121,7 @@ def occurrence_claim(run: dict) -> list[dict]:
     comp = metrics.subset_bootstrap(sc[mk], lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
                                     n_bootstrap=_cfg(run)[0], seed=_cfg(run)[1])
     comp["n_used"] = int(((lab == 0) | (occ == ks[-1]) | (occ == 1)).sum())
-    return [_claim(f"Figure 5c: Min-K% AUROC, k = {ks[-1]} > k = 1 (pooled after rank normalisation)",
+    return [_claim(f"Figure 5c{tag}: Min-K% AUROC, k = {ks[-1]} > k = 1 (pooled after rank normalisation)",
                    "more occurrences easier", comp, f"k={ks[-1]}", "k=1")]
 
 
@@ -127,27 +132,32 @@ def claims_markdown(claims: list[dict]) -> str:
     return tables.markdown(header, rows)
 
 
-def build(sweeps: dict[str, Path], header: str = "") -> tuple[str, list[dict]]:
-    """The report's markdown and its claims from the sweep folders ({"lr": DIR, ...}; any subset). Every sweep's
-    tables and figures are rebuilt in place first (``tables.rebuild``)."""
+def build(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str, list[dict]]:
+    """The report's markdown and its claims from the sweep folders ({"lr": DIR or [DIR, ...], ...}; any subset).
+    Every sweep's tables and figures are rebuilt in place first (``tables.rebuild``). Where a kind names several
+    folders (one per model), each gets a heading with its model and its claims the model's name."""
     parts, claims = [], []
-    for kind in ("lr", "size", "news", "occurrence"):
-        folder = sweeps.get(kind)
-        if folder is None:
-            continue
-        text = tables.rebuild(Path(folder))
-        runs = _runs(folder)
-        if kind == "lr":
-            main = max(runs, key=lambda r: r[1]["config"]["train"]["lr"])
-            parts.append((Path(folder) / main[0] / "table3.md").read_text())
-            claims += table3_claims(main[1]) + lr_claims(runs)
-        elif kind == "size":
-            claims += size_claim(runs, "Figure 5a", larger_is_easier=True)
-        elif kind == "news":
-            claims += size_claim(runs, "Figure 5b", larger_is_easier=False)
-        else:
-            claims += occurrence_claim(runs[0][1])
-        parts.append(text)
+    for kind in KINDS:
+        folders = sweeps.get(kind) or []
+        folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
+        for folder in folders:
+            text = tables.rebuild(Path(folder))
+            runs = _runs(folder)
+            model = runs[0][1]["config"]["model"]["path"]
+            tag = f" ({model})" if len(folders) > 1 else ""
+            if tag:
+                parts.append(f"# Model {model}: the {kind} sweep (`{Path(folder).as_posix()}`)")
+            if kind == "lr":
+                main = max(runs, key=lambda r: r[1]["config"]["train"]["lr"])
+                parts.append((Path(folder) / main[0] / "table3.md").read_text())
+                claims += table3_claims(main[1], tag) + lr_claims(runs, tag)
+            elif kind == "size":
+                claims += size_claim(runs, "Figure 5a", larger_is_easier=True, tag=tag)
+            elif kind == "news":
+                claims += size_claim(runs, "Figure 5b", larger_is_easier=False, tag=tag)
+            else:
+                claims += occurrence_claim(runs[0][1], tag)
+            parts.append(text)
     body = ("## The paper's claims\n\nEach claim as a paired bootstrap of A - B on the same examples (95% "
             "interval): reproduced when the interval lies above 0, not reproduced when below, not distinguishable "
             "when it contains 0.\n\n" + claims_markdown(claims) + "\n\n" + "\n\n".join(parts))
@@ -157,12 +167,13 @@ def build(sweeps: dict[str, Path], header: str = "") -> tuple[str, list[dict]]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.study", description="The contamination study's report: every "
                                 "sweep's tables and the paper's claims with verdicts, from per-example scores.")
-    for kind in ("lr", "size", "news", "occurrence"):
-        p.add_argument(f"--{kind}", type=Path, metavar="DIR", help=f"the {kind} sweep folder")
+    for kind in KINDS:
+        p.add_argument(f"--{kind}", type=Path, nargs="+", metavar="DIR",
+                       help=f"the {kind} sweep folder (several: the same sweep on several models)")
     p.add_argument("--header", type=Path, help="a markdown file to put first (set-up, commands, times)")
     p.add_argument("--out", type=Path, help="write the report here (and <out>.claims.json) instead of stdout")
     args = p.parse_args(argv)
-    sweeps = {k: getattr(args, k) for k in ("lr", "size", "news", "occurrence") if getattr(args, k)}
+    sweeps = {k: getattr(args, k) for k in KINDS if getattr(args, k)}
     if not sweeps:
         p.error("give at least one sweep folder")
     text, claims = build(sweeps, args.header.read_text().strip() if args.header else "")
