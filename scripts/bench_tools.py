@@ -94,3 +94,36 @@ def runnable(approaches, torch_approach: str) -> list:
         print(f"torch / transformers not installed: skipping {torch_approach}", file=sys.stderr)
         approaches.remove(torch_approach)
     return approaches
+
+
+PRECISIONS = ("default", "float32", "tf32")
+
+
+def set_matmul_precision(precision: str, torch: bool = False) -> None:
+    """float32 matmul precision of JAX (and torch when ``torch``): "default" leaves each framework's own default
+    (JAX on a recent NVIDIA GPU: TF32; torch: full float32), "float32" asks both for full float32 (JAX
+    ``jax_default_matmul_precision="float32"``, torch ``set_float32_matmul_precision("highest")``), "tf32" for
+    TensorFloat-32 (``"tensorfloat32"`` / ``"high"``). On a CPU both compute in float32 whatever is asked."""
+    if precision == "default":
+        return
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", {"float32": "float32", "tf32": "tensorfloat32"}[precision])
+    if torch:
+        import torch as _torch
+
+        _torch.set_float32_matmul_precision({"float32": "highest", "tf32": "high"}[precision])
+
+
+def torch_env(env: dict, torch_device: str) -> dict:
+    """The environment of a worker that runs torch on ``torch_device``: on a GPU, JAX (which that worker also
+    imports, for the tokenizer and the model's facts) must not pre-allocate most of the GPU's memory."""
+    return env if torch_device == "cpu" else dict(env, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+
+
+def torch_sync(device) -> None:
+    """Wait for torch's queued work on ``device`` (a no-op on the CPU)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

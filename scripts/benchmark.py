@@ -11,7 +11,8 @@ Approaches, on the same model, texts and token ids:
     so its own compilation), full float32 logits, full ``log_softmax``, ``probs * log_probs`` for
     Min-K%++, scores in NumPy per text;
 (c) the published approach in transformers + torch (when installed): the same per-example loop in
-    eager PyTorch, weights loaded from the same GGUF with transformers' ``load_gguf_checkpoint``.
+    eager PyTorch, weights loaded from the same GGUF with transformers' ``load_gguf_checkpoint`` (or, for a
+    Hugging Face model folder, with ``from_pretrained`` from the same folder), on ``--torch-device``.
 
 Each approach runs in its own subprocess (so peak memory and compilation counts are its own). It
 scores the texts twice: the first pass includes compilation (JAX), the second is the steady state.
@@ -21,6 +22,9 @@ The machine's float32 matmul rate is measured in the same run (XLA: a jitted 204
 for comparison), and model FLOP utilisation (MFU) is model FLOPs over time against it: per token
 2 x (every per-layer weight matrix) + 2 x V x D for the LM head, plus 4 x n x H x Dh per layer for
 attention over a text of n tokens; real tokens only (padding is not counted as useful work).
+With ``--peak-tflops`` (e.g. an accelerator's datasheet peak) MFU is also given against that rate.
+``--matmul-precision`` sets the float32 matmul precision of JAX and torch alike (``bench_tools.set_matmul_precision``;
+the default leaves each framework's own, which differ on a recent NVIDIA GPU: TF32 for JAX, float32 for torch).
 "Batched forward" is the jitted forward pass alone (hidden states and full logits) on the most
 common (batch, bucket) shape of (a), counted with its padding (what the device executes); its weight
 matmuls are also timed alone on the same number of tokens (per-layer matrices, LM head), the rest of
@@ -39,7 +43,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_tools import Compiles, PeakRSS, _timed, matmul_rate, runnable
+from bench_tools import (PRECISIONS, Compiles, PeakRSS, _timed, matmul_rate, runnable, set_matmul_precision,
+                         torch_env)
 
 METHODS = ["loss", "min_k@0.2", "min_k_pp@0.2"]
 K = 0.2
@@ -186,16 +191,13 @@ def worker_b(args, loaded, encoded, texts, result):
 
 
 def transformers_model(loaded, **config_overrides):
-    """The transformers + torch model (eval mode) built from the same GGUF file as `loaded` (a LoadedModel), with
-    transformers' ``load_gguf_checkpoint``; ``config_overrides`` go to the config (e.g. ``attn_implementation``)."""
+    """The transformers + torch model (eval mode, float32, on the CPU) built from the same checkpoint as `loaded`
+    (a LoadedModel): a GGUF file with transformers' ``load_gguf_checkpoint``, a Hugging Face folder with
+    ``from_pretrained``; ``config_overrides`` go to the config (e.g. ``attn_implementation``)."""
     import torch
     import transformers
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     path = loaded.source
-    if not path.endswith(".gguf"):
-        raise SystemExit("(c) needs a GGUF model (the transformers model is built from the same file)")
-    folder, fname = path.rsplit("/", 1)
     arch = type(loaded.model).__name__
     cls = {"Llama": transformers.LlamaForCausalLM, "Gemma3": transformers.Gemma3ForCausalLM}.get(arch)
     if cls is None:
@@ -203,6 +205,13 @@ def transformers_model(loaded, **config_overrides):
     import transformers.utils.logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if Path(path).is_dir():
+        return cls.from_pretrained(path, dtype=torch.float32, **config_overrides).eval()
+    if not path.endswith(".gguf"):
+        raise SystemExit("(c) needs a GGUF file or a Hugging Face folder (the transformers model is built from it)")
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, fname = path.rsplit("/", 1)
     config = transformers.AutoConfig.from_pretrained(folder, gguf_file=fname, **config_overrides)
     model = cls(config).eval()
     tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
@@ -213,8 +222,9 @@ def transformers_model(loaded, **config_overrides):
 def worker_c(args, loaded, encoded, texts, result):
     import torch
 
+    device = torch.device(args.torch_device)
     t0 = time.perf_counter()
-    model = transformers_model(loaded)
+    model = transformers_model(loaded).to(device)
     result["torch_load_seconds"] = time.perf_counter() - t0
     result["torch_threads"] = torch.get_num_threads()
     from mia_jax.batching import real_vocab_size
@@ -224,14 +234,14 @@ def worker_c(args, loaded, encoded, texts, result):
 
     @torch.no_grad()
     def arrays(ids):
-        ids = torch.tensor([ids])
+        ids = torch.tensor([ids], device=device)
         logits = model(ids).logits[0, :-1, :vocab].float()
         log_probs = F.log_softmax(logits, dim=-1)
         probs = F.softmax(logits, dim=-1)
         lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
         mu = (probs * log_probs).sum(-1)
         var = (probs * torch.square(log_probs)).sum(-1) - torch.square(mu)
-        return lp.double().numpy(), mu.double().numpy(), var.double().numpy()
+        return lp.double().cpu().numpy(), mu.double().cpu().numpy(), var.double().cpu().numpy()
 
     passes, scores, mem = two_passes(lambda: per_text(encoded, arrays), count_compiles=False)
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=0, scores=scores)
@@ -263,6 +273,7 @@ def run_worker(args):
 
     from mia_jax import models, runner
 
+    set_matmul_precision(args.matmul_precision, torch=args.worker == "c")
     t0 = time.perf_counter()
     loaded = models.load(args.model)
     load_seconds = time.perf_counter() - t0
@@ -295,6 +306,11 @@ def main():
                     help="OMP_WAIT_POLICY for (c)'s torch (default PASSIVE: on a machine shared with other jobs, "
                          "OpenMP's spinning threads make small torch matmuls over 10x slower; 'default' keeps "
                          "torch's own setting)")
+    ap.add_argument("--torch-device", default="cpu", help="torch device of (c), e.g. cuda (default cpu)")
+    ap.add_argument("--matmul-precision", default="default", choices=PRECISIONS,
+                    help="float32 matmul precision of JAX and torch (default: each framework's own)")
+    ap.add_argument("--peak-tflops", type=float,
+                    help="also give MFU against this rate (TFLOP/s), e.g. an accelerator's datasheet peak")
     ap.add_argument("--worker", choices=["a", "b", "c", "matmul"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -306,13 +322,16 @@ def main():
             out = Path(tmp, f"{name}.json")
             cmd = [sys.executable, __file__, "--worker", name, "--json", str(out), "--model", args.model,
                    "--length", str(args.length), "--batch-size", str(args.batch_size),
-                   "--chunk-size", str(args.chunk_size), "--repeats", str(args.repeats)]
+                   "--chunk-size", str(args.chunk_size), "--repeats", str(args.repeats),
+                   "--torch-device", args.torch_device, "--matmul-precision", args.matmul_precision]
             if args.limit:
                 cmd += ["--limit", str(args.limit)]
             print(f"running {name} ...", file=sys.stderr, flush=True)
             env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
             if name == "c" and args.omp_wait_policy != "default":
                 env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+            if name == "c":
+                env = torch_env(env, args.torch_device)
             subprocess.run(cmd, check=True, env=env)
             results[name] = json.loads(out.read_text())
     report(args, results)
@@ -329,13 +348,16 @@ def report(args, results):
              "c": "(c) published approach, transformers + torch (per text)"}
     print(f"\nmodel {args.model}, WikiMIA-{args.length}: {n_texts} texts, {n_tok} tokens, methods {' '.join(METHODS)}; "
           f"device {results['matmul']['device']}; batch size {args.batch_size} for (a)")
-    print(f"float32 matmul 2048^3 measured in this run: XLA {mm['xla']:.0f} GFLOP/s, NumPy {mm['numpy']:.0f} GFLOP/s")
+    print(f"float32 matmul 2048^3 measured in this run: XLA {mm['xla']:.0f} GFLOP/s, NumPy {mm['numpy']:.0f} GFLOP/s; "
+          f"matmul precision {args.matmul_precision}")
     if "c" in results:
-        print(f"(c): torch {results['c']['torch_threads']} threads, OMP_WAIT_POLICY={args.omp_wait_policy}")
+        print(f"(c): torch on {args.torch_device}, {results['c']['torch_threads']} threads, "
+              f"OMP_WAIT_POLICY={args.omp_wait_policy}")
+    peak = f" | MFU (vs {args.peak_tflops:g} TFLOP/s)" if args.peak_tflops else ""
     print()
     print("| approach | first pass (compiles) | compile time / compilations | steady state | tokens/s (steady) | "
-          "x (c) | x (b) | MFU (steady, vs XLA matmul) | peak RSS (above loaded) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"texts/s (steady) | x (c) | x (b) | MFU (steady, vs XLA matmul){peak} | peak RSS (above loaded) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if peak else ""))
     for k in ("a", "b", "c"):
         if k not in results:
             continue
@@ -344,9 +366,11 @@ def report(args, results):
         ratio = lambda o: f"{tps / (n_tok / results[o]['steady']):.2f}" if o in results else "-"  # noqa: E731
         mfu = r["model_flops"] / r["steady"] / rate
         comp = f"{r['compile_seconds_first']:.1f} s / {r['compiles_first']}" if k != "c" else "-"
+        vs_peak = f" | {100 * r['model_flops'] / r['steady'] / (args.peak_tflops * 1e12):.1f}%" if peak else ""
         print(
-            f"| {label[k]} | {r['first_pass']:.1f} s | {comp} | {r['steady']:.1f} s | {tps:.0f} | {ratio('c')} | "
-            f"{ratio('b')} | {100 * mfu:.0f}% | {r['peak_rss'] / 2**20:.0f} MiB "
+            f"| {label[k]} | {r['first_pass']:.1f} s | {comp} | {r['steady']:.1f} s | {tps:.0f} | "
+            f"{n_texts / r['steady']:.1f} | {ratio('c')} | "
+            f"{ratio('b')} | {100 * mfu:.0f}%{vs_peak} | {r['peak_rss'] / 2**20:.0f} MiB "
             f"({(r['peak_rss'] - r['rss_after_load']) / 2**20:+.0f}) |"
         )
     if "a" in results:

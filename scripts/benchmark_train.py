@@ -23,7 +23,15 @@ step (compilation for JAX) is followed by ``--steps`` timed steps (each to compl
 token of the step's sequences (batch x seq_len). Training FLOPs per step = 3 x the forward's model FLOPs
 (``benchmark.model_flops``: 2 x every weight matrix incl. the LM head per token, plus 4 n^2 x layers x attention
 width per sequence of n tokens), i.e. 6 x parameters x tokens plus attention; MFU is those FLOPs per second over
-the float32 XLA matmul rate measured in the same run (a jitted 2048^3 matmul).
+the float32 XLA matmul rate measured in the same run (a jitted 2048^3 matmul), and with ``--peak-tflops`` also
+against that rate (e.g. an accelerator's datasheet peak).
+
+On an accelerator: ``--torch-device cuda`` puts the torch loop there (JAX uses its default device);
+``--matmul-precision`` sets both frameworks' float32 matmul precision (``bench_tools.set_matmul_precision``; by
+default each keeps its own, which differ on a recent NVIDIA GPU); ``--compute-dtype bfloat16`` trains with
+bfloat16 compute and float32 master weights in both (JAX: the trainer's ``compute_dtype``; torch: ``torch.autocast``).
+"Device peak" is the framework allocator's peak on the device (JAX ``memory_stats()["peak_bytes_in_use"]``, torch
+``max_memory_allocated``), from loading to the end of the timed steps.
 
 The JAX profile: separately jitted pieces of the step on one micro-batch (forward only; forward + backward;
 the layers' forward alone; the loss's forward + backward alone from fixed hidden states), the optimizer update
@@ -44,7 +52,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from bench_tools import PeakRSS, _timed, matmul_rate, runnable
+from bench_tools import PRECISIONS, PeakRSS, _timed, matmul_rate, runnable, set_matmul_precision, torch_env, torch_sync
 
 LR, CLIP, WEIGHT_DECAY = 1e-4, 1.0, 0.01
 
@@ -110,7 +118,7 @@ def worker_jax(args, result):
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), nnx.to_pure_dict(nnx.state(model)))
         opt_state = opt.init(params)
         result["rss_loaded"] = mem.rss()
-        step = make_train_step(model, opt, "float32", remat=args.remat, loss_chunk=args.loss_chunk)
+        step = make_train_step(model, opt, args.compute_dtype, remat=args.remat, loss_chunk=args.loss_chunk)
         t0 = time.perf_counter()
         ids, mask = all_ids[0], all_mask[0]
         params, opt_state, metrics = step(params, opt_state, ids, mask)
@@ -125,14 +133,15 @@ def worker_jax(args, result):
             times.append(time.perf_counter() - t0)
             losses.append(float(metrics["loss"]))
     result.update(step_s=times, losses=losses, peak_rss=mem.peak,
-                  attention=training_attention() or os.environ.get("MIA_JAX_ATTENTION", "auto"))
+                  attention=training_attention() or os.environ.get("MIA_JAX_ATTENTION", "auto"),
+                  device_peak=(jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use"))
     if args.no_profile:
         return
     from train.loss import chunked_cross_entropy
     from train.step import make_loss
 
     # ---- the profile: pieces of the step, each jitted alone, on one micro-batch
-    nll_sum = make_loss(model, "float32", remat=args.remat, loss_chunk=args.loss_chunk)
+    nll_sum = make_loss(model, args.compute_dtype, remat=args.remat, loss_chunk=args.loss_chunk)
     mids, mmask = jnp.asarray(ids[0]), jnp.asarray(mask[0])
     graphdef, abstract = nnx.split(model)
     fwd = jax.jit(nll_sum)
@@ -168,28 +177,33 @@ def worker_torch(args, result):
     from benchmark import transformers_model
 
     F = torch.nn.functional
+    device = torch.device(args.torch_device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.compute_dtype == "bfloat16")
     with PeakRSS() as mem:
         facts = json.loads(Path(args.facts).read_text())
         all_ids, all_mask = load_batches(args)
         model = transformers_model(SimpleNamespace(source=facts["source"], model=type(facts["arch"], (), {})()))
-        model = model.float().train()
+        model = model.float().train().to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WEIGHT_DECAY)
         result["rss_loaded"] = mem.rss()
 
         def one_step(s):
-            ids, mask = torch.from_numpy(all_ids[s].astype(np.int64)), torch.from_numpy(all_mask[s])
+            ids = torch.from_numpy(all_ids[s].astype(np.int64)).to(device)
+            mask = torch.from_numpy(all_mask[s]).to(device)
             n = int(mask[:, :, 1:].sum())
             opt.zero_grad(set_to_none=True)
             total = 0.0
             for a in range(ids.shape[0]):
-                logits = model(input_ids=ids[a]).logits[:, :-1]
                 targets = torch.where(mask[a, :, 1:], ids[a, :, 1:], -100)
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                                       reduction="sum") / n
+                with autocast:  # a no-op in float32; in bfloat16 autocast computes the cross-entropy in float32
+                    logits = model(input_ids=ids[a]).logits[:, :-1]
+                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                           ignore_index=-100, reduction="sum") / n
                 loss.backward()
                 total += float(loss)
             torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
             opt.step()
+            torch_sync(device)
             return total
 
         t0 = time.perf_counter()
@@ -201,12 +215,14 @@ def worker_torch(args, result):
             losses.append(one_step(s))
             times.append(time.perf_counter() - t0)
     result.update(step_s=times, losses=losses, peak_rss=mem.peak, torch_threads=torch.get_num_threads(),
-                  attention=model.config._attn_implementation)
+                  attention=model.config._attn_implementation,
+                  device_peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
 
 
 def run_worker(args):
     import jax
 
+    set_matmul_precision(args.matmul_precision, torch=args.worker == "torch")
     result = {"approach": args.worker, "device": str(jax.devices()[0])}
     if args.worker == "matmul":
         result["matmul_gflops"] = matmul_rate()
@@ -230,6 +246,13 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="skip the JAX per-phase profile")
     ap.add_argument("--omp-wait-policy", default="PASSIVE",
                     help="OMP_WAIT_POLICY for torch (as scripts/benchmark.py; 'default' keeps torch's own)")
+    ap.add_argument("--torch-device", default="cpu", help="torch device, e.g. cuda (default cpu)")
+    ap.add_argument("--matmul-precision", default="default", choices=PRECISIONS,
+                    help="float32 matmul precision of JAX and torch (default: each framework's own)")
+    ap.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="compute dtype of both approaches (master weights and optimizer state stay float32)")
+    ap.add_argument("--peak-tflops", type=float,
+                    help="also give MFU against this rate (TFLOP/s), e.g. an accelerator's datasheet peak")
     ap.add_argument("--json", help="also write every figure here")
     ap.add_argument("--worker", choices=["data", "jax", "torch", "matmul"], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -241,7 +264,8 @@ def main():
     results = {}
     passed = ["--model", args.model, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
               "--grad-accum", str(args.grad_accum), "--seq-len", str(args.seq_len), "--remat", args.remat,
-              "--loss-chunk", str(args.loss_chunk), "--repeats", str(args.repeats)]
+              "--loss-chunk", str(args.loss_chunk), "--repeats", str(args.repeats), "--torch-device", args.torch_device,
+              "--matmul-precision", args.matmul_precision, "--compute-dtype", args.compute_dtype]
     passed += ["--no-profile"] if args.no_profile else []
     with tempfile.TemporaryDirectory() as tmp:
         for name in ["data", "matmul", *approaches]:
@@ -250,6 +274,8 @@ def main():
             env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
             if name == "torch" and args.omp_wait_policy != "default":
                 env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+            if name == "torch":
+                env = torch_env(env, args.torch_device)
             subprocess.run([sys.executable, __file__, "--worker", name, "--json", str(out), "--data",
                             str(Path(tmp, "batches.npz")), "--facts", str(Path(tmp, "data.json")), *passed],
                            check=True, env=env)
@@ -264,19 +290,22 @@ def report(args, results) -> dict:
     rate = results["matmul"]["matmul_gflops"]["xla"]
     tokens = args.batch_size * args.seq_len
     print(f"\nmodel {args.model}: {args.batch_size} x {args.seq_len} tokens per step in {args.grad_accum} "
-          f"micro-batches of Pile text, float32, AdamW lr {LR}, clipping {CLIP}; "
+          f"micro-batches of Pile text, compute {args.compute_dtype} (float32 master weights), matmul precision "
+          f"{args.matmul_precision}, AdamW lr {LR}, clipping {CLIP}; "
           f"{args.steps} timed steps after one warm-up; "
           f"device {results['matmul']['device']}")
     print(f"float32 matmul 2048^3 measured in this run: XLA {rate:.0f} GFLOP/s, "
           f"NumPy {results['matmul']['matmul_gflops']['numpy']:.0f} GFLOP/s; load average {os.getloadavg()[0]:.2f}")
     if "torch" in results:
-        print(f"torch: {results['torch']['torch_threads']} threads, OMP_WAIT_POLICY={args.omp_wait_policy}, "
+        print(f"torch: on {args.torch_device}, {results['torch']['torch_threads']} threads, "
+              f"OMP_WAIT_POLICY={args.omp_wait_policy}, "
               f"attention {results['torch']['attention']}")
     if "jax" in results:
         print(f"jax: remat {args.remat}, loss chunk {args.loss_chunk}, attention {results['jax']['attention']}")
-    print("\n| approach | warm-up step | step (mean of timed) | tokens/s | x torch | MFU (vs XLA matmul) | peak RSS "
-          "(after load) | loss (first -> last) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    peak = f" MFU (vs {args.peak_tflops:g} TFLOP/s) |" if args.peak_tflops else ""
+    print(f"\n| approach | warm-up step | step (mean of timed) | tokens/s | x torch | MFU (vs XLA matmul) |{peak} "
+          "peak RSS (after load) | device peak | loss (first -> last) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if peak else ""))
     summary = {}
     for k in ("jax", "torch"):
         if k not in results:
@@ -285,12 +314,16 @@ def report(args, results) -> dict:
         step = float(np.mean(r["step_s"]))
         summary[k] = {"tokens_per_s": tokens / step, "peak_rss_mib": r["peak_rss"] / 2**20, "step_s": step,
                       "mfu": results["data"]["flops"] / step / (rate * 1e9)}
+        if args.peak_tflops:
+            summary[k]["mfu_peak"] = results["data"]["flops"] / step / (args.peak_tflops * 1e12)
     for k, s in summary.items():
         r = results[k]
         ratio = f"{s['tokens_per_s'] / summary['torch']['tokens_per_s']:.2f}" if "torch" in summary else "-"
+        vs_peak = f" {100 * s['mfu_peak']:.1f}% |" if peak else ""
+        dev = f"{r['device_peak'] / 2**20:.0f} MiB" if r.get("device_peak") else "-"
         print(f"| {k} | {r['warmup_s']:.1f} s | {s['step_s']:.2f} s | {s['tokens_per_s']:.0f} | {ratio} | "
-              f"{100 * s['mfu']:.0f}% | {s['peak_rss_mib']:.0f} MiB "
-              f"({r['rss_loaded'] / 2**20:.0f}) | {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} |")
+              f"{100 * s['mfu']:.0f}% |{vs_peak} {s['peak_rss_mib']:.0f} MiB "
+              f"({r['rss_loaded'] / 2**20:.0f}) | {dev} | {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} |")
     if "jax" in results and "profile" in results["jax"]:
         p, a = results["jax"]["profile"], results["jax"]["micro_batches"]
         step = summary["jax"]["step_s"]
