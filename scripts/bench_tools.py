@@ -115,9 +115,22 @@ def set_matmul_precision(precision: str, torch: bool = False) -> None:
         _torch.set_float32_matmul_precision({"float32": "highest", "tf32": "high"}[precision])
 
 
-def torch_env(env: dict, torch_device: str) -> dict:
-    """The environment of a worker that runs torch on ``torch_device``: on a GPU, JAX (which that worker also
-    imports, for the tokenizer and the model's facts) must not pre-allocate most of the GPU's memory."""
+def add_accelerator_args(ap, torch_what: str = "torch") -> None:
+    """The options a benchmark needs on an accelerator: ``--torch-device`` (of ``torch_what``), ``--matmul-precision``
+    (:func:`set_matmul_precision`) and ``--peak-tflops`` (MFU against a datasheet peak too)."""
+    ap.add_argument("--torch-device", default="cpu", help=f"torch device of {torch_what}, e.g. cuda (default cpu)")
+    ap.add_argument("--matmul-precision", default="default", choices=PRECISIONS,
+                    help="float32 matmul precision of JAX and torch (default: each framework's own)")
+    ap.add_argument("--peak-tflops", type=float,
+                    help="also give MFU against this rate (TFLOP/s), e.g. an accelerator's datasheet peak")
+
+
+def torch_env(env: dict, omp_wait_policy: str, torch_device: str = "cpu") -> dict:
+    """The environment of a worker that runs torch: ``OMP_WAIT_POLICY`` unless ``omp_wait_policy`` is "default"
+    (torch's own); on a GPU, JAX (which that worker also imports, for the tokenizer and the model's facts) must not
+    pre-allocate most of the GPU's memory."""
+    if omp_wait_policy != "default":
+        env = dict(env, OMP_WAIT_POLICY=omp_wait_policy)
     return env if torch_device == "cpu" else dict(env, XLA_PYTHON_CLIENT_PREALLOCATE="false")
 
 

@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_tools import (PRECISIONS, Compiles, PeakRSS, _timed, matmul_rate, runnable, set_matmul_precision,
-                         torch_env)
+from bench_tools import (Compiles, PeakRSS, _timed, add_accelerator_args, matmul_rate, runnable,
+                         set_matmul_precision, torch_env)
 
 METHODS = ["loss", "min_k@0.2", "min_k_pp@0.2"]
 K = 0.2
@@ -306,11 +306,7 @@ def main():
                     help="OMP_WAIT_POLICY for (c)'s torch (default PASSIVE: on a machine shared with other jobs, "
                          "OpenMP's spinning threads make small torch matmuls over 10x slower; 'default' keeps "
                          "torch's own setting)")
-    ap.add_argument("--torch-device", default="cpu", help="torch device of (c), e.g. cuda (default cpu)")
-    ap.add_argument("--matmul-precision", default="default", choices=PRECISIONS,
-                    help="float32 matmul precision of JAX and torch (default: each framework's own)")
-    ap.add_argument("--peak-tflops", type=float,
-                    help="also give MFU against this rate (TFLOP/s), e.g. an accelerator's datasheet peak")
+    add_accelerator_args(ap, "(c)")
     ap.add_argument("--worker", choices=["a", "b", "c", "matmul"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -328,10 +324,8 @@ def main():
                 cmd += ["--limit", str(args.limit)]
             print(f"running {name} ...", file=sys.stderr, flush=True)
             env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-            if name == "c" and args.omp_wait_policy != "default":
-                env["OMP_WAIT_POLICY"] = args.omp_wait_policy
             if name == "c":
-                env = torch_env(env, args.torch_device)
+                env = torch_env(env, args.omp_wait_policy, args.torch_device)
             subprocess.run(cmd, check=True, env=env)
             results[name] = json.loads(out.read_text())
     report(args, results)

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_tools import runnable
+from bench_tools import runnable, torch_env
 
 PILE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pile" / "wikipedia_en.jsonl"
 APPROACHES = ["full", "auto", "torch"]
@@ -176,8 +176,8 @@ def main():
                 env.pop("MIA_JAX_ATTENTION", None)
                 if name == "full":
                     env["MIA_JAX_ATTENTION"] = "full"
-                if name == "torch" and args.omp_wait_policy != "default":
-                    env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+                if name == "torch":
+                    env = torch_env(env, args.omp_wait_policy)
                 print(f"running {name} on {n} tokens ...", file=sys.stderr, flush=True)
                 t0 = time.perf_counter()
                 proc = subprocess.run(cmd, env=env)

@@ -52,7 +52,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from bench_tools import PRECISIONS, PeakRSS, _timed, matmul_rate, runnable, set_matmul_precision, torch_env, torch_sync
+from bench_tools import (PeakRSS, _timed, add_accelerator_args, matmul_rate, runnable, set_matmul_precision, torch_env,
+                         torch_sync)
 
 LR, CLIP, WEIGHT_DECAY = 1e-4, 1.0, 0.01
 
@@ -246,13 +247,9 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="skip the JAX per-phase profile")
     ap.add_argument("--omp-wait-policy", default="PASSIVE",
                     help="OMP_WAIT_POLICY for torch (as scripts/benchmark.py; 'default' keeps torch's own)")
-    ap.add_argument("--torch-device", default="cpu", help="torch device, e.g. cuda (default cpu)")
-    ap.add_argument("--matmul-precision", default="default", choices=PRECISIONS,
-                    help="float32 matmul precision of JAX and torch (default: each framework's own)")
+    add_accelerator_args(ap, "the torch loop")
     ap.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="compute dtype of both approaches (master weights and optimizer state stay float32)")
-    ap.add_argument("--peak-tflops", type=float,
-                    help="also give MFU against this rate (TFLOP/s), e.g. an accelerator's datasheet peak")
     ap.add_argument("--json", help="also write every figure here")
     ap.add_argument("--worker", choices=["data", "jax", "torch", "matmul"], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -272,10 +269,8 @@ def main():
             out = Path(tmp, f"{name}.json")
             print(f"running {name} ...", file=sys.stderr, flush=True)
             env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-            if name == "torch" and args.omp_wait_policy != "default":
-                env["OMP_WAIT_POLICY"] = args.omp_wait_policy
             if name == "torch":
-                env = torch_env(env, args.torch_device)
+                env = torch_env(env, args.omp_wait_policy, args.torch_device)
             subprocess.run([sys.executable, __file__, "--worker", name, "--json", str(out), "--data",
                             str(Path(tmp, "batches.npz")), "--facts", str(Path(tmp, "data.json")), *passed],
                            check=True, env=env)
