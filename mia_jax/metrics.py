@@ -367,7 +367,8 @@ def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = No
 
     Rows where A or B is NaN/inf are dropped from both (counted in ``n_dropped``). Returns a JSON-serialisable
     dict: ``n, n_used, n_dropped, n_members, n_nonmembers, groups, n_bootstrap, seed, confidence`` and, for
-    ``"auroc"`` and the TPR key (``"tpr_at_5pct_fpr"``), ``{"a", "b", "diff", "ci": [lo, hi], "verdict"}`` with
+    ``"auroc"`` and the TPR key (``"tpr_at_5pct_fpr"``), ``{"a", "b", "a_ci", "b_ci", "diff", "ci": [lo, hi],
+    "verdict"}`` (``a_ci`` / ``b_ci``: each side's own interval from the same resamples) with
     ``verdict`` one of ``"A > B"``, ``"B > A"`` or ``"not distinguishable"`` (the interval contains 0).
     Deterministic for a given ``seed``; swapping A and B negates every difference and interval exactly.
 
@@ -402,11 +403,16 @@ def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = No
         out.update(clusters=sum(d.k for d in draws), bootstrap="cluster",
                    cluster_stratified=all(d.stratified for d in draws), n_redrawn=n_redrawn)
     for key, point, boot in (("auroc", auc, boot_auc), (_tpr_key(fpr), tpr, boot_tpr)):
-        diff = boot[:, 0] - boot[:, 1]
-        ci = _interval(diff, confidence)
-        out[key] = {"a": float(point[0]), "b": float(point[1]), "diff": float(point[0] - point[1]),
-                    "ci": ci, "verdict": verdict(ci)}
+        out[key] = _comparison(point[0], point[1], boot[:, 0], boot[:, 1], confidence)
     return out
+
+
+def _comparison(a: float, b: float, boot_a: np.ndarray, boot_b: np.ndarray, confidence: float) -> dict:
+    """One metric of a paired comparison: the point estimates, each side's own interval (``a_ci``, ``b_ci``) and
+    the interval of the paired difference, all from the same resamples."""
+    ci = _interval(boot_a - boot_b, confidence)
+    return {"a": float(a), "b": float(b), "a_ci": _interval(boot_a, confidence), "b_ci": _interval(boot_b, confidence),
+            "diff": float(a - b), "ci": ci, "verdict": verdict(ci)}
 
 
 # ---------------------------------------------------------------- cluster bootstrap (vectorised, weighted)
@@ -529,18 +535,27 @@ def evaluate_mean(labels, scores, groups: Sequence, *, n_bootstrap: int = 1000, 
     """The mean over ``groups`` (e.g. datasets) of one method's per-group AUROC and TPR@5%FPR, with stratified
     percentile-bootstrap intervals (resampled within each group, members and non-members separately; the same
     draws as :func:`paired_bootstrap` with the same ``seed``). NaN/inf scores are excluded (``n_nan``).
+
+    ``scores`` may also be several score vectors on the **same** examples, shape ``[V, n]`` (e.g. one method
+    under two models on the same texts): the statistic is then the mean over vectors and groups, and every
+    resample is shared by all vectors, so the interval of a table's "average over models" column accounts for
+    the vectors being scored on the same texts. An example whose score is NaN/inf in any vector is dropped from all.
     ``{"auroc", "auroc_ci", "tpr_at_5pct_fpr", "tpr_at_5pct_fpr_ci", "n_groups", "n_nan"}``; intervals ``None``
     when ``n_bootstrap == 0``."""
     if n_bootstrap < 0:
         raise ValueError(f"n_bootstrap must be >= 0, got {n_bootstrap}")
     lab = _as_labels(labels)
-    sc = _as_scores(scores, lab.shape[0])
-    keep = np.isfinite(sc)
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.ndim > 2 or (arr.ndim == 2 and arr.shape[1] != lab.shape[0]):
+        raise ValueError(f"scores must have shape [n] or [V, n] with n = {lab.shape[0]} labels, got {arr.shape}")
+    vectors = [_as_scores(v, lab.shape[0]) for v in np.atleast_2d(arr)]
+    keep = np.logical_and.reduce([np.isfinite(v) for v in vectors])
     keys, rows = _group_rows(lab[keep], [g for g, k in zip(groups, keep) if k], int(keep.sum()))
-    auc, tpr, boot_auc, boot_tpr = _grouped_bootstrap([sc[keep]], rows, n_bootstrap, seed, 0.05)
-    return {"auroc": float(auc[0]), "auroc_ci": _interval(boot_auc[:, 0], confidence) if n_bootstrap else None,
-            "tpr_at_5pct_fpr": float(tpr[0]),
-            "tpr_at_5pct_fpr_ci": _interval(boot_tpr[:, 0], confidence) if n_bootstrap else None,
+    auc, tpr, boot_auc, boot_tpr = _grouped_bootstrap([v[keep] for v in vectors], rows, n_bootstrap, seed, 0.05)
+    return {"auroc": float(auc.mean()),
+            "auroc_ci": _interval(boot_auc.mean(axis=1), confidence) if n_bootstrap else None,
+            "tpr_at_5pct_fpr": float(tpr.mean()),
+            "tpr_at_5pct_fpr_ci": _interval(boot_tpr.mean(axis=1), confidence) if n_bootstrap else None,
             "n_groups": len(keys), "n_nan": int((~keep).sum())}
 
 
@@ -564,21 +579,20 @@ def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int =
     point = [(_auroc_rows(p[None], neg[None])[0], _tpr_at_fpr_rows(p[None], neg[None], fpr)[0]) for p in (pa, pb)]
     rng = np.random.default_rng(seed)
     chunk = max(1, _CHUNK_ELEMENTS // (2 * (neg.size + pa.size + pb.size)))
-    d_auc, d_tpr = [], []
+    boot: dict[str, list] = {"auroc": [], "tpr": []}  # per block: [resamples, 2] (subset A, subset B)
     for start in range(0, n_bootstrap, chunk):
         b = min(chunk, n_bootstrap - start)
         q = neg[rng.integers(0, neg.size, size=(b, neg.size))]
         p1 = pa[rng.integers(0, pa.size, size=(b, pa.size))]
         p2 = pb[rng.integers(0, pb.size, size=(b, pb.size))]
-        d_auc.append(_auroc_rows(p1, q) - _auroc_rows(p2, q))
-        d_tpr.append(_tpr_at_fpr_rows(p1, q, fpr) - _tpr_at_fpr_rows(p2, q, fpr))
+        boot["auroc"].append(np.stack([_auroc_rows(p1, q), _auroc_rows(p2, q)], axis=1))
+        boot["tpr"].append(np.stack([_tpr_at_fpr_rows(p1, q, fpr), _tpr_at_fpr_rows(p2, q, fpr)], axis=1))
     out = {"n": int(lab.shape[0]), "n_used": int(neg.size + pa.size + pb.size), "n_dropped": int((~fin).sum()),
            "n_members": [int(pa.size), int(pb.size)], "n_nonmembers": int(neg.size), "groups": None,
            "n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
-    for j, (key, diffs) in enumerate((("auroc", d_auc), (_tpr_key(fpr), d_tpr))):
-        ci = _interval(np.concatenate(diffs), confidence)
-        out[key] = {"a": float(point[0][j]), "b": float(point[1][j]), "diff": float(point[0][j] - point[1][j]),
-                    "ci": ci, "verdict": verdict(ci)}
+    for j, (key, blocks) in enumerate((("auroc", boot["auroc"]), (_tpr_key(fpr), boot["tpr"]))):
+        draws = np.concatenate(blocks) if blocks else np.zeros((0, 2))
+        out[key] = _comparison(point[0][j], point[1][j], draws[:, 0], draws[:, 1], confidence)
     return out
 
 

@@ -249,6 +249,8 @@ def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], 
                     same = False
             if same:
                 out[i][j] = f"**{out[i][j]}**"
+    _average_cells(out, names, [_column_examples(examples or {}, m, s) for m, s in columns], key,
+                   n_bootstrap=n_bootstrap, seed=seed)
     for i, (_, method) in enumerate(names):
         if method == "ref":
             for j, (model, _) in enumerate(columns, 1):
@@ -256,6 +258,28 @@ def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], 
                     out[i][j] = out[i][j].replace("**", "") + " ‡"
             out[i][-1] = out[i][-1] + (" ‡" if mirrored else "")
     return header, out
+
+
+def _average_cells(out: list[list], names, cols: list, key: str, *, n_bootstrap: int, seed: int) -> None:
+    """The "Avg." cell of each row (the last) with its 95% interval: one bootstrap of the texts shared by every
+    column (resampled within each length, each resample applied to every column), so the mean over models carries
+    an interval that accounts for the models scoring the same texts. Left as the point estimate where the columns
+    do not hold the same texts (different labels or lengths) or a column has no per-example scores."""
+    if not n_bootstrap or not cols or any(c is None for c in cols):
+        return
+    labels, _, groups = cols[0]
+    if any(not np.array_equal(c[0], labels) or list(c[2]) != list(groups) for c in cols[1:]):
+        return
+    for i, (_, method) in enumerate(names):
+        if any(method not in c[1] for c in cols):
+            continue
+        try:
+            r = metrics.evaluate_mean(labels, np.stack([c[1][method] for c in cols]), groups,
+                                      n_bootstrap=n_bootstrap, seed=seed)
+        except ValueError:
+            continue
+        ci = r[f"{key}_ci"]
+        out[i][-1] = f"{report.fmt(r[key])} [{report.fmt(ci[0])}, {report.fmt(ci[1])}]"
 
 
 def write_table(out: Path, stem: str, title: str, header, body, note: str = "", cells=None) -> str:
@@ -279,6 +303,28 @@ def k_sweep(results: list[dict]) -> tuple[list[str], list[list]]:
                                  and r["method"] == f"{base}@{k:g}"))
         body.append(row)
     return header, body
+
+
+def k_sweep_cells(models: list[str], body: list[list], examples: dict, *, n_bootstrap: int, seed: int) -> list[list]:
+    """The cells of :func:`k_sweep`'s ``body`` (columns: Min-K%, Min-K%++ per model of ``models``) as markdown with
+    95% intervals (:func:`metrics.evaluate_mean` over the lengths of the original setting); the point estimate alone
+    where a column has no per-example scores."""
+    cols = {m: _column_examples(examples, m, SETTINGS[0]) for m in models}
+    out = []
+    for row in body:
+        k, cells = row[0], [str(row[0])]
+        for j, value in enumerate(row[1:]):
+            model, method = models[j // 2], f"{('min_k', 'min_k_pp')[j % 2]}@{k:g}"
+            col, cell = cols[model], report.fmt(value)
+            if col is not None and method in col[1] and n_bootstrap:
+                try:
+                    r = metrics.evaluate_mean(col[0], col[1][method], col[2], n_bootstrap=n_bootstrap, seed=seed)
+                    cell = f"{report.fmt(r['auroc'])} [{report.fmt(r['auroc_ci'][0])}, {report.fmt(r['auroc_ci'][1])}]"
+                except ValueError:
+                    pass
+            cells.append(cell)
+        out.append(cells)
+    return out
 
 
 def plot_lengths(path: Path, results: list[dict], rows: Sequence[tuple[str, str]]) -> None:
@@ -327,7 +373,8 @@ def write_reports(out: Path, results: list[dict], rows: Sequence[tuple[str, str]
             "differ in distribution, and detector AUROCs overstate the membership signal.")
     if examples:
         note += (" Cells: mean [95% bootstrap CI, resampled within each length]; bold: the column's best detector and "
-                 "every detector the paired bootstrap on the same texts does not distinguish from it.")
+                 "every detector the paired bootstrap on the same texts does not distinguish from it. Avg.: the mean "
+                 "over the columns, its interval from one bootstrap of the texts shared by every column (not bolded).")
     units = {r["model"]: r.get("ref_unit") for r in results if r["method"] == "ref" and r.get("ref_unit")}
     if any(u == "byte" for u in units.values()):
         note += (" Smaller Ref of " + ", ".join(m for m, u in units.items() if u == "byte") + ": the tokenizers of "
@@ -344,7 +391,12 @@ def write_reports(out: Path, results: list[dict], rows: Sequence[tuple[str, str]
                          note, cells=table_cells(results, "tpr_at_5pct_fpr", rows, examples, mirrored, **kw)[1]
                          if examples or mirrored else None)]
     header, body = k_sweep(results)
-    parts.append(write_table(out, "k_sweep", "k sweep: AUROC of Min-K% and Min-K%++", header, body))
+    models = list(dict.fromkeys(r["model"] for r in results))
+    cells = k_sweep_cells(models, body, examples, **kw) if examples else None
+    parts.append(write_table(out, "k_sweep", "k sweep: AUROC of Min-K% and Min-K%++", header, body,
+                             "Original setting, mean over lengths [95% bootstrap CI, resampled within each length]; "
+                             "not bolded (every k is scored on the same texts: compare the intervals with care)."
+                             if cells else "", cells=cells))
     plot_lengths(out / "fig2b_auroc_by_length.png", results, rows)
     plot_k_sweep(out / "k_sweep.png", header, body)
     return "\n".join(parts)

@@ -93,6 +93,13 @@ def test_tiny_experiment(tiny_run, capsys):
     free, oracle = table3.split("oracle reference")[0], table3.split("oracle reference")[1].split("blind baseline")[0]
     assert "Ref (base model" not in free and "Ref (base model" in oracle and "**" not in oracle
     assert "Blind BoW (no model)" in table3 and "[" in table3.split("Blind BoW (no model)")[1].splitlines()[0]
+    # the base model's AUROC beside the trained one, with its own interval (metrics.json's base entry)
+    lines = table3.splitlines()
+    header = next(line for line in lines if line.startswith("| Method | BoolQ | BoolQ base"))
+    row = next(line for line in lines if line.startswith("| Min-K% Prob (k=20%) |"))
+    cell = dict(zip(header.split(" | "), row.split(" | ")))["IMDB base"].strip("* ")
+    b = metrics["base"]["imdb"]["min_k@0.2"]
+    assert cell == f"{b['auroc']:.3f} [{b['auroc_ci'][0]:.3f}, {b['auroc_ci'][1]:.3f}]"
     examples = tables.read_examples(out / "examples.jsonl.gz")
     assert len(examples) == len(eval_set) and all("text" not in e for e in examples)
     assert [e["text_sha256"] for e in examples] == [hashlib.sha256(e["text"].encode()).hexdigest() for e in eval_set]
@@ -277,6 +284,10 @@ def test_study_report_marks_each_claim_with_its_paired_interval(tmp_path, sweeps
     comp = metrics.paired_bootstrap([hi[i]["label"] for i in imdb], vec(hi), vec(lo), n_bootstrap=20, seed=0)
     got = next(c for c in claims if c["claim"].endswith("Min-K%, IMDB"))
     assert got["ci"] == comp["auroc"]["ci"] and got["auroc_a"] == comp["auroc"]["a"]
+    # each side's AUROC with its own interval from the same resamples, in the claims table
+    assert got["auroc_a_ci"] == comp["auroc"]["a_ci"] and got["auroc_b_ci"] == comp["auroc"]["b_ci"]
+    row = next(line for line in text.splitlines() if line.startswith(f"| {got['claim']} |"))
+    assert f"| {got['auroc_b']:.3f} [{got['auroc_b_ci'][0]:.3f}, {got['auroc_b_ci'][1]:.3f}] |" in row
     # rebuilt from the same per-example scores: the same report
     assert study.main([*argv, "--out", str(tmp_path / "again.md")]) == 0
     assert (tmp_path / "again.md").read_text() == text

@@ -8,9 +8,10 @@ from sklearn.metrics import roc_auc_score
 from mia_jax import metrics as m
 
 
-def paired_ref(labels, a, b, groups, n_bootstrap, seed, fpr=0.05):
+def paired_ref(labels, a, b, groups, n_bootstrap, seed, fpr=0.05, sides=None):
     """The obvious loop: the same draws as metrics._grouped_bootstrap (per block, per group, members then
-    non-members), then one resample at a time through sklearn and the threshold scan."""
+    non-members), then one resample at a time through sklearn and the threshold scan. ``sides`` (a dict) receives
+    each side's own resampled AUROC, ``"a"`` and ``"b"``."""
     labels, a, b = np.asarray(labels), np.asarray(a, float), np.asarray(b, float)
     groups = np.asarray(groups if groups is not None else [0] * len(labels))
     keys = list(dict.fromkeys(groups.tolist()))
@@ -24,14 +25,19 @@ def paired_ref(labels, a, b, groups, n_bootstrap, seed, fpr=0.05):
         draws = [(pos[rng.integers(0, pos.size, size=(nb, pos.size))],
                   neg[rng.integers(0, neg.size, size=(nb, neg.size))]) for pos, neg in rows]
         for i in range(nb):
-            da = dt = 0.0
+            da = dt = sa = sb = 0.0
             for ip, iq in draws:
                 idx = np.concatenate([ip[i], iq[i]])
                 y = np.r_[np.ones(ip.shape[1]), np.zeros(iq.shape[1])]
+                sa += roc_auc_score(y, a[idx])
+                sb += roc_auc_score(y, b[idx])
                 da += roc_auc_score(y, a[idx]) - roc_auc_score(y, b[idx])
                 dt += tpr_ref(y, a[idx], fpr) - tpr_ref(y, b[idx], fpr)
             diffs_auc.append(da / len(rows))
             diffs_tpr.append(dt / len(rows))
+            if sides is not None:
+                sides.setdefault("a", []).append(sa / len(rows))
+                sides.setdefault("b", []).append(sb / len(rows))
     return np.array(diffs_auc), np.array(diffs_tpr)
 
 
@@ -52,8 +58,17 @@ def test_paired_matches_loop_reference(seed, levels, grouped):
     groups = np.array(["x", "y", "z"])[np.arange(labels.size) % 3] if grouped else None
     n_boot = 60
     res = m.paired_bootstrap(labels, a, b, groups=groups, n_bootstrap=n_boot, seed=seed)
-    d_auc, d_tpr = paired_ref(labels, a, b, groups, n_boot, seed)
+    sides = {}
+    d_auc, d_tpr = paired_ref(labels, a, b, groups, n_boot, seed, sides=sides)
     assert res["auroc"]["ci"] == pytest.approx(list(np.quantile(d_auc, [0.025, 0.975])), abs=1e-12)
+    # each side's own interval, from the same resamples (the claims tables print it beside the point estimate)
+    assert res["auroc"]["a_ci"] == pytest.approx(list(np.quantile(sides["a"], [0.025, 0.975])), abs=1e-12)
+    assert res["auroc"]["b_ci"] == pytest.approx(list(np.quantile(sides["b"], [0.025, 0.975])), abs=1e-12)
+    # several vectors on the same examples: the mean over vectors, one shared resample for all of them
+    both = m.evaluate_mean(labels, np.stack([a, b]), groups if grouped else np.zeros(labels.size), n_bootstrap=n_boot,
+                           seed=seed)
+    mean_ab = (np.array(sides["a"]) + np.array(sides["b"])) / 2
+    assert both["auroc_ci"] == pytest.approx(list(np.quantile(mean_ab, [0.025, 0.975])), abs=1e-12)
     assert res["tpr_at_5pct_fpr"]["ci"] == pytest.approx(list(np.quantile(d_tpr, [0.025, 0.975])), abs=1e-12)
     keys = [None] if groups is None else ["x", "y", "z"]
     sel = [np.ones(labels.size, bool)] if groups is None else [groups == k for k in keys]
@@ -130,6 +145,29 @@ def test_evaluate_mean_is_the_mean_of_the_groups():
     assert flat["auroc"]["ci"] == pytest.approx([lo - 0.5, hi - 0.5], abs=1e-12)
 
 
+def test_evaluate_mean_of_several_vectors():
+    labels, a, b = case(7, n_pos=50, n_neg=50)
+    groups = np.arange(labels.size) % 2
+    # one vector stacked is the one-vector result, bit for bit
+    assert m.evaluate_mean(labels, a[None], groups, n_bootstrap=50, seed=2) == m.evaluate_mean(
+        labels, a, groups, n_bootstrap=50, seed=2)
+    res = m.evaluate_mean(labels, np.stack([a, b]), groups, n_bootstrap=50, seed=2)
+    want = np.mean([m.auroc(labels[groups == g], v[groups == g]) for g in (0, 1) for v in (a, b)])
+    assert res["auroc"] == pytest.approx(want, abs=1e-12)
+    # a score and its negation: the mean AUROC is 0.5 in every resample (the mirrored Smaller-Ref pair)
+    mirror = m.evaluate_mean(labels, np.stack([a, -a]), groups, n_bootstrap=50, seed=2)
+    assert mirror["auroc"] == pytest.approx(0.5) and mirror["auroc_ci"] == pytest.approx([0.5, 0.5])
+    # an example NaN in one vector is dropped from all
+    b2 = b.copy()
+    b2[[0, 5]] = np.nan
+    keep = np.isfinite(b2)
+    dropped = m.evaluate_mean(labels, np.stack([a, b2]), groups, n_bootstrap=0)
+    want = np.mean([m.auroc(labels[keep & (groups == g)], v[keep & (groups == g)]) for g in (0, 1) for v in (a, b)])
+    assert dropped["n_nan"] == 2 and dropped["auroc"] == pytest.approx(want, abs=1e-12)
+    with pytest.raises(ValueError, match="shape"):
+        m.evaluate_mean(labels, np.stack([a, b])[:, :-1], groups)
+
+
 def test_subset_bootstrap_against_loop():
     rng = np.random.default_rng(2)
     labels = np.r_[np.ones(60, int), np.zeros(40, int)]
@@ -143,6 +181,10 @@ def test_subset_bootstrap_against_loop():
     y = np.r_[np.ones(30), np.zeros(40)]
     diffs = [roc_auc_score(y, np.r_[p1[i], q[i]]) - roc_auc_score(y, np.r_[p2[i], q[i]]) for i in range(40)]
     assert res["auroc"]["ci"] == pytest.approx(list(np.quantile(diffs, [0.025, 0.975])), abs=1e-12)
+    side_a = [roc_auc_score(y, np.r_[p1[i], q[i]]) for i in range(40)]
+    side_b = [roc_auc_score(y, np.r_[p2[i], q[i]]) for i in range(40)]
+    assert res["auroc"]["a_ci"] == pytest.approx(list(np.quantile(side_a, [0.025, 0.975])), abs=1e-12)
+    assert res["auroc"]["b_ci"] == pytest.approx(list(np.quantile(side_b, [0.025, 0.975])), abs=1e-12)
     assert res["auroc"]["a"] == pytest.approx(roc_auc_score(y, np.r_[pa, neg]))
     assert res["n_members"] == [30, 30]
     with pytest.raises(ValueError, match="members"):

@@ -186,4 +186,16 @@ def test_tables_with_intervals_paired_bold_and_mirrored_flags(tmp_path):
     ppl = np.r_[examples[("m1", 32, "Ori.")]["scores"]["loss"], examples[("m1", 64, "Ori.")]["scores"]["loss"]]
     want = metrics.evaluate_mean(labels, ppl, [32] * 80 + [64] * 80, n_bootstrap=100)
     assert f"{want['auroc']:.3f} [{want['auroc_ci'][0]:.3f}, {want['auroc_ci'][1]:.3f}]" in rows["PPL"]
+    # Avg.: the mean over the two models with one bootstrap of the texts both scored (resampled within length)
+    ppl2 = np.r_[examples[("m2", 32, "Ori.")]["scores"]["loss"], examples[("m2", 64, "Ori.")]["scores"]["loss"]]
+    avg = metrics.evaluate_mean(labels, np.stack([ppl, ppl2]), [32] * 80 + [64] * 80, n_bootstrap=100)
+    assert rows["PPL"].endswith(f"| {avg['auroc']:.3f} [{avg['auroc_ci'][0]:.3f}, {avg['auroc_ci'][1]:.3f}] |")
+    assert avg["auroc_ci"][0] < avg["auroc"] < avg["auroc_ci"][1]
     assert "Table 6" in text
+    # the k sweep carries intervals too, and bolds nothing
+    sweep = (tmp_path / "k_sweep.md").read_text()
+    k02 = next(line for line in sweep.splitlines() if line.startswith("| 0.2 |"))
+    mk = np.r_[examples[("m1", 32, "Ori.")]["scores"]["min_k@0.2"], examples[("m1", 64, "Ori.")]["scores"]["min_k@0.2"]]
+    want = metrics.evaluate_mean(labels, mk, [32] * 80 + [64] * 80, n_bootstrap=100)
+    assert k02.split(" | ")[1] == f"{want['auroc']:.3f} [{want['auroc_ci'][0]:.3f}, {want['auroc_ci'][1]:.3f}]"
+    assert "**" not in sweep

@@ -47,8 +47,9 @@ def _runs(folder: Path) -> list[tuple[str, dict]]:
 
 def _claim(name: str, paper: str, comp: dict, a: str, b: str) -> dict:
     c = comp["auroc"]
-    return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": c["a"], "auroc_b": c["b"], "diff": c["diff"],
-            "ci": c["ci"], "verdict": VERDICT[c["verdict"]], "n_used": comp["n_used"],
+    return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": c["a"], "auroc_a_ci": c["a_ci"],
+            "auroc_b": c["b"], "auroc_b_ci": c["b_ci"], "diff": c["diff"], "ci": c["ci"],
+            "verdict": VERDICT[c["verdict"]], "n_used": comp["n_used"],
             "n_bootstrap": comp["n_bootstrap"], "seed": comp["seed"]}
 
 
@@ -125,9 +126,14 @@ def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
                    "more occurrences easier", comp, f"k={ks[-1]}", "k=1")]
 
 
+def _with_ci(value: float, ci) -> str:
+    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def claims_markdown(claims: list[dict]) -> str:
-    header = ["Claim", "A", "B", "AUROC A", "AUROC B", "A - B [95% CI]", "Verdict"]
-    rows = [[c["claim"], c["a"], c["b"], f"{c['auroc_a']:.3f}", f"{c['auroc_b']:.3f}",
+    header = ["Claim", "A", "B", "AUROC A [95% CI]", "AUROC B [95% CI]", "A - B [95% CI]", "Verdict"]
+    rows = [[c["claim"], c["a"], c["b"], _with_ci(c["auroc_a"], c["auroc_a_ci"]),
+             _with_ci(c["auroc_b"], c["auroc_b_ci"]),
              f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"**{c['verdict']}**"] for c in claims]
     return tables.markdown(header, rows)
 

@@ -190,7 +190,7 @@ def _column(res: dict, model: str, col: str, m: str) -> dict | None:
 
 def metric_table(results: dict, methods: list[str], key: str, model: str = "trained") -> tuple[list[str], list]:
     """Rows [method name, cell per dataset..., average] of metric ``key`` with intervals; with the base model's
-    value beside each trained cell when ``model == "trained"`` and the method has one."""
+    value and interval beside each trained cell when ``model == "trained"`` and the method has one."""
     datasets = list(results[model])
     cols = [*datasets, AVG]
     header = ["Method"]
@@ -206,7 +206,7 @@ def metric_table(results: dict, methods: list[str], key: str, model: str = "trai
             row.append(f"**{cell}**" if b and cell != "n/a" else cell)
             if model == "trained":
                 base = _column(results, "base", c, m) if m in results["base"][datasets[0]] else None
-                row.append(fmt(base[key]) if base else "n/a")
+                row.append(_ci_cell(base, key))
         rows.append(row)
     return header, rows
 
