@@ -279,6 +279,22 @@ def _paired(records, labels, pairs, args) -> list[dict]:
     return out
 
 
+BOLD_NOTE = ("Bold AUROC: the highest and every method the paired bootstrap on the same texts does not place "
+             "below it (best - method interval containing 0).")
+
+
+def _tied_with_best(labels, scores, summary, methods, args) -> set:
+    """The methods whose AUROC the run's table bolds (metrics.compare_to_best / tied_with_best); none without
+    bootstrap resamples or with fewer than two methods."""
+    from mia_jax import metrics
+
+    if args.n_bootstrap < 1 or len(methods) < 2 or len(set(labels)) < 2:
+        return set()
+    entry = metrics.compare_to_best(labels, scores, {m: summary[m].get("auroc") for m in methods},
+                                    n_bootstrap=args.n_bootstrap, seed=args.seed)
+    return metrics.tied_with_best(entry)
+
+
 def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
                       compare=(), res=None) -> None:
     import jax
@@ -359,12 +375,15 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
                     summary[blind.NAME] = blind_metrics
             notes.append(note)
         comparisons = _paired(records, labels, compare, args)
-        report.write_summary(out, summary, extra=meta, notes=notes, comparisons=comparisons)
+        bold = _tied_with_best(labels, scores, summary, methods, args)
+        if bold:
+            notes.append(BOLD_NOTE)
+        report.write_summary(out, summary, extra=meta, notes=notes, comparisons=comparisons, bold=bold)
         report.plot_roc(out / "roc.png", {m: (labels, scores[m]) for m in methods},
                         title=f"{ds.name}, {loaded.name}")
         report.plot_histograms(out / "histograms.png", scores, labels)
         if len(set(labels)) == 2:
-            print(report.markdown_table({m: summary[m] for m in methods}))
+            print(report.markdown_table({m: summary[m] for m in methods}, bold))
         else:
             print(f"Text-level metrics not computed: every text has label {labels[0]} (see the window-level table).")
         print("".join(f"\n{n}" for n in notes).lstrip("\n"))

@@ -608,3 +608,33 @@ def describe(comparison: dict, name_a: str, name_b: str, key: str = "auroc", lab
     if c["verdict"] == VERDICTS[1]:
         return f"{name_b} > {name_a}: {detail}"
     return f"{name_a} vs {name_b}: not distinguishable ({detail})"
+
+
+def compare_to_best(labels, scores: dict, points: dict, *, key: str = "auroc", groups: Sequence | None = None,
+                    n_bootstrap: int = 1000, seed: int = 0) -> dict:
+    """The best method of a table column and its paired comparison with each other method: ``points`` {method:
+    the column's value of ``key``, or None}, ``scores`` {method: score vector on the same examples}. The best is the
+    largest point estimate; each other method gets :func:`paired_bootstrap` (best as A, ``groups`` as there), or
+    None where that fails (a class left empty). ``{"best": method, "vs": {method: comparison or None}}``, or None
+    when no method has a value. :func:`tied_with_best` reads the methods a report may bold."""
+    point = {m: v for m, v in points.items() if v is not None}
+    if not point:
+        return None
+    best = max(point, key=lambda m: point[m])
+    vs = {}
+    for m in point:
+        if m != best:
+            try:
+                vs[m] = paired_bootstrap(labels, scores[best], scores[m], groups=groups, n_bootstrap=n_bootstrap,
+                                         seed=seed)
+            except ValueError:
+                vs[m] = None
+    return {"best": best, "vs": vs}
+
+
+def tied_with_best(entry: dict | None, key: str = "auroc") -> set:
+    """The methods of a :func:`compare_to_best` entry that a report bolds: the best and every method the paired
+    bootstrap does not place below it (interval of best - method containing 0, or no comparison possible)."""
+    if entry is None:
+        return set()
+    return {entry["best"]} | {m for m, c in entry["vs"].items() if c is None or c[key]["verdict"] != VERDICTS[0]}

@@ -89,16 +89,16 @@ def _with_ci(x, ci, bold: bool = False) -> str:
     return s
 
 
-def markdown_table(summary: dict[str, dict]) -> str:
-    """GitHub markdown table, one row per method; the best AUROC (all ties) in bold, None as n/a."""
-    aucs = [r.get("auroc") for r in summary.values() if r.get("auroc") is not None]
-    best = max(aucs) if aucs else None
+def markdown_table(summary: dict[str, dict], bold: Collection = ()) -> str:
+    """GitHub markdown table, one row per method, None as n/a; the AUROC of the methods in ``bold`` in bold (for
+    a run: :func:`metrics.tied_with_best`, the best and every method the paired bootstrap does not place below it;
+    nothing is bolded on a point estimate alone)."""
     rows = []
     for method, r in summary.items():
         n = r.get("n_scored")
         cells = [
             str(method).replace("|", "\\|"),
-            _with_ci(r.get("auroc"), r.get("auroc_ci"), bold=best is not None and r.get("auroc") == best),
+            _with_ci(r.get("auroc"), r.get("auroc_ci"), bold=method in bold),
             _with_ci(r.get("tpr_at_5pct_fpr"), r.get("tpr_at_5pct_fpr_ci")),
             fmt(r.get("tpr_at_1pct_fpr")),
             fmt(r.get("fpr_at_95pct_tpr")),
@@ -169,19 +169,19 @@ def comparisons_markdown(comparisons: Sequence[dict]) -> str:
 
 
 def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None, notes: Sequence[str] = (),
-                  comparisons: Sequence[dict] = ()) -> None:
+                  comparisons: Sequence[dict] = (), bold: Collection = ()) -> None:
     """Write ``summary.json`` ({method: metrics}), ``summary.csv`` (COLUMNS, CIs split into ``*_lo`` /
     ``*_hi``, empty cell for None), ``summary.md`` (:func:`markdown_table`) and, if ``extra`` is given,
     ``run.json`` with it (config, model, data hashes, ...); ``notes`` are lines appended below the
     markdown table. ``comparisons`` (paired bootstraps, see :func:`comparisons_markdown`) go under the notes in
-    ``summary.md`` and into ``summary.json`` as ``"comparisons": [...]`` (absent without comparisons).
-    Creates ``out_dir`` if needed."""
+    ``summary.md`` and into ``summary.json`` as ``"comparisons": [...]`` (absent without comparisons); ``bold``:
+    as in :func:`markdown_table`. Creates ``out_dir`` if needed."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     blob = dict(summary, comparisons=list(comparisons)) if comparisons else summary
     (out / "summary.json").write_text(json.dumps(_jsonable(blob), indent=2, allow_nan=False) + "\n")
     write_csv(out / "summary.csv", _csv_header(), [_csv_row(str(method), r) for method, r in summary.items()])
-    (out / "summary.md").write_text(markdown_table(summary) + "".join(f"\n{n}\n" for n in notes)
+    (out / "summary.md").write_text(markdown_table(summary, bold) + "".join(f"\n{n}\n" for n in notes)
                                     + (f"\n{comparisons_markdown(comparisons)}" if comparisons else ""))
     if extra is not None:
         (out / "run.json").write_text(json.dumps(_jsonable(extra), indent=2, allow_nan=False) + "\n")

@@ -237,18 +237,11 @@ def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], 
                 compete[method] = (i, r[key])
         if not compete or not n_bootstrap:
             continue
-        best = max(compete, key=lambda m: compete[m][1])
-        for method, (i, _) in compete.items():
-            same = method == best
-            if not same:
-                try:
-                    c = metrics.paired_bootstrap(labels, scores[best], scores[method], groups=groups,
-                                                 n_bootstrap=n_bootstrap, seed=seed)
-                    same = c[key]["verdict"] != "A > B"
-                except ValueError:
-                    same = False
-            if same:
-                out[i][j] = f"**{out[i][j]}**"
+        entry = metrics.compare_to_best(labels, scores, {m: v for m, (_, v) in compete.items()}, key=key,
+                                        groups=groups, n_bootstrap=n_bootstrap, seed=seed)
+        for method in metrics.tied_with_best(entry, key):
+            i = compete[method][0]
+            out[i][j] = f"**{out[i][j]}**"
     _average_cells(out, names, [_column_examples(examples or {}, m, s) for m, s in columns], key,
                    n_bootstrap=n_bootstrap, seed=seed)
     for i, (_, method) in enumerate(names):

@@ -9,7 +9,7 @@ import pytest
 from helpers import ctrl_c_at_batch
 from sklearn.metrics import roc_auc_score
 
-from mia_jax import blind, models
+from mia_jax import blind, metrics, models
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 
@@ -61,6 +61,15 @@ def test_eval_writes_every_output(tiny_llama_dir, labeled, tmp_path, capsys):
     assert n_truncated == 20 and run["n_truncated"] == 20  # WikiMIA-32 texts are longer than 64 tokens
     assert (f"Truncated to the model's context of 64 tokens: {n_truncated} texts. Exact duplicates of an earlier "
             "text: 0 texts.") in (out / "summary.md").read_text()
+    # bold: the best AUROC and every method the paired bootstrap (same texts, same seed) does not place below it
+    md = (out / "summary.md").read_text()
+    scores = {m: np.array([r["scores"][m] for r in records[:20]]) for m in methods}
+    best = max(methods, key=lambda m: summary[m]["auroc"])
+    want = {best} | {m for m in methods if m != best and metrics.paired_bootstrap(
+        labels, scores[best], scores[m], n_bootstrap=50, seed=0)["auroc"]["verdict"] != "A > B"}
+    got = {m for m in methods if re.search(rf"\| {re.escape(m)} \| \*\*", md)}
+    assert got == want and "Bold AUROC" in md
+    assert {m for m in methods if re.search(rf"\| {re.escape(m)} \| \*\*", printed)} == want
 
 
 def test_score_unlabeled(tiny_llama_dir, tmp_path):

@@ -189,3 +189,24 @@ def test_subset_bootstrap_against_loop():
     assert res["n_members"] == [30, 30]
     with pytest.raises(ValueError, match="members"):
         m.subset_bootstrap(scores, labels, labels == 0, occ == 1)
+
+
+def test_compare_to_best_bolds_the_best_and_its_ties():
+    rng = np.random.default_rng(1)
+    labels = np.r_[np.ones(60, int), np.zeros(60, int)]
+    strong = labels * 2.0 + rng.normal(size=120)
+    scores = {"strong": strong, "close": strong + 0.05 * rng.normal(size=120), "noise": rng.normal(size=120),
+              "empty": np.full(120, np.nan)}
+    points = {k: (None if k == "empty" else m.auroc(labels, v)) for k, v in scores.items()}
+    entry = m.compare_to_best(labels, scores, points, n_bootstrap=200, seed=0)
+    assert entry["best"] == max(("strong", "close"), key=points.get)
+    assert set(entry["vs"]) == {"strong", "close", "noise"} - {entry["best"]}  # no point estimate: not compared
+    other = ({"strong", "close"} - {entry["best"]}).pop()
+    assert entry["vs"][other] == m.paired_bootstrap(labels, scores[entry["best"]], scores[other], n_bootstrap=200,
+                                                    seed=0)
+    assert m.tied_with_best(entry) == {"strong", "close"}  # noise is placed below the best: not bold
+    assert m.compare_to_best(labels, scores, {"empty": None}) is None and m.tied_with_best(None) == set()
+    # a comparison that cannot be made (one class left) does not hide a method: it stays with the best
+    one_class = dict(scores, close=np.where(labels == 1, np.nan, scores["close"]))
+    entry = m.compare_to_best(labels, one_class, {"strong": 0.9, "close": 0.8}, n_bootstrap=20)
+    assert entry["vs"]["close"] is None and m.tied_with_best(entry) == {"strong", "close"}

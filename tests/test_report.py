@@ -23,7 +23,8 @@ def data():
 
 def test_markdown_table(data):
     _, _, summary = data
-    md = report.markdown_table(summary)
+    assert "**" not in report.markdown_table(summary)  # nothing bolded on a point estimate alone
+    md = report.markdown_table(summary, bold={"min_k|20%"})
     lines = md.strip().splitlines()
     assert len(lines) == 2 + len(summary)
     assert lines[0].startswith("| Method | AUROC [95% CI] | TPR@5%FPR [95% CI] |")
@@ -37,11 +38,11 @@ def test_markdown_table(data):
     assert f"{summary['zlib']['tpr_at_1pct_fpr']:.3f}" in rows[2]
 
 
-def test_markdown_table_bolds_ties_and_handles_all_none():
+def test_markdown_table_bolds_the_given_methods_and_handles_all_none():
     r = {"auroc": 0.7, "auroc_ci": None, "n_scored": 10, "n_nan": 2}
-    md = report.markdown_table({"a": r, "b": dict(r)})
-    assert md.count("**0.700**") == 2 and "10 (2)" in md
-    md = report.markdown_table({"a": {"auroc": None}})
+    md = report.markdown_table({"a": r, "b": dict(r, auroc=0.6)}, bold={"a", "b"})
+    assert "**0.700**" in md and "**0.600**" in md and "10 (2)" in md
+    md = report.markdown_table({"a": {"auroc": None}}, bold={"a"})
     assert "**" not in md and "n/a" in md
 
 

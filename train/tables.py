@@ -166,22 +166,16 @@ def run_results(rows: list[dict], methods: list[str], base_methods: list[str], *
             for col, (idx, g) in columns.items():
                 point = {m: (res["average"][model][m] or {}).get(key) if col == AVG else res[model][col][m][key]
                          for m in free}
-                point = {m: v for m, v in point.items() if v is not None}
-                if not point:
-                    continue
-                best = max(point, key=lambda m: point[m])
-                res["best"][model][key][col] = {"best": best, "vs": {
-                    m: safe(metrics.paired_bootstrap, labels[idx], vec[model][best][idx], vec[model][m][idx],
-                            groups=g, **kw) for m in point if m != best}}
+                entry = metrics.compare_to_best(labels[idx], {m: vec[model][m][idx] for m in free}, point, key=key,
+                                                groups=g, **kw)
+                if entry is not None:
+                    res["best"][model][key][col] = entry
     return res
 
 
 def _bold_set(res: dict, model: str, key: str, col: str) -> set[str]:
     """The best method of a column and every method not distinguishable from it (paired bootstrap)."""
-    entry = res.get("best", {}).get(model, {}).get(key, {}).get(col)
-    if entry is None:
-        return set()
-    return {entry["best"]} | {m for m, c in entry["vs"].items() if c is None or c[key]["verdict"] != "A > B"}
+    return metrics.tied_with_best(res.get("best", {}).get(model, {}).get(key, {}).get(col), key)
 
 
 def _column(res: dict, model: str, col: str, m: str) -> dict | None:
