@@ -80,7 +80,9 @@ def save_figure(fig, path, dpi: int = 120, tight: bool = True) -> None:
 # ----------------------------------------------------------------------------- the summary of one run
 
 
-def _with_ci(x, ci, bold: bool = False) -> str:
+def with_ci(x, ci, bold: bool = False) -> str:
+    """A value as every report shows it with its interval: ``0.653 [0.618, 0.691]`` (n/a when None; no brackets
+    without an interval), the value in bold with ``bold``."""
     s = fmt(x)
     if bold and x is not None:
         s = f"**{s}**"
@@ -98,8 +100,8 @@ def markdown_table(summary: dict[str, dict], bold: Collection = ()) -> str:
         n = r.get("n_scored")
         cells = [
             str(method).replace("|", "\\|"),
-            _with_ci(r.get("auroc"), r.get("auroc_ci"), bold=method in bold),
-            _with_ci(r.get("tpr_at_5pct_fpr"), r.get("tpr_at_5pct_fpr_ci")),
+            with_ci(r.get("auroc"), r.get("auroc_ci"), bold=method in bold),
+            with_ci(r.get("tpr_at_5pct_fpr"), r.get("tpr_at_5pct_fpr_ci")),
             fmt(r.get("tpr_at_1pct_fpr")),
             fmt(r.get("fpr_at_95pct_tpr")),
             fmt(r.get("best_balanced_accuracy")),

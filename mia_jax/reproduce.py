@@ -218,8 +218,8 @@ def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], 
     columns = list(dict.fromkeys((r["model"], r["setting"]) for r in results))
     names = list(rows) + [(BLIND_ROW, blind.NAME)]
     out = [[name] + [report.fmt(v) for v in vals[1:]] for (name, _), vals in zip(names, body)]
-    for j, (model, setting) in enumerate(columns, 1):
-        col = _column_examples(examples or {}, model, setting)
+    cols = [_column_examples(examples or {}, model, setting) for model, setting in columns]
+    for j, ((model, _), col) in enumerate(zip(columns, cols), 1):
         if col is None:
             continue
         labels, scores, groups = col
@@ -231,8 +231,7 @@ def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], 
                 r = metrics.evaluate_mean(labels, scores[method], groups, n_bootstrap=n_bootstrap, seed=seed)
             except ValueError:
                 continue
-            ci = r[f"{key}_ci"]
-            out[i][j] = report.fmt(r[key]) + (f" [{report.fmt(ci[0])}, {report.fmt(ci[1])}]" if ci else "")
+            out[i][j] = report.with_ci(r[key], r[f"{key}_ci"])
             if method != blind.NAME and not (method == "ref" and model in mirrored):
                 compete[method] = (i, r[key])
         if not compete or not n_bootstrap:
@@ -242,8 +241,7 @@ def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], 
         for method in metrics.tied_with_best(entry, key):
             i = compete[method][0]
             out[i][j] = f"**{out[i][j]}**"
-    _average_cells(out, names, [_column_examples(examples or {}, m, s) for m, s in columns], key,
-                   n_bootstrap=n_bootstrap, seed=seed)
+    _average_cells(out, names, cols, key, n_bootstrap=n_bootstrap, seed=seed)
     for i, (_, method) in enumerate(names):
         if method == "ref":
             for j, (model, _) in enumerate(columns, 1):
@@ -271,8 +269,7 @@ def _average_cells(out: list[list], names, cols: list, key: str, *, n_bootstrap:
                                       n_bootstrap=n_bootstrap, seed=seed)
         except ValueError:
             continue
-        ci = r[f"{key}_ci"]
-        out[i][-1] = f"{report.fmt(r[key])} [{report.fmt(ci[0])}, {report.fmt(ci[1])}]"
+        out[i][-1] = report.with_ci(r[key], r[f"{key}_ci"])
 
 
 def write_table(out: Path, stem: str, title: str, header, body, note: str = "", cells=None) -> str:
@@ -312,7 +309,7 @@ def k_sweep_cells(models: list[str], body: list[list], examples: dict, *, n_boot
             if col is not None and method in col[1] and n_bootstrap:
                 try:
                     r = metrics.evaluate_mean(col[0], col[1][method], col[2], n_bootstrap=n_bootstrap, seed=seed)
-                    cell = f"{report.fmt(r['auroc'])} [{report.fmt(r['auroc_ci'][0])}, {report.fmt(r['auroc_ci'][1])}]"
+                    cell = report.with_ci(r["auroc"], r["auroc_ci"])
                 except ValueError:
                     pass
             cells.append(cell)

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from mia_jax import metrics
+from mia_jax.report import with_ci
 from train import tables
 
 KINDS = ("lr", "size", "news", "occurrence")
@@ -126,14 +127,10 @@ def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
                    "more occurrences easier", comp, f"k={ks[-1]}", "k=1")]
 
 
-def _with_ci(value: float, ci) -> str:
-    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
-
-
 def claims_markdown(claims: list[dict]) -> str:
     header = ["Claim", "A", "B", "AUROC A [95% CI]", "AUROC B [95% CI]", "A - B [95% CI]", "Verdict"]
-    rows = [[c["claim"], c["a"], c["b"], _with_ci(c["auroc_a"], c["auroc_a_ci"]),
-             _with_ci(c["auroc_b"], c["auroc_b_ci"]),
+    rows = [[c["claim"], c["a"], c["b"], with_ci(c["auroc_a"], c["auroc_a_ci"]),
+             with_ci(c["auroc_b"], c["auroc_b_ci"]),
              f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"**{c['verdict']}**"] for c in claims]
     return tables.markdown(header, rows)
 

@@ -30,7 +30,7 @@ import numpy as np
 from scipy.stats import rankdata
 
 from mia_jax import blind, files, metrics
-from mia_jax.report import fmt, markdown, pyplot, save_figure, write_csv
+from mia_jax.report import markdown, pyplot, save_figure, with_ci, write_csv
 
 EXAMPLES = "examples.jsonl.gz"
 DATASET_NAMES = {"boolq": "BoolQ", "commonsenseqa": "CommonsenseQA", "imdb": "IMDB", "truthfulqa": "TruthfulQA",
@@ -69,10 +69,7 @@ def _avg(values) -> float | None:
 
 
 def _ci_cell(r: dict | None, key: str) -> str:
-    if r is None or r.get(key) is None:
-        return "n/a"
-    ci = r.get(f"{key}_ci")
-    return fmt(r[key]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
+    return "n/a" if r is None else with_ci(r.get(key), r.get(f"{key}_ci"))
 
 
 # ----------------------------------------------------------------------------- per-example records
