@@ -2,22 +2,25 @@
 
 q [B, T, H, Dh] attends over k, v [B, S, KV, Dh] (H a multiple of KV: grouped-query heads). What a query sees
 is the AND of: `causal` (key slot j <= q_offset + i), `sliding_window` (q_offset + i - j < window: fewer than
-`window` slots back), `key_mask` [B, S] (valid keys, e.g. the cache's non-pad slots) and an explicit bool `mask`
-[T, S] or [B, T, S]. Scores (times `scale`, then `softcap * tanh(. / softcap)` when set) and softmax are float32;
-the output has v's dtype. A query row that sees no key gets the mean of all S values (what a softmax over equal
-scores gives; the pre-issue-14 code did the same), never NaN.
+`window` slots back), `key_mask` [B, S] (valid keys, e.g. the cache's non-pad slots), an explicit bool `mask`
+[T, S] or [B, T, S], and segments: with `segment_ids` [B, T] and `kv_segment_ids` [B, S] (default: `segment_ids`,
+when T == S) a query sees only keys of its own segment id (packed rows: several texts in one row). Scores (times
+`scale`, then `softcap * tanh(. / softcap)` when set) and softmax are float32; the output has v's dtype. A query
+row that sees no key gets the mean of all S values (what a softmax over equal scores gives; the pre-issue-14 code
+did the same), never NaN.
 
 Implementations (`implementation=` or $MIA_JAX_ATTENTION, read when the call is traced; argument wins):
 
 - "full": the reference: [B, KV, G, T, S] float32 scores, softmax, weighted sum (memory O(T * S) per head).
 - "dot_product": `jax.nn.dot_product_attention`; cuDNN flash attention on a GPU for bf16/fp16, its XLA path
-  (the same O(T * S) scores as "full") elsewhere. No softcap.
+  (the same O(T * S) scores as "full") elsewhere. No softcap. Segments go in as a dense [B, 1, T, S] mask.
 - "chunked": flash-attention style: a `lax.map` over query chunks of BLOCK_Q rows, inside it a `lax.scan` over
   key blocks of BLOCK_K slots with a running max and sum (float32), a block no query of the chunk can see is
-  skipped (`lax.cond`: causal halves the work). A custom VJP recomputes the block scores in the backward
-  pass from the saved log-sum-exp (FlashAttention-2), so forward and gradient memory grow linearly with T and S.
+  skipped (`lax.cond`: causal halves the work; segments skip blocks between texts, their ids sliced per block,
+  no [B, T, S] mask). A custom VJP recomputes the block scores in the backward pass from the saved log-sum-exp
+  (FlashAttention-2), so forward and gradient memory grow linearly with T and S.
 - "auto" (default): "chunked" when T * S >= CHUNKED_MIN_SCORES, else "full" on CPU/TPU; on a GPU, cuDNN
-  through "dot_product" when it applies (bf16/fp16, no explicit mask, no key_mask, no softcap), with
+  through "dot_product" when it applies (bf16/fp16, no explicit mask, no key_mask, no segments, no softcap), with
   "chunked"/"full" as on CPU otherwise (that cuDNN branch has not run on a GPU yet: tuned and tested on CPU).
 """
 from __future__ import annotations
@@ -60,8 +63,10 @@ def implementation_for(t: int, s: int, implementation: str | None = None, *, dty
     return "chunked" if t * s >= CHUNKED_MIN_SCORES else "full"
 
 
-def dense_mask(t: int, s: int, *, causal: bool = True, sliding_window=None, q_offset=0, key_mask=None, mask=None):
-    """The bool mask `attention` applies, materialised: [T, S], or [B, T, S] with a key_mask [B, S] or a 3-D mask."""
+def dense_mask(t: int, s: int, *, causal: bool = True, sliding_window=None, q_offset=0, key_mask=None, mask=None,
+               segment_ids=None, kv_segment_ids=None):
+    """The bool mask `attention` applies, materialised: [T, S], or [B, T, S] with a key_mask [B, S], a 3-D mask or
+    segment ids ([B, T]; `kv_segment_ids` [B, S] defaults to them)."""
     i = q_offset + jnp.arange(t)[:, None]
     j = jnp.arange(s)[None, :]
     out = (j <= i) if causal else jnp.ones((t, s), bool)
@@ -72,40 +77,63 @@ def dense_mask(t: int, s: int, *, causal: bool = True, sliding_window=None, q_of
     if key_mask is not None:
         out = out[None] if out.ndim == 2 else out
         out = out & key_mask[:, None, :].astype(bool)
+    if segment_ids is not None:
+        kv_segment_ids = segment_ids if kv_segment_ids is None else kv_segment_ids
+        out = out & (segment_ids[:, :, None] == kv_segment_ids[:, None, :])
     return out
 
 
 def attention(q, k, v, *, scale=None, causal: bool = False, sliding_window=None, q_offset=0, key_mask=None,
               mask=None, softcap: float | None = None, implementation: str | None = None,
-              block_q: int | None = None, block_k: int | None = None):
+              block_q: int | None = None, block_k: int | None = None, segment_ids=None, kv_segment_ids=None):
     """q [B, T, H, Dh], k/v [B, S, KV, Dh] -> [B, T, H, Dh] (v's dtype); see the module docstring.
 
     `scale` defaults to Dh ** -0.5 and may be traced (e.g. a per-layer scale in a scan); `sliding_window` and
-    `q_offset` may be Python ints or traced scalars. The gradient is not taken with respect to `scale`."""
+    `q_offset` may be Python ints or traced scalars. The gradient is not taken with respect to `scale`.
+    `segment_ids` int [B, T], `kv_segment_ids` int [B, S] (default `segment_ids`; needed when T != S): a query
+    sees a key only when their segment ids are equal."""
     B, T, H, Dh = q.shape
     S, KV = k.shape[1], k.shape[2]
     if H % KV:
         raise ValueError(f"attention: {H} query heads are not a multiple of {KV} key/value heads")
     if mask is not None and (mask.ndim not in (2, 3) or mask.shape[-2:] != (T, S)):
         raise ValueError(f"attention: mask shape {mask.shape} is not [T, S] or [B, T, S] with T={T}, S={S}")
+    segments = _check_segments(B, T, S, segment_ids, kv_segment_ids)
     scale = Dh ** -0.5 if scale is None else scale
-    structural = mask is None and key_mask is None
+    structural = mask is None and key_mask is None and segments is None
     name = implementation_for(T, S, implementation, dtype=q.dtype, structural_only=structural, softcap=softcap)
     if name == "dot_product":
-        out = _dot_product(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask)
+        out = _dot_product(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, segments)
         if out is not None:
             return out
         name = "chunked" if T * S >= CHUNKED_MIN_SCORES else "full"
     if name == "full":
-        return _full(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap)
+        return _full(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, segments)
     return _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, block_q or BLOCK_Q,
-                    block_k or BLOCK_K)
+                    block_k or BLOCK_K, segments)
+
+
+def _check_segments(B, T, S, segment_ids, kv_segment_ids):
+    """(query segment ids [B, T], key segment ids [B, S]) or None, checked."""
+    if segment_ids is None:
+        if kv_segment_ids is not None:
+            raise ValueError("attention: kv_segment_ids given without segment_ids")
+        return None
+    if kv_segment_ids is None:
+        if T != S:
+            raise ValueError(f"attention: segment_ids alone need T == S (got T={T}, S={S}); pass kv_segment_ids")
+        kv_segment_ids = segment_ids
+    for name, x, n, dim in (("segment_ids", segment_ids, T, "T"), ("kv_segment_ids", kv_segment_ids, S, "S")):
+        if tuple(x.shape) != (B, n) or not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError(f"attention: {name} must be integers [B, {dim}] = [{B}, {n}], got {x.dtype} "
+                             f"{tuple(x.shape)}")
+    return segment_ids, kv_segment_ids
 
 
 # ----------------------------------------------------------------------------- full and dot_product
 
 
-def _full(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap):
+def _full(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, segments):
     """The reference: every [T, S] score of every head at once (the code every family used before issue 14)."""
     B, T, H, Dh = q.shape
     S, KV = k.shape[1], k.shape[2]
@@ -113,28 +141,33 @@ def _full(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, soft
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
     if softcap is not None:
         scores = softcap * jnp.tanh(scores / softcap)
+    dense = causal or sliding_window is not None or key_mask is not None or segments is not None
     m = dense_mask(T, S, causal=causal, sliding_window=sliding_window, q_offset=q_offset, key_mask=key_mask,
-                   mask=mask) if (causal or sliding_window is not None or key_mask is not None) else mask
+                   mask=mask, **_segment_kwargs(segments)) if dense else mask
     if m is not None:
         scores = jnp.where(m[:, None, None] if m.ndim == 3 else m, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H, Dh)
 
 
-def _dot_product(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask):
+def _segment_kwargs(segments):
+    return {} if segments is None else dict(segment_ids=segments[0], kv_segment_ids=segments[1])
+
+
+def _dot_product(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, segments):
     """`jax.nn.dot_product_attention`: cuDNN on a GPU when it accepts the call (None when it refuses: the caller
     falls back), else its XLA path. Structural masks go in as flags (no [T, S] array) whenever they can."""
     T, S = q.shape[1], k.shape[1]
     static = lambda x: isinstance(x, (int, np.integer))  # noqa: E731
     flags = (static(q_offset) and q_offset == 0 and T == S and mask is None and key_mask is None
-             and (sliding_window is None or static(sliding_window)))
+             and segments is None and (sliding_window is None or static(sliding_window)))
     kwargs = dict(scale=scale)
     if flags:
         kwargs.update(is_causal=causal,
                       local_window_size=None if sliding_window is None else (int(sliding_window) - 1, 0))
-    elif causal or sliding_window is not None or key_mask is not None or mask is not None:
+    elif causal or sliding_window is not None or key_mask is not None or mask is not None or segments is not None:
         m = dense_mask(T, S, causal=causal, sliding_window=sliding_window, q_offset=q_offset, key_mask=key_mask,
-                       mask=mask)
+                       mask=mask, **_segment_kwargs(segments))
         kwargs["mask"] = m[:, None] if m.ndim == 3 else m[None, None]
     cudnn = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
     if cudnn:
@@ -159,15 +192,16 @@ class _Cfg(NamedTuple):
     has_window: bool
     has_key_mask: bool
     has_mask: bool
+    has_segments: bool
 
 
-def _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, block_q, block_k):
+def _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, block_q, block_k, segments):
     B, T, H, Dh = q.shape
     S, KV = k.shape[1], k.shape[2]
     bq, bk = min(block_q, T), min(block_k, S)
     Tp, Sp = -(-T // bq) * bq, -(-S // bk) * bk
     cfg = _Cfg(T, S, bq, bk, bool(causal), None if softcap is None else float(softcap), sliding_window is not None,
-               key_mask is not None, mask is not None)
+               key_mask is not None, mask is not None, segments is not None)
     # heads-major inside: q [B, KV, G, Tp, Dh], k/v [B, KV, Sp, Dh], so every block product is a plain matmul
     qh = jnp.pad(q, ((0, 0), (0, Tp - T), (0, 0), (0, 0))).reshape(B, Tp, KV, H // KV, Dh).transpose(0, 2, 3, 1, 4)
     kh = jnp.pad(k, ((0, 0), (0, Sp - S), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
@@ -177,8 +211,10 @@ def _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, s
           else jnp.pad(key_mask.astype(bool), ((0, 0), (0, Sp - S))))
     m = (jnp.zeros((1, 1, 1), bool) if mask is None
          else jnp.pad((mask if mask.ndim == 3 else mask[None]).astype(bool), ((0, 0), (0, Tp - T), (0, Sp - S))))
+    qs, ks = ((jnp.zeros((1, Tp), jnp.int32), jnp.zeros((1, Sp), jnp.int32)) if segments is None else
+              (jnp.pad(segments[0], ((0, 0), (0, Tp - T))), jnp.pad(segments[1], ((0, 0), (0, Sp - S)))))
     out, lse = _flash(cfg, qh, kh, vh, jnp.asarray(scale, jnp.float32), jnp.asarray(q_offset, jnp.int32), window,
-                      km, m)
+                      km, m, qs, ks)
     out = out.transpose(0, 3, 1, 2, 4).reshape(B, Tp, H, Dh)[:, :T]
     empty = (lse == -jnp.inf).transpose(0, 3, 1, 2).reshape(B, Tp, H)[:, :T, :, None]
     # rows that see no key: the mean of all values, as a softmax over equal scores gives
@@ -186,7 +222,7 @@ def _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, s
     return jnp.where(empty, mean_v, out).astype(v.dtype)
 
 
-def _block_mask(cfg: _Cfg, qi, kj, q_offset, window, key_mask, mask):
+def _block_mask(cfg: _Cfg, qi, kj, q_offset, window, key_mask, mask, q_seg, k_seg):
     """bool [Bm, bq, bk]: which keys of block kj the queries of chunk qi see (Bm is 1 or B)."""
     i = qi * cfg.bq + jnp.arange(cfg.bq)[:, None]
     j = kj * cfg.bk + jnp.arange(cfg.bk)[None, :]
@@ -200,6 +236,8 @@ def _block_mask(cfg: _Cfg, qi, kj, q_offset, window, key_mask, mask):
         out = out & jax.lax.dynamic_slice_in_dim(key_mask, kj * cfg.bk, cfg.bk, axis=1)[:, None, :]
     if cfg.has_mask:
         out = out & jax.lax.dynamic_slice(mask, (0, qi * cfg.bq, kj * cfg.bk), (mask.shape[0], cfg.bq, cfg.bk))
+    if cfg.has_segments:
+        out = out & (_rows(q_seg, qi, cfg.bq, 1)[:, :, None] == _rows(k_seg, kj, cfg.bk, 1)[:, None, :])
     return out[:, None, None]  # [Bm, 1, 1, bq, bk], broadcast over kv heads and groups
 
 
@@ -216,7 +254,7 @@ def _rows(x, i, size, axis):
     return jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=axis)
 
 
-def _forward(cfg: _Cfg, q, k, v, scale, q_offset, window, key_mask, mask):
+def _forward(cfg: _Cfg, q, k, v, scale, q_offset, window, key_mask, mask, q_seg, k_seg):
     """Online softmax: out [B, KV, G, Tp, Dh] float32 (0 for rows that see no key), lse [B, KV, G, Tp]
     (-inf for those rows)."""
     B, KV, G, Tp, Dh = q.shape
@@ -226,7 +264,7 @@ def _forward(cfg: _Cfg, q, k, v, scale, q_offset, window, key_mask, mask):
         qb = _rows(q, qi, cfg.bq, 3)
 
         def body(carry, kj):
-            vis = _block_mask(cfg, qi, kj, q_offset, window, key_mask, mask)
+            vis = _block_mask(cfg, qi, kj, q_offset, window, key_mask, mask, q_seg, k_seg)
 
             def step(carry):
                 acc, m, total = carry
@@ -253,19 +291,19 @@ def _forward(cfg: _Cfg, q, k, v, scale, q_offset, window, key_mask, mask):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg, q, k, v, scale, q_offset, window, key_mask, mask):
-    return _forward(cfg, q, k, v, scale, q_offset, window, key_mask, mask)
+def _flash(cfg, q, k, v, scale, q_offset, window, key_mask, mask, q_seg, k_seg):
+    return _forward(cfg, q, k, v, scale, q_offset, window, key_mask, mask, q_seg, k_seg)
 
 
-def _flash_fwd(cfg, q, k, v, scale, q_offset, window, key_mask, mask):
-    out, lse = _forward(cfg, q, k, v, scale, q_offset, window, key_mask, mask)
-    return (out, lse), (q, k, v, scale, q_offset, window, key_mask, mask, out, lse)
+def _flash_fwd(cfg, q, k, v, scale, q_offset, window, key_mask, mask, q_seg, k_seg):
+    out, lse = _forward(cfg, q, k, v, scale, q_offset, window, key_mask, mask, q_seg, k_seg)
+    return (out, lse), (q, k, v, scale, q_offset, window, key_mask, mask, q_seg, k_seg, out, lse)
 
 
 def _flash_bwd(cfg, res, cotangents):
     """FlashAttention-2 backward: per query chunk, per visible key block, recompute p = exp(s - lse); then
     dv += p^T do, ds = p * (do v^T - rowsum(do * out)) (times softcap' and scale), dq += ds k, dk += ds^T q."""
-    q, k, v, scale, q_offset, window, key_mask, mask, out, lse = res
+    q, k, v, scale, q_offset, window, key_mask, mask, q_seg, k_seg, out, lse = res
     dout = cotangents[0].astype(jnp.float32)  # lse only feeds a comparison outside: its cotangent is 0
     B, KV, G, Tp, Dh = q.shape
     nq, nk = Tp // cfg.bq, k.shape[2] // cfg.bk
@@ -277,7 +315,7 @@ def _flash_bwd(cfg, res, cotangents):
         lse_i, d_i = _rows(lse, qi, cfg.bq, 3), _rows(delta, qi, cfg.bq, 3)
 
         def body(carry, kj):
-            vis = _block_mask(cfg, qi, kj, q_offset, window, key_mask, mask)
+            vis = _block_mask(cfg, qi, kj, q_offset, window, key_mask, mask, q_seg, k_seg)
 
             def step(carry):
                 dq_i, dk, dv = carry
@@ -304,7 +342,7 @@ def _flash_bwd(cfg, res, cotangents):
     zeros = jnp.zeros(k.shape, jnp.float32)
     (dk, dv), dq = jax.lax.scan(chunk, (zeros, zeros), jnp.arange(nq))
     dq = jnp.moveaxis(dq, 0, 3).reshape(q.shape)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

@@ -28,7 +28,7 @@ from flax import nnx
 from mia_jax.models import attention as _attention
 from mia_jax.models.layers import (
     build_module, cache_masks, causal_attention, causal_mask, check_dtype, check_length, gqa_attention, init_cache,
-    learned_positions, unembed,
+    learned_positions, segment_positions, unembed,
 )
 from mia_jax.models.weights import WeightSpec, init_params
 
@@ -40,7 +40,8 @@ def plus(y, p: dict, name: str):
 
 class CausalLM(nnx.Module):
     """A causal LM. `__call__` / `hidden_states` take no attention mask (batches are right-padded, attention is
-    causal, positions arange(T)); `decode` runs new tokens against a KV cache with per-row positions and a key
+    causal, positions arange(T)) unless given `segment_ids` (packed rows: attention stays within a segment and
+    positions restart at each one); `decode` runs new tokens against a KV cache with per-row positions and a key
     mask (left-padded generation)."""
 
     spec: WeightSpec
@@ -99,15 +100,18 @@ class CausalLM(nnx.Module):
     def _sliding_window(self):
         return getattr(self.config, "sliding_window", None)
 
-    def hidden_states(self, input_ids, remat: bool = False, attention: str | None = None):
+    def hidden_states(self, input_ids, remat: bool = False, attention: str | None = None, segment_ids=None):
         """int [B, T] -> hidden states after the final norm [B, T, D] (parameter dtype). ``remat``: recompute each
         decoder layer in the backward pass (``Stacked.scan``), for training on long sequences. ``attention``: the
         implementation of the causal attention of layers without a sliding window (``attention.attention``'s
-        ``implementation``; default: $MIA_JAX_ATTENTION or "auto")."""
+        ``implementation``; default: $MIA_JAX_ATTENTION or "auto"). ``segment_ids`` int [B, T]: packed rows (by
+        convention texts 1, 2, ... and padding 0; any ids work): a token attends only to the earlier tokens of its
+        own segment id, and positions restart at 0 at the first token of each run of equal consecutive ids, so each
+        text's hidden states are those of the text alone."""
         t = input_ids.shape[1]
         if getattr(self, "pos_embed", None) is not None:
             check_length(t, self.config.max_position_embeddings, type(self).__name__)
-        positions = jnp.arange(t)
+        positions = jnp.arange(t) if segment_ids is None else segment_positions(segment_ids)
         window = None if self._sliding_window() is None else causal_mask(t, self._sliding_window())
         full = None if window is None else causal_mask(t, None)
         ctx = self.context(positions)
@@ -115,9 +119,10 @@ class CausalLM(nnx.Module):
         def attend(q, k, v, scale, sliding=False):
             if window is None:
                 if attention is not None:
-                    return _attention.attention(q, k, v, scale=scale, causal=True, implementation=attention)
-                return causal_attention(q, k, v, scale)
-            return gqa_attention(q, k, v, jnp.where(sliding, window, full), scale)
+                    return _attention.attention(q, k, v, scale=scale, causal=True, implementation=attention,
+                                                segment_ids=segment_ids)
+                return causal_attention(q, k, v, scale, segment_ids)
+            return gqa_attention(q, k, v, jnp.where(sliding, window, full), scale, segment_ids)
 
         x = self.embed_tokens(input_ids, positions)
         x = self.layers.scan(lambda p, h, xs: self.block(p, h, ctx, xs, attend), x, self.layer_inputs(), remat)
@@ -127,9 +132,10 @@ class CausalLM(nnx.Module):
         """[V, D]: the lm_head weight, or the token embedding when tied."""
         return (self.embed if self.lm_head is None else self.lm_head)[...]
 
-    def __call__(self, input_ids):
-        """int [B, T] -> float32 logits [B, T, V] (padded vocabulary rows included)."""
-        return unembed(self.hidden_states(input_ids), self.unembedding())
+    def __call__(self, input_ids, segment_ids=None):
+        """int [B, T] -> float32 logits [B, T, V] (padded vocabulary rows included); `segment_ids` as in
+        `hidden_states`."""
+        return unembed(self.hidden_states(input_ids, segment_ids=segment_ids), self.unembedding())
 
     def init_cache(self, batch: int, max_len: int) -> dict:
         """An empty KV cache for `decode`: k, v [L, B, max_len, KV, Dh] and the next slot, `index` (every layer,

@@ -194,16 +194,26 @@ def causal_mask(t: int, sliding_window: int | None):
     return _attention.dense_mask(t, t, causal=True, sliding_window=sliding_window)
 
 
-def gqa_attention(q, k, v, mask, scale: float):
+def gqa_attention(q, k, v, mask, scale: float, segment_ids=None):
     """Grouped-query attention. q [B, T, H, Dh], k/v [B, S, KV, Dh], mask bool [T, S] or per row [B, T, S]
     -> [B, T, H, Dh]; scores and softmax in float32 (`mia_jax.models.attention.attention`: chunked, memory
-    linear in T, for long sequences)."""
-    return _attention.attention(q, k, v, scale=scale, mask=mask)
+    linear in T, for long sequences). `segment_ids` int [B, T] (T == S): also only keys of the query's segment."""
+    return _attention.attention(q, k, v, scale=scale, mask=mask, segment_ids=segment_ids)
 
 
-def causal_attention(q, k, v, scale):
-    """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; causal (no [T, T] mask is built), scores and softmax in float32."""
-    return _attention.attention(q, k, v, scale=scale, causal=True)
+def causal_attention(q, k, v, scale, segment_ids=None):
+    """q, k, v [B, T, H, Dh] -> [B, T, H, Dh]; causal (no [T, T] mask is built), scores and softmax in float32.
+    `segment_ids` int [B, T] (packed rows): a query sees only the earlier keys of its own segment."""
+    return _attention.attention(q, k, v, scale=scale, causal=True, segment_ids=segment_ids)
+
+
+def segment_positions(segment_ids):
+    """int32 positions [B, T] of packed rows: t minus the index of the first token of t's run of equal consecutive
+    segment ids (0 at each text's first token)."""
+    t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)
+    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
+                             axis=1)
+    return t - jax.lax.cummax(jnp.where(starts, t, 0), axis=1)
 
 
 # ----------------------------------------------------------------------------- KV cache
