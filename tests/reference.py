@@ -1,6 +1,11 @@
-"""Plain float64 NumPy references for the token statistics and the scorers."""
+"""Plain float64 NumPy references for the token statistics and every single-pass scorer, written from the scorers'
+docstrings: one row at a time, over the row's scored tokens in order (sorted lists, loops, ``np.polyfit``)."""
+import math
 import zlib as zlib_mod
+from fractions import Fraction
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -20,18 +25,126 @@ def ref_token_arrays(logits, targets, vocab_size=None):
     return lp, mu, sigma, ent, rank
 
 
+def count(k, n: int) -> int:
+    """max(1, floor(k n)), k the decimal it prints as."""
+    f = Fraction(repr(float(k)))
+    return max(1, n * f.numerator // f.denominator)
+
+
+def lowest(values, k) -> float:
+    """Mean of the count(k, n) lowest values (NaN for none)."""
+    v = sorted(float(x) for x in values)
+    if not v:
+        return math.nan
+    c = count(k, len(v))
+    return sum(v[:c]) / c
+
+
+def highest(values, k) -> float:
+    return -lowest([-float(x) for x in values], k)
+
+
+def mean(values) -> float:
+    v = [float(x) for x in values]
+    return sum(v) / len(v) if v else math.nan
+
+
+def _slope(x):
+    n = len(x)
+    if n < 2:
+        return math.nan
+    cum = [mean(x[:j]) for j in range(1, n + 1)]
+    return float(np.polyfit(np.arange(1, n + 1, dtype=np.float64), cum, 1)[0])
+
+
+def _count_pre(x):
+    return mean([x[t] > mean(x[:t]) for t in range(1, len(x))]) if len(x) >= 2 else math.nan
+
+
+def _gap(r, k):
+    g = (r["logprob"] - r["max_logprob"]) / np.sqrt(r["var"])
+    smooth = g if len(g) < 3 else np.convolve(g, np.ones(3) / 3, mode="valid")  # the authors' smoothing
+    return lowest(smooth, k)
+
+
+def _dc_pdd(r, freq, a=0.01):
+    seen, alphas = set(), []
+    for lp, t in zip(r["logprob"], r["ids"]):
+        if int(t) in seen:
+            continue
+        seen.add(int(t))
+        alphas.append(min(math.exp(lp) * -math.log(freq[int(t)]), a))
+    return mean(alphas)
+
+
+# base name -> f(row, k, extra): row = {statistic: float64 values over the scored tokens, "ids": ...}
+REFERENCES = {
+    "loss": lambda r, k, e: mean(r["logprob"]),
+    "ppl": lambda r, k, e: -math.exp(-mean(r["logprob"])) if len(r["logprob"]) else math.nan,
+    "zlib": lambda r, k, e: mean(r["logprob"]) / e["zlib_bytes"],
+    "entropy": lambda r, k, e: -mean(r["entropy"]),
+    "rank": lambda r, k, e: -mean(np.log(r["rank"])),
+    "min_k": lambda r, k, e: lowest(r["logprob"], k),
+    "max_k": lambda r, k, e: highest(r["logprob"], k),
+    "min_k_pp": lambda r, k, e: lowest((r["logprob"] - r["mu"]) / np.sqrt(r["var"]), k),
+    "min_k_pp_mu": lambda r, k, e: lowest(r["logprob"] - r["mu"], k),
+    "min_k_pp_sigma": lambda r, k, e: lowest(r["logprob"] / np.sqrt(r["var"]), k),
+    "gap_k": lambda r, k, e: _gap(r, k),
+    "polarized": lambda r, k, e: lowest(r["logprob"], 0.3) - highest(r["logprob"], 0.05),
+    "camia_slope": lambda r, k, e: _slope(list(r["logprob"])),
+    **{f"camia_count_{tau}": (lambda r, k, e, tau=tau: mean(r["logprob"][:200] >= -tau)) for tau in (1, 2, 3)},
+    "camia_count_pre": lambda r, k, e: _count_pre(list(r["logprob"])),
+    **{f"camia_loss_{cut}": (lambda r, k, e, cut=cut: mean(r["logprob"][:cut])) for cut in (200, 300)},
+    "camia_ll_tail": lambda r, k, e: mean(r["logprob"][1:]) if len(r["logprob"]) >= 2 else math.nan,
+    "camia_calibrated": lambda r, k, e: (mean(r["logprob"]) / (len(set(r["ids"].tolist())) / len(r["ids"]))
+                                         if len(r["ids"]) else math.nan),
+    "dc_pdd": lambda r, k, e: _dc_pdd(r, e["freq"]),
+}
+
+
+def method_references(stats, mask, methods, *, ids=None, zlib_bytes=None, freq=None) -> dict:
+    """{method: float64 [B]} from the references, per row over its scored tokens in order."""
+    mask = np.asarray(mask, bool)
+    fields = {name: np.asarray(x, np.float64) for name, x in stats._asdict().items()}
+    out = {m: np.full(mask.shape[0], np.nan) for m in methods}
+    for b in range(mask.shape[0]):
+        row = {name: x[b][mask[b]] for name, x in fields.items()}
+        row["ids"] = np.asarray(ids)[b][mask[b]] if ids is not None else None
+        extra = {"zlib_bytes": None if zlib_bytes is None else float(zlib_bytes[b]),
+                 "freq": None if freq is None else np.asarray(freq, np.float64)}
+        for m in methods:
+            base, _, k = m.partition("@")
+            with np.errstate(all="ignore"):
+                out[m][b] = REFERENCES[base](row, float(k) if k else None, extra)
+    return out
+
+
 def reference_scores(lp, mu, sigma, ent, rank, text, k):
-    """Per-example plain NumPy, written the way the published code reads (sorted lists)."""
+    """The default methods of one text, per example (the published code's reading: sorted lists)."""
     n = len(lp)
-    count = max(1, int(round(k * 10**6)) * n // 10**6)
+    c = count(k, n)
     z = (lp - mu) / sigma
     return {
         "loss": lp.mean(),
         "ppl": -np.exp(-lp.mean()),
         "zlib": lp.mean() / len(zlib_mod.compress(text.encode("utf-8"))),
-        f"min_k@{k:g}": np.mean(np.sort(lp)[:count]),
-        f"max_k@{k:g}": np.mean(np.sort(lp)[::-1][:count]),
-        f"min_k_pp@{k:g}": np.mean(np.sort(z)[:count]),
+        f"min_k@{k:g}": np.mean(np.sort(lp)[:c]),
+        f"max_k@{k:g}": np.mean(np.sort(lp)[::-1][:c]),
+        f"min_k_pp@{k:g}": np.mean(np.sort(z)[:c]),
         "entropy": -ent.mean(),
         "rank": -np.log(rank).mean(),
     }
+
+
+def scores_x64(stats, mask, methods, **kwargs) -> dict:
+    """``device_scores`` on float64 inputs under ``jax_enable_x64``: float64 out (checked), as NumPy."""
+    from mia_jax import device_scores
+
+    with jax.enable_x64(True):
+        s = type(stats)(*(jnp.asarray(np.asarray(x, np.float64)) for x in stats))
+        kw = {key: (None if v is None else {r: jnp.asarray(np.asarray(a, np.float64)) for r, a in v.items()}
+                    if key == "resources" else jnp.asarray(np.asarray(v)))
+              for key, v in kwargs.items()}
+        out = device_scores(s, jnp.asarray(np.asarray(mask, bool)), methods, **kw)
+        assert all(v.dtype == jnp.float64 for v in out.values()), {m: v.dtype for m, v in out.items()}
+        return {m: np.asarray(v) for m, v in out.items()}

@@ -3,19 +3,19 @@ rows of 0-2 tokens); the text read after itself against the model's logits of th
 BOS); ``camia_repeat`` end to end, the NaN of a text that alone fills the context."""
 import json
 import shutil
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from reference import scores_x64
 from tokenizers import Tokenizer, processors
 
 from mia_jax import models, runner
 from mia_jax.data import wikimia
-from mia_jax.scorers import TokenBatch, score_batch
-from mia_jax.scorers import camia
+from mia_jax import scorers
+from mia_jax.scorers import TokenBatch, camia, score_batch
 from mia_jax.stats import TokenStats
 
 DATA = wikimia(32)
@@ -81,8 +81,9 @@ def hand_made_batch():
 
 
 def test_single_pass_features_match_the_loop_reference():
+    """float64 (under x64) against the loops to rounding; float32 (the host path) to 1e-5."""
     batch, logprob, ids, mask = hand_made_batch()
-    got = score_batch(batch, SINGLE)
+    got = scores_x64(batch.stats, mask, SINGLE, ids=ids)
     got["lz"] = camia.lempel_ziv_scores(logprob, mask)
     for r in range(mask.shape[0]):
         want = ref_features(logprob[r][mask[r]], ids[r][mask[r]])
@@ -91,6 +92,9 @@ def test_single_pass_features_match_the_loop_reference():
                 assert np.isnan(got[m][r]), f"{m} row {r}"
             else:
                 np.testing.assert_allclose(got[m][r], want[m], rtol=1e-12, atol=1e-14, err_msg=f"{m} row {r}")
+    f32 = score_batch(batch, SINGLE)
+    for m in SINGLE:
+        np.testing.assert_allclose(f32[m], got[m], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=m)
 
 
 def test_short_rows_are_nan_or_defined_as_documented():
@@ -106,37 +110,31 @@ def test_short_rows_are_nan_or_defined_as_documented():
 
 def test_padding_and_context_change_nothing():
     batch, logprob, ids, mask = hand_made_batch()
-    full = score_batch(batch, SINGLE)
+    full = scores_x64(batch.stats, mask, SINGLE, ids=ids)
     for r in (1, 2):
         keep = mask[r]
         n = int(keep.sum())
         stats = TokenStats(*(np.asarray(x)[r][keep][None] for x in batch.stats))
-        alone = score_batch(TokenBatch(stats, np.ones((1, n), bool), ["t"], ids[r][keep][None]), SINGLE)
+        alone = scores_x64(stats, np.ones((1, n), bool), SINGLE, ids=ids[r][keep][None])
         for m in SINGLE:
             np.testing.assert_allclose(alone[m][0], full[m][r], rtol=1e-12, err_msg=m)
 
 
-class Tokens(NamedTuple):
-    lp: jnp.ndarray
-    mask: jnp.ndarray
-
-
-def test_device_forms_equal_the_host_and_give_finite_gradients():
+def test_public_functions_under_jit_in_float32_and_their_gradients():
     batch, logprob, ids, mask = hand_made_batch()
-    lp32 = np.where(mask, logprob, 0.0).astype(np.float32)  # the device path's zero padding
-    stats = TokenStats(lp32, *(np.ones_like(lp32),) * 5)
-    names = sorted(camia.DEVICE_FORMS)
-    assert set(names) == set(SINGLE) - {"camia_calibrated"}  # every registered form but the one reading the ids
-    host = score_batch(TokenBatch(stats, mask, None, ids), names)
-    for name in names:
-        form = camia.DEVICE_FORMS[name]
-        got = jax.jit(lambda lp, m: form(Tokens(lp, m), None))(jnp.asarray(lp32), jnp.asarray(mask))
+    lp32 = np.where(mask, logprob, 0.0).astype(np.float32)  # zero padding
+    want = {r: ref_features(logprob[r][mask[r]], ids[r][mask[r]]) for r in range(mask.shape[0])}
+    for name in SINGLE:
+        fn = getattr(scorers, name)
+        args = (jnp.asarray(lp32), jnp.asarray(ids), jnp.asarray(mask)) if name == "camia_calibrated" else (
+            jnp.asarray(lp32), jnp.asarray(mask))
+        got = jax.jit(fn)(*args)
         assert got.dtype == jnp.float32
-        np.testing.assert_allclose(np.asarray(got, np.float64), host[name], rtol=1e-5, atol=1e-6, equal_nan=True,
-                                   err_msg=name)
-        grad = jax.grad(lambda lp: jnp.nansum(form(Tokens(lp, jnp.asarray(mask)), None)))(jnp.asarray(lp32))
+        np.testing.assert_allclose(np.asarray(got, np.float64), [want[r][name] for r in range(mask.shape[0])],
+                                   rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=name)
+        grad = jax.grad(lambda lp: jnp.nansum(fn(lp, *args[1:])))(jnp.asarray(lp32))
         assert np.all(np.isfinite(grad)) and np.all(np.asarray(grad)[~mask] == 0), name
-    slope = jax.grad(lambda lp: camia.DEVICE_FORMS["camia_slope"](Tokens(lp, jnp.asarray(mask)), None)[1])
+    slope = jax.grad(lambda lp: scorers.camia_slope(lp, jnp.asarray(mask))[1])
     assert np.abs(np.asarray(slope(jnp.asarray(lp32)))[1][mask[1]]).sum() > 0  # differentiable where it is
 
 

@@ -9,15 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import TEXTS, write_tiny_gguf
+from reference import scores_x64
 from tokenizers import Tokenizer
 
-import mia_jax.scorers.dcpdd  # noqa: F401  (registers dc_pdd until scorers imports it)
 from mia_jax import freq, models, runner
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 from mia_jax.freq import FreqTable, count_tokens, tokenizer_sha256
 from mia_jax.scorers import REGISTRY, TokenBatch, score_batch
-from mia_jax.scorers.dcpdd import A_CLIP, dc_pdd_scores, first_occurrence
+from mia_jax.scorers.dcpdd import A_CLIP, first_occurrence
 from mia_jax.stats import TokenStats
 
 CORPUS = wikimia(64).texts[:40] + TEXTS
@@ -37,6 +37,13 @@ def dcpdd_loop(logprob, ids, mask, counts, a=A_CLIP) -> np.ndarray:
             alphas.append(min(math.exp(float(lp)) * math.log(1.0 / f), a))
         out.append(sum(alphas) / len(alphas) if alphas else math.nan)
     return np.array(out)
+
+
+def dc_pdd_x64(logprob, ids, mask, freq) -> np.ndarray:
+    """The registered formula in float64 (under x64)."""
+    z = np.zeros_like(logprob)
+    return scores_x64(TokenStats(logprob, z, z + 1, z, z + 1, z), mask, ["dc_pdd"], ids=ids,
+                      resources={"freq_table": freq})["dc_pdd"]
 
 
 def batch_of(logprob, ids, mask, resources=None) -> TokenBatch:
@@ -73,14 +80,14 @@ def test_hand_made_stats_match_the_paper_loop():
     # clipping is active on row 0 (token 9: 0.5 * log(1010/11) > 0.01) and row 2 (token 5: 0.5 * log(1010) > 0.01)
     assert 0.5 * math.log(1010 / 11) > A_CLIP and 0.5 * math.log(1010) > A_CLIP
     table = FreqTable(counts, "0" * 64)
-    got = dc_pdd_scores(logprob, ids, mask, table.probabilities())
+    got = dc_pdd_x64(logprob, ids, mask, table.probabilities())
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, equal_nan=True)
     via = score_batch(batch_of(logprob, ids, mask, {"freq_table": table}), ["dc_pdd"])["dc_pdd"]
-    np.testing.assert_array_equal(via, got)
+    np.testing.assert_allclose(via, got, rtol=1e-5, equal_nan=True)  # the host path: float32
     with pytest.raises(UserError, match="needs a freq_table"):
         score_batch(batch_of(logprob, ids, mask), ["dc_pdd"])
     arr = score_batch(batch_of(logprob, ids, mask, {"freq_table": table.probabilities()}), ["dc_pdd"])["dc_pdd"]
-    np.testing.assert_array_equal(arr, got)  # the probability array itself is accepted too
+    np.testing.assert_array_equal(arr, via)  # the probability array itself is accepted too
     # without the first-occurrence rule row 0 would average the clipped repeats of token 3 in
     no_fos = np.mean([min(p * math.log(1010 / (c + 1)), A_CLIP) for p, c in
                       zip([1e-4, 2e-3, 0.9, 0.95, 0.5, 0.8], counts[ids[0]])])
@@ -98,7 +105,7 @@ def test_random_batches_match_the_loop_and_first_occurrence_is_exact():
     mask[3, :5] = False  # a masked context before the text (a prefix): not a first occurrence either
     logprob = -rng.exponential(4.0, size=(b, t))
     want = dcpdd_loop(logprob, ids, mask, counts)
-    got = dc_pdd_scores(logprob, ids, mask, FreqTable(counts, "x").probabilities())
+    got = dc_pdd_x64(logprob, ids, mask, FreqTable(counts, "x").probabilities())
     np.testing.assert_allclose(got, want, rtol=1e-12, equal_nan=True)
     first = first_occurrence(ids, mask)
     for r in range(b):
@@ -123,9 +130,11 @@ def test_dc_pdd_is_oriented_higher_is_member():
 
 def test_ids_outside_the_table_are_refused():
     ids, mask = np.array([[1, 5, 2]]), np.ones((1, 3), bool)
+    table = {"freq_table": FreqTable(np.ones(4, np.int64), "x")}
     with pytest.raises(UserError, match="outside the frequency table's vocabulary of 4.*another tokenizer"):
-        dc_pdd_scores(np.zeros((1, 3)), ids, mask, FreqTable(np.ones(4, np.int64), "x").probabilities())
-    assert dc_pdd_scores(np.zeros((1, 3)), ids, np.array([[1, 0, 1]], bool), np.full(4, 0.25))[0] > 0  # padding id
+        score_batch(batch_of(np.zeros((1, 3)), ids, mask, table), ["dc_pdd"])
+    padding = batch_of(np.zeros((1, 3)), ids, np.array([[1, 0, 1]], bool), {"freq_table": np.full(4, 0.25)})
+    assert score_batch(padding, ["dc_pdd"])["dc_pdd"][0] > 0  # a padding id is never read
 
 
 def test_counting_equals_a_counter_over_encode(tiny):

@@ -59,5 +59,5 @@ def test_ref_needs_a_reference_model(tiny):
 
 
 def test_multipass_methods_are_not_single_pass():
-    with pytest.raises(ValueError, match="second pass"):
+    with pytest.raises(UserError, match="second pass"):
         score_batch(None, ["lowercase"])

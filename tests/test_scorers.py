@@ -2,7 +2,7 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import ref_token_arrays, reference_scores
+from reference import count, ref_token_arrays, reference_scores
 
 from mia_jax.errors import UserError
 from mia_jax.freq import FreqTable
@@ -146,8 +146,8 @@ def test_min_k_pp_ablations_and_gap_k_match_loop_references():
         smooth = gap if n < 3 else [(gap[j] + gap[j + 1] + gap[j + 2]) / 3 for j in range(n - 2)]
         for k in ks:
             for name, vals in (("min_k_pp_mu", mu_cal), ("min_k_pp_sigma", sigma_cal), ("gap_k", smooth)):
-                count = max(1, int(round(k * 10**6)) * len(vals) // 10**6)
-                want = sum(sorted(vals)[:count]) / count
+                c = count(k, len(vals))
+                want = sum(sorted(vals)[:c]) / c
                 np.testing.assert_allclose(got[f"{name}@{k:g}"][i], want, rtol=1e-5, err_msg=f"{name}@{k} row {i}")
     assert np.all(np.asarray(got["gap_k@1"])[:5] <= 0)  # log p(x_i) <= max_v log p_v: the gap is never positive
 

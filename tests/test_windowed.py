@@ -88,11 +88,11 @@ def test_windows_of_short_texts_and_zlib(tiny_llama_dir):
         assert sum(rec["windows"]["n_tokens"]) == n and all(k <= 8 for k in rec["windows"]["n_tokens"])
     # zlib reads each window's own decoded text
     ids = loaded.tokenizer.encode(texts[1]).ids
-    from mia_jax.scorers.likelihood import zlib_bytes
+    from mia_jax.scorers import zlib_bytes
 
     first = loaded.tokenizer.decode(ids[1:9])
     assert recs[1]["windows"]["scores"]["zlib"][0] == pytest.approx(
-        recs[1]["windows"]["scores"]["loss"][0] / zlib_bytes(first), rel=1e-9)
+        recs[1]["windows"]["scores"]["loss"][0] / zlib_bytes(first), rel=1e-6)  # float32 scores
 
 
 def test_bad_windows_are_refused(tiny_llama_dir):

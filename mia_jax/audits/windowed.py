@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mia_jax.errors import UserError
-from mia_jax.scorers.base import TokenBatch, is_multi_pass, score_batch
+from mia_jax.scorers import TokenBatch, is_multi_pass, score_batch
 from mia_jax.stats import TokenStats
 
 

@@ -1,25 +1,27 @@
-"""The method registries (single-pass scorers, multi-pass methods) and the per-batch container scorers read from."""
+"""The method registries (single-pass scorers, multi-pass methods), the resources a scorer may read, and the host
+container of one batch's statistics."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from mia_jax.errors import UserError
 from mia_jax.stats import TokenStats
 
+# what a formula's positional parameters may be named: the fields of ``TokenStats``, the mask of the scored tokens,
+# and the target token ids; ``device_scores`` passes each by name
+ARRAYS = (*TokenStats._fields, "mask", "ids")
+
 
 @dataclass
 class TokenBatch:
-    """Per-token statistics of a batch on the host, as float64 ``[B, T]`` arrays, and the mask.
-
-    ``mask[b, t]`` is True where position t holds a real predicted token of example b; ``ids[b, t]`` is that
-    token's id (the target, int64 ``[B, T]``; None when the caller has none). ``resources`` holds what a scorer
-    needs besides the model (``Scorer.resources`` names them, e.g. ``freq_table``). Sorted views are computed once
-    and shared by every k of a method.
-    """
+    """One batch on the host, for ``score_batch``: per-token statistics ``[B, T]``, the mask of the scored tokens,
+    the texts (``zlib`` reads their compressed length), the target ids (``[B, T]``, None when the caller has none)
+    and the resources (``Scorer.resources`` names them, e.g. ``freq_table``). A container only: the formulas are
+    the registered ``jax.numpy`` functions."""
 
     stats: TokenStats
     mask: np.ndarray
@@ -28,54 +30,40 @@ class TokenBatch:
     resources: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        self.stats = TokenStats(*(np.asarray(x, np.float64) for x in self.stats))
+        self.stats = TokenStats(*(np.asarray(x) for x in self.stats))
         self.mask = np.asarray(self.mask, bool)
         if self.mask.shape != self.stats.logprob.shape:
-            raise ValueError(f"mask shape {self.mask.shape} != statistics shape {self.stats.logprob.shape}")
+            raise UserError(f"mask shape {self.mask.shape} != statistics shape {self.stats.logprob.shape}")
         if self.ids is not None:
             self.ids = np.asarray(self.ids, np.int64)
             if self.ids.shape != self.mask.shape:
-                raise ValueError(f"ids shape {self.ids.shape} != mask shape {self.mask.shape}")
-
-    @cached_property
-    def n(self) -> np.ndarray:
-        return self.mask.sum(-1)
-
-    def mean(self, values: np.ndarray) -> np.ndarray:
-        """Mean over the real tokens of each row (NaN for a row without tokens)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.mask, values, 0.0).sum(-1) / self.n
-
-    @cached_property
-    def zscore(self) -> np.ndarray:
-        """Min-K%++ token score (log p - mu) / sigma."""
-        s = self.stats
-        return (s.logprob - s.mu) / np.sqrt(s.var)
-
-    def ascending(self, name: str) -> np.ndarray:
-        """Row-wise ascending sort of a token quantity, padding pushed to the end (+inf)."""
-        key = f"_sorted_{name}"
-        if key not in self.__dict__:
-            s = self.stats
-            derived = {"zscore": lambda: self.zscore, "mu_calibrated": lambda: s.logprob - s.mu,
-                       "sigma_calibrated": lambda: s.logprob / np.sqrt(s.var)}
-            values = derived[name]() if name in derived else getattr(s, name)
-            self.__dict__[key] = np.sort(np.where(self.mask, values, np.inf), axis=-1)
-        return self.__dict__[key]
+                raise UserError(f"ids shape {self.ids.shape} != mask shape {self.mask.shape}")
 
 
 @dataclass(frozen=True)
 class Scorer:
-    """A single-pass method: a pure function of one batch's token statistics (+ the texts, the target ids, named
-    resources), ``fn(batch[, k])``."""
+    """A single-pass method: one pure ``jax.numpy`` formula of per-token arrays, ``fn(*arrays, **keywords) -> [B]``.
+
+    ``arrays``: its positional parameters, by name (``ARRAYS``: a ``TokenStats`` field, ``mask`` or ``ids``);
+    ``takes_k``: it takes the fraction ``k=`` (the method name's ``@k``); ``needs_text``: it takes ``zlib_bytes=``,
+    each text's zlib-compressed length (from the texts: ``scorers.zlib_bytes``); ``needs_ids``: it reads the target
+    token ids; ``resources``: the resources it reads (``RESOURCES``), each passed as the keyword
+    ``resource_keywords[i]``. All of it is read from ``fn``'s signature by ``register``."""
 
     name: str
-    fn: Callable[..., np.ndarray]
+    fn: Callable[..., Any]
     takes_k: bool = False
     needs_text: bool = False
     doc: str = ""
     needs_ids: bool = False
     resources: tuple[str, ...] = ()
+    arrays: tuple[str, ...] = ("logprob", "mask")
+    resource_keywords: tuple[str, ...] = ()
+
+    @property
+    def needs_zlib_bytes(self) -> bool:
+        """Whether ``device_scores`` needs ``zlib_bytes=`` for it (``needs_text``: the lengths come from the texts)."""
+        return self.needs_text
 
 
 @dataclass(frozen=True)
@@ -100,21 +88,48 @@ class MultiPassMethod:
         return (self.pass_kind,) if isinstance(self.pass_kind, str) else tuple(self.pass_kind)
 
 
+@dataclass(frozen=True)
+class Resource:
+    """What a scorer reads besides the model, by name. ``hint``: how to make one (the message when it is missing);
+    ``to_array(value)``: what a caller holds (e.g. a ``FreqTable``) -> the validated array the formula reads
+    (UserError when it cannot be); ``check_ids(ids, mask, array)``: a host check of concrete target ids against the
+    array (UserError), or None."""
+
+    name: str
+    hint: str
+    to_array: Callable[[Any], np.ndarray]
+    check_ids: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
+
+
 REGISTRY: dict[str, Scorer] = {}  # single-pass scorers
 MULTI_PASS: dict[str, MultiPassMethod] = {}  # multi-pass methods (run by runner.score_dataset)
+RESOURCES: dict[str, Resource] = {}  # resource name -> how to make it, turn it into an array and check ids with it
 
 
 def _first_line(fn) -> str:
     return (fn.__doc__ or "").strip().splitlines()[0]
 
 
-def register(name: str, *, takes_k: bool = False, needs_text: bool = False, needs_ids: bool = False,
-             resources: tuple[str, ...] = ()):
-    """Register a single-pass scorer ``fn(batch)`` (``fn(batch, k)`` with ``takes_k``) under ``name``; it reads
-    ``batch.texts`` / ``batch.ids`` / ``batch.resources[r]`` when it says it needs them."""
+def register(name: str, *, resources: Mapping[str, str] | Sequence[str] = ()):
+    """Register a single-pass formula under ``name``. What it reads comes from its signature: positional parameters
+    named from ``ARRAYS``; keyword-only ``k`` (the method takes a fraction), ``zlib_bytes`` (each text's compressed
+    length) and one keyword per resource (``resources``: {resource name: keyword}, or names that are their own
+    keywords); any other keyword-only parameter keeps its default."""
+    keywords = dict(resources) if isinstance(resources, Mapping) else {r: r for r in resources}
+
     def deco(fn):
         _check_unique(name, MULTI_PASS)
-        REGISTRY[name] = Scorer(name, fn, takes_k, needs_text, _first_line(fn), needs_ids, tuple(resources))
+        params = inspect.signature(fn).parameters.values()
+        arrays = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+        options = {p.name: p for p in params if p.kind is p.KEYWORD_ONLY}
+        unknown = [a for a in arrays if a not in ARRAYS]
+        given = ("k", "zlib_bytes", *keywords.values())  # what device_scores passes
+        unset = [o for o, p in options.items() if p.default is p.empty and o not in given]
+        if unknown or unset or not set(keywords.values()) <= set(options):
+            raise ValueError(f"scorer {name!r}: positional parameters must be among {ARRAYS} (got {unknown}), other "
+                             f"keyword-only ones need a default (got {unset}), resources {keywords} need keywords")
+        REGISTRY[name] = Scorer(name, fn, "k" in options, "zlib_bytes" in options, _first_line(fn), "ids" in arrays,
+                                tuple(keywords), arrays, tuple(keywords.values()))
         return fn
 
     return deco
@@ -131,16 +146,32 @@ def register_multi_pass(name: str, *, pass_kind: str | tuple[str, ...], pass_met
     return deco
 
 
-RESOURCE_HINTS: dict[str, str] = {}  # resource name -> how to make it (the message of a missing resource)
-
-
 def check_resources(methods: Sequence[str], resources: Mapping[str, Any] | None) -> None:
     """Refuse, before any scoring, a method whose resource (``Scorer.resources``) was not given."""
     for method in methods:
         scorer, _ = parse_method(method)
         for r in getattr(scorer, "resources", ()):
             if not resources or resources.get(r) is None:
-                raise UserError(f"method {method!r} needs a {r}: {RESOURCE_HINTS.get(r, 'none was given')}")
+                hint = RESOURCES[r].hint if r in RESOURCES else "none was given"
+                raise UserError(f"method {method!r} needs a {r}: {hint}")
+
+
+class Requirements(NamedTuple):
+    """What ``device_scores`` needs besides the statistics and the mask for some methods."""
+
+    ids: bool  # ids=: the target token ids
+    zlib_bytes: bool  # zlib_bytes=: each text's zlib-compressed length
+    resources: tuple[str, ...]  # resources={name: array} (``resource_arrays``)
+
+
+def requirements(methods: Sequence[str]) -> Requirements:
+    """Which of ``ids=``, ``zlib_bytes=`` and ``resources=`` the single-pass ``methods`` need (a multi-pass or
+    unknown method: UserError)."""
+    if isinstance(methods, str):
+        raise UserError(f"methods is a tuple or list of names, got the string {methods!r}")
+    scorers = [single_pass(m)[0] for m in methods]
+    return Requirements(any(s.needs_ids for s in scorers), any(s.needs_text for s in scorers),
+                        tuple(dict.fromkeys(r for s in scorers for r in s.resources)))
 
 
 def _check_unique(name: str, other: dict) -> None:
@@ -161,6 +192,8 @@ def _known() -> str:
 def parse_method(method: str) -> tuple[Scorer | MultiPassMethod, float | None]:
     """``"min_k@0.2"`` -> (the min_k scorer, 0.2); ``"lowercase"`` -> (its MultiPassMethod, None); unknown names
     raise a UserError listing the known ones."""
+    if not isinstance(method, str):
+        raise UserError(f"a method is a name such as 'min_k@0.2', got {method!r}")
     base, _, k_text = method.partition("@")
     scorer = lookup(base)
     if scorer is None:
@@ -180,6 +213,14 @@ def parse_method(method: str) -> tuple[Scorer | MultiPassMethod, float | None]:
     return scorer, k
 
 
+def single_pass(method: str) -> tuple[Scorer, float | None]:
+    """``parse_method`` for a method that must be single-pass: a multi-pass one is a UserError."""
+    scorer, k = parse_method(method)
+    if isinstance(scorer, MultiPassMethod):
+        raise UserError(f"{method!r} needs a second pass: use runner.score_dataset")
+    return scorer, k
+
+
 def expand_methods(methods: Sequence[str], ks: Sequence[float]) -> list[str]:
     """Validate method names; a bare name that takes a fraction becomes one method per k."""
     out: list[str] = []
@@ -196,18 +237,3 @@ def expand_methods(methods: Sequence[str], ks: Sequence[float]) -> list[str]:
 def is_multi_pass(method: str) -> bool:
     """Whether a (valid) method name needs a second pass (``runner.score_dataset``)."""
     return isinstance(parse_method(method)[0], MultiPassMethod)
-
-
-def score_batch(batch: TokenBatch, methods: Sequence[str]) -> dict[str, np.ndarray]:
-    """All requested methods for one batch: {method: float64 [B]} (NaN for rows without tokens)."""
-    out = {}
-    for method in methods:
-        scorer, k = parse_method(method)
-        if isinstance(scorer, MultiPassMethod):
-            raise ValueError(f"{method!r} needs a second pass: use runner.score_dataset")
-        if scorer.needs_text and batch.texts is None:
-            raise ValueError(f"method {method!r} needs the texts")
-        if scorer.needs_ids and batch.ids is None:
-            raise ValueError(f"method {method!r} needs the token ids")
-        out[method] = np.asarray(scorer.fn(batch, k) if scorer.takes_k else scorer.fn(batch), np.float64)
-    return out

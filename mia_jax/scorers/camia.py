@@ -7,8 +7,8 @@ Notation: a text's predicted tokens x_1..x_n (the runner's masked positions, in 
 token log-likelihood (the LM loss is -l_i), c_j = (1/j) sum_{i<=j} l_i the prefix-averaged (cumulative mean)
 log-likelihood. Every score is oriented higher = member.
 
-Single pass (pure float64 NumPy over a ``TokenBatch``, vectorised over the batch; the same formulas in
-``jax.numpy`` in ``DEVICE_FORMS``, for ``scorers.device``):
+Single pass (one ``jax.numpy`` function each, of the log-probs and the mask ``[..., T]``; ``camia_calibrated`` also of
+the ids):
 
 - ``camia_slope``: the least-squares slope of c_j against j = 1..n, i.e. minus the slope of the cumulative mean
   loss: a member's loss falls faster as the model reads more of it. n < 2: NaN (one point has no slope).
@@ -22,7 +22,7 @@ Single pass (pure float64 NumPy over a ``TokenBatch``, vectorised over the batch
   repetitive text is expected and says less. n = 0: NaN.
 - Not registered, a function only: ``lempel_ziv_scores``, minus the Lempel-Ziv complexity of the log-likelihood
   sequence of the first 200 tokens quantised to 3 levels (the authors' binning; a sequential parse, with no
-  ``jax.numpy`` form, which every registered single-pass scorer must have).
+  ``jax.numpy`` form, which every registered single-pass scorer must have; host NumPy, left as it is).
 - ``camia_ll_tail``: the mean log-likelihood without the first predicted token (n < 2: NaN): the repeat pass's
   score on a tokenizer without BOS (below); not a CAMIA signal itself.
 
@@ -56,7 +56,7 @@ The authors' code (github.com/changhongyan123/context_aware_mia: ``util_features
 - ``count_above`` (their name): the same thresholds (log-prob >= -1, -2, -3) and cut-off (first 200 tokens).
   ``count_above_pre``: their cut-offs are all tokens, 200 and 300; here all tokens.
 - Their ``loss`` feature over "all tokens" slices ``x[:-1]`` and so drops the last token; here every token. Their
-  token diversity counts the input ids (the first token included); here the predicted ones (``batch.ids``).
+  token diversity counts the input ids (the first token included); here the predicted ones (the target ``ids``).
 - Not registered: ``ppl`` and ``calibrated_ppl`` (monotone or near-monotone in the loss ones), ``count_mean`` (a
   count, not a share: it grows with the length), ``find_t`` (filtered out by the authors), the approximate entropy
   (the authors compute it on the six-copy text with m = 8, r = 0.8 std, which this pass does not read) and the
@@ -67,12 +67,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from mia_jax import passes
-from mia_jax.scorers.base import TokenBatch, register, register_multi_pass
+from mia_jax.scorers.base import register, register_multi_pass
 from mia_jax.scorers.dcpdd import first_occurrence
+from mia_jax.scorers.reduce import first_tokens, masked_mean, positions, real
 
 COUNT_CUTOFF = 200  # the authors' count_above reads the first 200 predicted tokens
 COUNT_THRESHOLDS = (1, 2, 3)  # loss thresholds in nats (their log-prob thresholds -1, -2, -3)
@@ -80,81 +82,127 @@ LOSS_CUTOFFS = (200, 300)  # the authors' cut-off loss
 LZ_CUTOFF, LZ_BINS = 200, 3  # the authors' Lempel-Ziv complexity: first 200 tokens, bins 3 (of 3, 4, 5)
 
 
-# ---------------------------------------------------------------------------------------------- pure functions
-# Each formula is written once for an array module ``xp``: NumPy (float64, the registered scorers) or jax.numpy
-# (``DEVICE_FORMS``: under jit / vmap / grad, float32). Shapes [..., T]; ``mask`` marks the scored tokens. Divisions
-# never see a zero (a row without the tokens a formula needs is NaN by a final ``where``), so zero padding gives
-# finite gradients and the host path raises no floating-point warning.
+# ------------------------------------------------------------------------------------------ registered methods
+# Shapes [..., T]; ``mask`` marks the scored tokens. Divisions never see a zero (a row without the tokens a formula
+# needs is NaN by a final ``where``), so zero padding gives finite gradients.
 
-def positions(mask, xp=np):
-    """j = 1, 2, ... at each row's real (``mask``) positions in order, 0 elsewhere (a prefix's context and the
-    padding are not positions of the text)."""
-    return xp.where(mask, xp.cumsum(mask, axis=-1), 0)
+@register("camia_slope")
+def camia_slope(logprob, mask) -> jax.Array:
+    """CAMIA slope: least-squares slope of the cumulative mean log-likelihood over positions (NaN below 2 tokens).
 
+    Minus the slope of the prefix-averaged loss: a member's loss falls faster as more of it is read. In closed form,
+    with c_j = (1/j) sum_{i<=j} l_i: slope = sum_j (j - (n + 1)/2) c_j / (n (n^2 - 1) / 12).
 
-def _nonzero(x, xp):
-    return xp.where(x > 0, x, 1)
-
-
-def cumulative_mean(values, mask, xp=np):
-    """c_j = mean of a row's first j real values, at its j-th real position (0 elsewhere)."""
-    j = positions(mask, xp).astype(values.dtype)
-    return xp.where(mask, xp.cumsum(xp.where(mask, values, 0), axis=-1) / _nonzero(j, xp), 0)
-
-
-def trajectory_slope(values, mask, xp=np):
-    """Least-squares slope of the cumulative mean c_j against j = 1..n per row, in closed form:
-    sum_j (j - (n + 1)/2) c_j / (n (n^2 - 1) / 12). NaN for a row with fewer than 2 real values."""
-    j = positions(mask, xp).astype(values.dtype)
-    n = mask.sum(-1).astype(values.dtype)
-    centred = xp.where(mask, j - (n[..., None] + 1) / 2, 0)
-    sxy = (centred * cumulative_mean(values, mask, xp)).sum(-1)
+    >>> import jax.numpy as jnp
+    >>> print(camia_slope(jnp.array([[-3.0, -1.0, -2.0, -2.0]]), jnp.ones((1, 4), bool)))  # c = -3, -2, -2, -2
+    [0.3]
+    """
+    mask = jnp.asarray(mask, bool)
+    lp = real(logprob, mask)
+    j = positions(mask).astype(lp.dtype)
+    n = mask.sum(-1).astype(lp.dtype)
+    cumulative = jnp.where(mask, jnp.cumsum(lp, axis=-1) / jnp.maximum(j, 1), 0)
+    sxy = (jnp.where(mask, j - (n[..., None] + 1) / 2, 0) * cumulative).sum(-1)
     two = n >= 2
-    return xp.where(two, sxy / xp.where(two, n * (n * n - 1) / 12, 1), xp.nan)
+    return jnp.where(two, sxy / jnp.where(two, n * (n * n - 1) / 12, 1), jnp.nan)
 
 
-def share(hit, keep, xp=np):
-    """Per row, the share of the ``keep`` positions where ``hit`` is True (NaN where none is kept)."""
-    n = keep.sum(-1)
-    return xp.where(n > 0, (hit & keep).sum(-1) / _nonzero(n, xp), xp.nan)
-
-
-def first_tokens(mask, limit: int, xp=np):
-    """The mask of each row's first ``limit`` real positions."""
-    return mask & (positions(mask, xp) <= limit)
-
-
-def count_below(logprob, mask, tau: float, cutoff: int = COUNT_CUTOFF, xp=np):
+def count_below(logprob, mask, *, tau: float, cutoff: int = COUNT_CUTOFF) -> jax.Array:
     """Share of the first ``cutoff`` tokens with loss at most ``tau`` (log p >= -tau, as the authors compare)."""
-    return share(logprob >= -tau, first_tokens(mask, cutoff, xp), xp)
+    lp = real(logprob, mask)
+    return masked_mean((lp >= -tau).astype(lp.dtype), first_tokens(mask, cutoff))
 
 
-def count_above_prefix_mean(logprob, mask, xp=np):
-    """Share of the tokens i >= 2 with l_i > c_{i-1}, the mean log-likelihood of the tokens before it."""
-    j = positions(mask, xp)
-    lp = xp.where(mask, logprob, 0)
-    before = xp.cumsum(lp, axis=-1) - lp  # the sum of the real values before each position
+def _count_method(tau: int):
+    def fn(logprob, mask) -> jax.Array:
+        return count_below(logprob, mask, tau=tau)
+
+    fn.__name__ = fn.__qualname__ = f"camia_count_{tau}"
+    fn.__doc__ = f"""CAMIA count below: share of the first {COUNT_CUTOFF} tokens with loss at most {tau} \
+nat{'s' if tau != 1 else ''} (log p >= -{tau}).
+
+    score = #{{i <= {COUNT_CUTOFF} : l_i >= -{tau}}} / min(n, {COUNT_CUTOFF}) (``count_below``).
+
+    >>> import jax.numpy as jnp
+    >>> print({fn.__name__}(jnp.array([[-0.5, -1.5, -2.5, -3.5]]), jnp.ones((1, 4), bool)))
+    [{tau / 4}]
+    """
+    return register(fn.__name__)(fn)
+
+
+camia_count_1, camia_count_2, camia_count_3 = (_count_method(tau) for tau in COUNT_THRESHOLDS)
+
+
+@register("camia_count_pre")
+def camia_count_pre(logprob, mask) -> jax.Array:
+    """CAMIA count below the prefix mean: share of tokens with log p above the mean of those before (NaN below 2).
+
+    Over the tokens from the 2nd: l_i > c_{i-1}, the token's loss below the cumulative mean loss before it.
+
+    >>> import jax.numpy as jnp
+    >>> print(camia_count_pre(jnp.array([[-2.0, -1.0, -3.0, -1.0, 0.0]]), jnp.ones((1, 5), bool)))
+    [0.75]
+    """
+    mask = jnp.asarray(mask, bool)
+    j = positions(mask)
+    lp = real(logprob, mask)
+    before = jnp.cumsum(lp, axis=-1) - lp  # the sum of the real values before each position
     later = mask & (j >= 2)
-    prev_mean = before / xp.where(later, j - 1, 1).astype(lp.dtype)
-    return share(lp > prev_mean, later, xp)
+    return masked_mean((lp > before / jnp.where(later, j - 1, 1).astype(lp.dtype)).astype(lp.dtype), later)
 
 
-def masked_mean(values, keep, xp=np):
-    """Mean of each row's kept values (NaN where none is kept)."""
-    n = keep.sum(-1)
-    return xp.where(n > 0, xp.where(keep, values, 0).sum(-1) / _nonzero(n, xp).astype(values.dtype), xp.nan)
+def cutoff_loss(logprob, mask, *, cutoff: int) -> jax.Array:
+    """Mean log-likelihood of each row's first ``cutoff`` scored tokens."""
+    return masked_mean(logprob, first_tokens(mask, cutoff))
 
 
-def tail_mean(values, mask, xp=np):
-    """Mean of each row's real values without its first (NaN below 2)."""
-    return masked_mean(values, mask & (positions(mask, xp) >= 2), xp)
+def _loss_method(cutoff: int):
+    def fn(logprob, mask) -> jax.Array:
+        return cutoff_loss(logprob, mask, cutoff=cutoff)
+
+    fn.__name__ = fn.__qualname__ = f"camia_loss_{cutoff}"
+    fn.__doc__ = f"""CAMIA cut-off loss: mean log-likelihood of the first {cutoff} tokens.
+
+    score = (1/min(n, {cutoff})) sum_{{i <= {cutoff}}} l_i (``cutoff_loss``).
+
+    >>> import jax.numpy as jnp
+    >>> print({fn.__name__}(jnp.array([[-1.0, -2.0, -6.0]]), jnp.ones((1, 3), bool)))
+    [-3.]
+    """
+    return register(fn.__name__)(fn)
 
 
-def token_diversity(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Distinct ids / real tokens per row (NaN for a row without tokens)."""
-    mask = np.asarray(mask, bool)
-    return share(first_occurrence(ids, mask), mask)
+camia_loss_200, camia_loss_300 = (_loss_method(cut) for cut in LOSS_CUTOFFS)
 
+
+@register("camia_ll_tail")
+def camia_ll_tail(logprob, mask) -> jax.Array:
+    """Mean log-likelihood without the first predicted token (CAMIA's repeat pass without BOS; NaN below 2).
+
+    >>> import jax.numpy as jnp
+    >>> print(camia_ll_tail(jnp.array([[-9.0, -1.0, -2.0], [-1.0, 0.0, 0.0]]), jnp.array([[1, 1, 1], [1, 0, 0]], bool)))
+    [-1.5  nan]
+    """
+    mask = jnp.asarray(mask, bool)
+    return masked_mean(logprob, mask & (positions(mask) >= 2))
+
+
+@register("camia_calibrated")
+def camia_calibrated(logprob, ids, mask) -> jax.Array:
+    """CAMIA calibrated loss: mean log-likelihood / token diversity (distinct predicted ids / predicted tokens).
+
+    score = ((1/n) sum_i l_i) / (|{x_i}| / n): a low loss on repetitive text is expected and says less.
+
+    >>> import jax.numpy as jnp
+    >>> logprob, ids = jnp.array([[-1.0, -2.0, -3.0, -2.0]]), jnp.array([[5, 6, 5, 5]])
+    >>> print(camia_calibrated(logprob, ids, jnp.ones((1, 4), bool)))  # -2 / (2 distinct / 4)
+    [-4.]
+    """
+    mean_lp = masked_mean(logprob, mask)
+    return mean_lp / masked_mean(first_occurrence(ids, mask).astype(mean_lp.dtype), mask)
+
+
+# ------------------------------------------------------------------------------------------ not registered: LZ
 
 def lempel_ziv(values: np.ndarray, bins: int = LZ_BINS) -> float:
     """The authors' ``lempel_ziv_complexity`` of one sequence of log-probabilities: each value is placed on 100 levels
@@ -162,8 +210,8 @@ def lempel_ziv(values: np.ndarray, bins: int = LZ_BINS) -> float:
     between the lowest and highest level used, and the sequence parsed left to right into sub-words not seen before;
     the number of sub-words / the length. NaN for an empty sequence.
 
-    Not registered: a sequential parse has no ``jax.numpy`` form (``scorers.device``), which every registered
-    single-pass scorer must have. ``lempel_ziv_scores(batch.stats.logprob, batch.mask)`` gives it per row."""
+    Not registered: a sequential parse has no ``jax.numpy`` form, which every registered single-pass scorer must
+    have. ``lempel_ziv_scores(stats.logprob, mask)`` gives it per row (host, NumPy)."""
     x = np.asarray(values, np.float64)
     if not x.size:
         return float("nan")
@@ -184,61 +232,9 @@ def lempel_ziv(values: np.ndarray, bins: int = LZ_BINS) -> float:
 def lempel_ziv_scores(logprob: np.ndarray, mask: np.ndarray, cutoff: int = LZ_CUTOFF, bins: int = LZ_BINS):
     """Minus the Lempel-Ziv complexity of each row's first ``cutoff`` log-likelihoods (higher = the more regular
     trajectory, taken to be the member's; the authors pick the sign from the labels; NaN for a row without tokens)."""
-    keep = first_tokens(np.asarray(mask, bool), cutoff)
+    mask = np.asarray(mask, bool)
+    keep = mask & (np.cumsum(mask, axis=-1) <= cutoff)
     return -np.array([lempel_ziv(np.asarray(v, np.float64)[k], bins) for v, k in zip(logprob, keep)], np.float64)
-
-
-# ------------------------------------------------------------------------------------------ registered methods
-# name -> f(logprob, mask, xp): the whole formula of each registered single-pass method that reads only the
-# log-likelihoods, for the host scorer (xp = np) and ``DEVICE_FORMS`` (xp = jax.numpy) alike
-FORMULAS = {
-    "camia_slope": trajectory_slope,
-    **{f"camia_count_{tau}": (lambda lp, m, xp, tau=tau: count_below(lp, m, tau, COUNT_CUTOFF, xp))
-       for tau in COUNT_THRESHOLDS},
-    "camia_count_pre": count_above_prefix_mean,
-    **{f"camia_loss_{cut}": (lambda lp, m, xp, cut=cut: masked_mean(lp, first_tokens(m, cut, xp), xp))
-       for cut in LOSS_CUTOFFS},
-    "camia_ll_tail": tail_mean,
-}
-
-DOCS = {
-    "camia_slope": ("CAMIA slope: least-squares slope of the cumulative mean log-likelihood over positions (NaN "
-                    "below 2 tokens).\n\nMinus the slope of the prefix-averaged loss: a member's loss falls faster "
-                    "as more of it is read."),
-    **{f"camia_count_{tau}": (f"CAMIA count below: share of the first {COUNT_CUTOFF} tokens with loss at most {tau} "
-                              f"nat{'s' if tau != 1 else ''} (log p >= -{tau}).") for tau in COUNT_THRESHOLDS},
-    "camia_count_pre": ("CAMIA count below the prefix mean: share of tokens with log p above the mean of those before "
-                        "(NaN below 2).\n\nOver the tokens from the 2nd: l_i > c_{i-1}, the token's loss below the "
-                        "cumulative mean loss before it."),
-    **{f"camia_loss_{cut}": f"CAMIA cut-off loss: mean log-likelihood of the first {cut} tokens."
-       for cut in LOSS_CUTOFFS},
-    "camia_ll_tail": ("Mean log-likelihood without the first predicted token (CAMIA's repeat pass without BOS; NaN "
-                      "below 2)."),
-}
-
-
-def _host(name: str):
-    formula = FORMULAS[name]
-
-    def fn(batch: TokenBatch) -> np.ndarray:
-        return formula(batch.stats.logprob, batch.mask, np)
-
-    fn.__name__, fn.__doc__ = name, DOCS[name]
-    return register(name)(fn)
-
-
-for _name in FORMULAS:
-    _host(_name)
-
-
-@register("camia_calibrated", needs_ids=True)
-def camia_calibrated(batch: TokenBatch) -> np.ndarray:
-    """CAMIA calibrated loss: mean log-likelihood / token diversity (distinct predicted ids / predicted tokens)."""
-    return batch.mean(batch.stats.logprob) / token_diversity(batch.ids, batch.mask)
-
-
-# for ``scorers.device.FORMS``: f(tokens, k) with ``tokens.lp`` / ``tokens.mask`` (padding already 0 / False)
-DEVICE_FORMS = {name: (lambda t, k, f=f: f(t.lp, t.mask, jnp)) for name, f in FORMULAS.items()}
 
 
 # ---------------------------------------------------------------------------------------------- the repeat pass

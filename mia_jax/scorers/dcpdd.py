@@ -1,7 +1,7 @@
 """DC-PDD (Zhang et al., EMNLP 2024, *Pretraining Data Detection for Large Language Models: A Divergence-based
 Calibration Method*): token probabilities calibrated by a reference corpus's token frequencies, one forward pass.
 
-For a text's predicted tokens x_1..x_n (the runner's targets, ``batch.ids``), with p_i = p(x_i | x_<i; M) the
+For a text's predicted tokens x_1..x_n (the runner's targets, ``ids``), with p_i = p(x_i | x_<i; M) the
 model's probability and f(v) = (count(v) + 1) / (N + |V|) the Laplace-smoothed frequency of token v in a reference
 corpus counted with the model's tokenizer (``mia_jax.freq``):
 
@@ -24,73 +24,88 @@ smoothing denominator changes, by the padding rows); they count the first 1024 t
 (``mia-jax freq-table --max-tokens 1024`` does too; default: every token); they cut each text to its first
 ``max_cha`` words before scoring (here: the data as given, cut only to the model's context).
 
-The resource ``freq_table`` (``batch.resources``) is a ``mia_jax.freq.FreqTable`` (preferred: it carries the
-tokenizer's identity, which ``freq.for_model`` / ``FreqTable.load(path, tokenizer)`` check against the model's) or
-a 1-D array of the smoothed probabilities f(v) themselves.
+The resource ``freq_table`` is a ``mia_jax.freq.FreqTable`` (preferred: it carries the tokenizer's identity, which
+``freq.for_model`` / ``FreqTable.load(path, tokenizer)`` check against the model's) or a 1-D array of the smoothed
+probabilities f(v) themselves; ``scorers.resource_arrays`` turns either into the float32 array ``dc_pdd`` reads
+(``freq=``).
 """
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from mia_jax.errors import UserError
-from mia_jax.scorers.base import RESOURCE_HINTS, TokenBatch, check_resources, register
+from mia_jax.scorers.base import RESOURCES, Resource, register
+from mia_jax.scorers.reduce import floating, masked_mean, real
 
 A_CLIP = 0.01  # the paper's and the authors' default a
 
-RESOURCE_HINTS["freq_table"] = ("make one with `mia-jax freq-table --model M --corpus FILE --out T.npz` (default "
-                                "corpus: the bundled Pile sample) and pass it with --freq-table T.npz")
+
+def first_occurrence(ids, mask) -> jax.Array:
+    """bool ``[..., T]``: True at the first real (``mask``) position of each distinct id in its row.
+
+    One sort per row by (padding last, id, position): each run of equal real ids starts at its first occurrence,
+    which is put back in place by the inverse permutation. O(T log T) per row, O(T) memory.
+
+    >>> import jax.numpy as jnp
+    >>> ids, mask = jnp.array([[7, 3, 7, 3, 5, 3]]), jnp.array([[1, 1, 1, 1, 0, 1]], bool)
+    >>> print(first_occurrence(ids, mask))
+    [[ True  True False False False False]]
+    """
+    ids, mask = jnp.asarray(ids), jnp.asarray(mask, bool)
+    axis = ids.ndim - 1
+    slot = jax.lax.broadcasted_iota(jnp.int32, ids.shape, axis)
+    padding, ranked, order = jax.lax.sort(((~mask).astype(jnp.int32), ids, slot), dimension=axis, num_keys=3)
+    starts = jnp.concatenate([jnp.ones_like(ranked[..., :1], bool), ranked[..., 1:] != ranked[..., :-1]], axis=-1)
+    inverse = jnp.argsort(order, axis=-1)
+    return jnp.take_along_axis(starts & (padding == 0), inverse, axis=-1)
 
 
-def first_occurrence(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """bool ``[B, T]``: True at the first real (``mask``) position of each distinct id in its row.
+@register("dc_pdd", resources={"freq_table": "freq"})
+def dc_pdd(logprob, ids, mask, *, freq, a: float = A_CLIP) -> jax.Array:
+    """DC-PDD: mean over first-occurring tokens of min(-p(x_i) log f(x_i), 0.01), f the reference corpus's smoothed
+    token frequency (needs --freq-table).
 
-    A stable row-wise sort by id keeps equal ids in position order, so the first of each run is its first
-    occurrence: O(B T log T) time, O(B T) memory."""
-    ids, mask = np.asarray(ids, np.int64), np.asarray(mask, bool)
-    key = np.where(mask, ids, -1)  # padding: one id of its own, dropped below
-    order = np.argsort(key, axis=-1, kind="stable")
-    ranked = np.take_along_axis(key, order, axis=-1)
-    first_ranked = np.ones(ranked.shape, bool)
-    first_ranked[:, 1:] = ranked[:, 1:] != ranked[:, :-1]
-    first = np.empty_like(first_ranked)
-    np.put_along_axis(first, order, first_ranked, axis=-1)
-    return first & mask
+    score = (1/|FOS|) sum_{i in FOS} min(-exp(l_i) log f(x_i), a), FOS the first occurrence of each distinct id
+    among the scored tokens, ``freq`` the smoothed frequencies f ``[V]`` (module docstring). A row holding a scored
+    id outside ``0..V-1`` (a table counted with another tokenizer) is NaN: ``device_scores`` and ``score_batch``
+    refuse such ids with a UserError wherever the ids are concrete, i.e. outside a trace.
 
-
-def dc_pdd_scores(logprob: np.ndarray, ids: np.ndarray, mask: np.ndarray, freq: np.ndarray,
-                  a: float = A_CLIP) -> np.ndarray:
-    """DC-PDD per row of ``[B, T]`` target log-probs and ids over the real tokens: the mean over first occurrences
-    of min(-p_i log f(x_i), a), ``freq`` the smoothed corpus frequencies ``[V]`` (NaN for a row without tokens)."""
-    logprob, mask = np.asarray(logprob, np.float64), np.asarray(mask, bool)
-    ids = np.asarray(ids, np.int64)
-    freq = np.asarray(freq, np.float64)
-    real = ids[mask]
-    if real.size and (real.min() < 0 or real.max() >= freq.size):
-        raise UserError(f"dc_pdd: token id {int(real.max() if real.max() >= freq.size else real.min())} is outside "
-                        f"the frequency table's vocabulary of {freq.size}: the table was counted with another "
-                        "tokenizer; make one with this model (mia-jax freq-table --model M)")
-    keep = first_occurrence(ids, mask)
-    f = freq[np.where(keep, ids, 0)]
-    alpha = np.minimum(np.exp(np.where(keep, logprob, 0.0)) * -np.log(f), a)
-    n = keep.sum(-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(keep, alpha, 0.0).sum(-1) / n
+    >>> import jax.numpy as jnp
+    >>> freq = jnp.array([0.5, 0.25, 0.125, 0.125])
+    >>> logprob = jnp.log(jnp.array([[0.001, 0.004, 0.5, 0.002]]))
+    >>> ids, mask = jnp.array([[1, 2, 1, 4]]), jnp.array([[1, 1, 1, 0]], bool)
+    >>> round(float(dc_pdd(logprob, ids, mask, freq=freq)[0]), 5)  # min(0.001 log 4, a), min(0.004 log 8, a)
+    0.00485
+    """
+    ids, mask, freq = jnp.asarray(ids), jnp.asarray(mask, bool), floating(freq)
+    inside = (ids >= 0) & (ids < freq.shape[-1])
+    keep = first_occurrence(ids, mask) & inside
+    index = jnp.where(keep, ids, 0)
+    f = jnp.where(keep, freq.at[index].get(out_sharding=jax.typeof(index).sharding), 1.0)  # sharded like the ids
+    alpha = jnp.minimum(jnp.exp(real(logprob, keep)) * -jnp.log(f), a)
+    return jnp.where((mask & ~inside).any(-1), jnp.nan, masked_mean(alpha, keep))
 
 
 def _probabilities(resource) -> np.ndarray:
-    """The smoothed frequencies of a ``FreqTable`` resource, or the resource itself as a 1-D probability array."""
-    if hasattr(resource, "probabilities"):
-        return resource.probabilities()
-    freq = np.asarray(resource, np.float64)
+    """The smoothed frequencies, float32 ``[V]``, of a ``FreqTable`` resource or of a 1-D probability array."""
+    freq = resource.probabilities() if hasattr(resource, "probabilities") else np.asarray(resource, np.float64)
     if freq.ndim != 1 or not freq.size or not np.all((freq > 0) & (freq <= 1)):
-        raise ValueError("freq_table must be a mia_jax.freq.FreqTable or a 1-D array of probabilities in (0, 1]")
-    return freq
+        raise UserError("freq_table must be a mia_jax.freq.FreqTable or a 1-D array of probabilities in (0, 1]")
+    return np.asarray(freq, np.float32)
 
 
-@register("dc_pdd", needs_ids=True, resources=("freq_table",))
-def dc_pdd(batch: TokenBatch) -> np.ndarray:
-    """DC-PDD: mean over first-occurring tokens of min(-p(x_i) log f(x_i), 0.01), f the reference corpus's smoothed
-    token frequency (needs --freq-table)."""
-    check_resources(["dc_pdd"], batch.resources)  # (the runner checks before any scoring)
-    freq = _probabilities(batch.resources["freq_table"])
-    return dc_pdd_scores(batch.stats.logprob, batch.ids, batch.mask, freq)
+def _check_ids(ids: np.ndarray, mask: np.ndarray, freq: np.ndarray) -> None:
+    """UserError for a scored id outside the table (counted with another tokenizer)."""
+    real_ids = np.asarray(ids)[np.asarray(mask, bool)]
+    size = np.shape(freq)[-1]
+    if real_ids.size and (real_ids.min() < 0 or real_ids.max() >= size):
+        bad = int(real_ids.max() if real_ids.max() >= size else real_ids.min())
+        raise UserError(f"dc_pdd: token id {bad} is outside the frequency table's vocabulary of {size}: the table "
+                        "was counted with another tokenizer; make one with this model (mia-jax freq-table --model M)")
+
+
+RESOURCES["freq_table"] = Resource(
+    "freq_table", ("make one with `mia-jax freq-table --model M --corpus FILE --out T.npz` (default corpus: the "
+                   "bundled Pile sample) and pass it with --freq-table T.npz"), _probabilities, _check_ids)

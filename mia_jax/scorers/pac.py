@@ -30,33 +30,33 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax
 import numpy as np
 
 from mia_jax import passes
 from mia_jax.augment import DEFAULT_ALPHA, DEFAULT_N, EdaAugmenter
-from mia_jax.scorers.base import TokenBatch, register, register_multi_pass
-from mia_jax.scorers.min_k import min_k_mean
+from mia_jax.scorers.base import register, register_multi_pass
+from mia_jax.scorers.min_k import lowest_k_mean
+from mia_jax.scorers.reduce import floating
 
 FAR = 0.05  # ratio_far: the most likely tokens
 NEAR = 0.3  # ratio_local: the least likely tokens
 
 
-def polarized_distance(logprob: np.ndarray, mask: np.ndarray, far: float = FAR, near: float = NEAR) -> np.ndarray:
-    """PD per row of ``[B, T]`` token log-probs over the real (``mask``) tokens: mean of the max(1, floor(far*n))
-    highest minus mean of the max(1, floor(near*n)) lowest (NaN for a row without tokens)."""
-    mask = np.asarray(mask, bool)
-    logprob = np.asarray(logprob, np.float64)
-    n = mask.sum(-1)
-    ascending = np.sort(np.where(mask, logprob, np.inf), axis=-1)
-    neg_ascending = np.sort(np.where(mask, -logprob, np.inf), axis=-1)
-    return -min_k_mean(neg_ascending, n, far) - min_k_mean(ascending, n, near)
-
-
 @register("polarized")
-def polarized(batch: TokenBatch) -> np.ndarray:
+def polarized(logprob, mask, *, near: float = NEAR, far: float = FAR) -> jax.Array:
     """-PD (PAC's polarized distance, negated so higher = member): mean of the 30% least likely token log-probs
-    minus mean of the 5% most likely."""
-    return -polarized_distance(batch.stats.logprob, batch.mask)
+    minus mean of the 5% most likely.
+
+    score = mean(the max(1, floor(near n)) lowest l_i) - mean(the max(1, floor(far n)) highest l_i) (module
+    docstring: Ye et al. 2024 and their ``calculate_Polarized_Distance``, here negated).
+
+    >>> import jax.numpy as jnp
+    >>> logprob = jnp.array([[-4.0, -3.0, -2.0, -1.0, -0.5, -0.5, -0.5, -0.5, -0.5, -0.25]])
+    >>> print(polarized(logprob, jnp.ones((1, 10), bool)))  # mean(-4, -3, -2) - (-0.25)
+    [-2.75]
+    """
+    return lowest_k_mean(logprob, mask, near) + lowest_k_mean(-floating(logprob), mask, far)
 
 
 @register_multi_pass("pac", pass_kind="augment", pass_method="polarized")

@@ -1,0 +1,192 @@
+"""Scores by method name: ``device_scores`` (any registered single-pass formula, inside a caller's ``jax.jit``,
+``jax.vmap``, ``jax.grad``), ``scores_from_logits`` (the shift, the mask and the statistics too), ``score_batch``
+(the host path: one cached ``jax.jit`` per method tuple, float64 NumPy out) and ``resource_arrays`` (what a caller
+holds -> the arrays the formulas read).
+
+Which methods need what: ``requirements(methods)`` (and ``REGISTRY[name].needs_ids`` / ``.needs_zlib_bytes`` /
+``.resources``): the target ``ids``, each text's ``zlib_bytes`` (``scorers.zlib_bytes(text)``), resources by name
+(``freq_table`` for ``dc_pdd``). A missing one, a multi-pass or unknown method, or mismatched shapes: UserError.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mia_jax.errors import UserError
+from mia_jax.scorers.base import RESOURCES, Scorer, TokenBatch, check_resources, requirements, single_pass
+from mia_jax.scorers.likelihood import zlib_bytes as text_zlib_bytes
+from mia_jax.stats import DEFAULT_CHUNK, TokenStats, token_stats
+
+# scores_from_logits' default: the default methods that need nothing but the logits
+LOGIT_METHODS = ("loss", "ppl", "min_k@0.2", "min_k_pp@0.2", "max_k@0.2", "entropy", "rank")
+
+
+def _concrete(x) -> np.ndarray | None:
+    """``x`` as a host array, or None under a trace (a value not known yet) or spread over several processes."""
+    if isinstance(x, jax.core.Tracer) or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        return None
+    return np.asarray(x)
+
+
+def resource_arrays(methods: Sequence[str], resources: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+    """{resource name: array} for the resources ``methods`` read (``Scorer.resources``), from what a caller holds:
+    for ``freq_table`` a ``mia_jax.freq.FreqTable`` or a 1-D array of probabilities in (0, 1] -> float32 ``[V]``.
+    Validated on the host (UserError: a missing or malformed resource); pass the result as ``device_scores(...,
+    resources=)``, e.g. into one's own jitted step. Resources no method reads are left out."""
+    check_resources(methods, resources)
+    return {r: RESOURCES[r].to_array(resources[r]) for r in requirements(methods).resources}
+
+
+def check_ids(methods: Sequence[str], ids, mask, arrays: Mapping[str, Any]) -> None:
+    """Host check of the target ids against the resource arrays that ``methods`` index by them (``dc_pdd``: an id
+    outside the frequency table is a UserError; ``Resource.check_ids``). ``device_scores`` runs it itself outside a
+    trace; a caller that jits its own step runs it on the host ids before (under a trace such a row is NaN)."""
+    ids, mask = _concrete(ids), _concrete(mask)
+    if ids is None or mask is None:
+        return
+    for method in methods:
+        scorer, _ = single_pass(method)
+        for r in scorer.resources if scorer.needs_ids else ():
+            table = _concrete(arrays[r])
+            if RESOURCES[r].check_ids is not None and table is not None:
+                RESOURCES[r].check_ids(ids, mask, table)
+
+
+def _check_shape(what: str, x, want: tuple) -> None:
+    if tuple(jnp.shape(x)) != want:
+        raise UserError(f"{what} has shape {tuple(jnp.shape(x))}, expected {want}")
+
+
+def _prepare(stats, mask, methods, ids, zlib_bytes, resources):
+    """The parsed methods and the resource arrays, every argument checked (UserError)."""
+    need = requirements(methods)
+    parsed = [(m, *single_pass(m)) for m in methods]
+    shape = tuple(jnp.shape(stats.logprob))
+    _check_shape("mask", mask, shape)
+    if need.ids:
+        if ids is None:
+            names = [m for m, s, _ in parsed if s.needs_ids]
+            raise UserError(f"{', '.join(names)} need ids=: the target token ids, int {list(shape)} (the token each "
+                            "log-prob is of)")
+        _check_shape("ids", ids, shape)
+    if need.zlib_bytes:
+        if zlib_bytes is None:
+            raise UserError("'zlib' needs zlib_bytes=: each text's zlib-compressed length in bytes, float "
+                            f"{list(shape[:-1])} (mia_jax.scorers.zlib_bytes(text))")
+        _check_shape("zlib_bytes", zlib_bytes, shape[:-1])
+    arrays = {}
+    for r in need.resources:
+        value = (resources or {}).get(r)
+        if value is None:
+            check_resources(methods, resources)  # says how to make it
+        arrays[r] = value if isinstance(value, (np.ndarray, jax.Array)) else RESOURCES[r].to_array(value)
+    if need.ids and need.resources:
+        check_ids(methods, ids, mask, arrays)
+    return parsed, arrays
+
+
+def _call(scorer: Scorer, k, inputs: dict, zlib_bytes, arrays: dict):
+    kwargs = {kw: arrays[r] for r, kw in zip(scorer.resources, scorer.resource_keywords)}
+    if scorer.takes_k:
+        kwargs["k"] = k
+    if scorer.needs_text:
+        kwargs["zlib_bytes"] = zlib_bytes
+    return scorer.fn(*(inputs[a] for a in scorer.arrays), **kwargs)
+
+
+def device_scores(stats: TokenStats, mask, methods: Sequence[str], *, ids=None, zlib_bytes=None,
+                  resources: Mapping[str, Any] | None = None) -> dict[str, jax.Array]:
+    """{method: float32 [...]} for single-pass ``methods`` (registry names, ``min_k@0.2``; a tuple or a list) from
+    ``TokenStats`` (``[..., T]`` arrays: ``stats.token_stats`` of the shifted logits) and a bool ``mask`` of the
+    scored tokens; NaN for a row without one. ``ids``: the target ids ``[..., T]`` (``dc_pdd``,
+    ``camia_calibrated``); ``zlib_bytes``: each text's compressed length ``[...]`` (``zlib``); ``resources``:
+    {name: array} (``resource_arrays``; a ``FreqTable`` is also taken, converted on the host).
+
+    Pure ``jax.numpy``: call it inside ``jax.jit`` (methods are Python constants there), ``jax.vmap``,
+    ``jax.grad``, on sharded arrays. float32 for float32 or bfloat16 statistics; float64 stays float64 under
+    ``jax_enable_x64``. Outside a trace, ``dc_pdd``'s ids are checked against the table (UserError); under one an
+    id outside it gives the row NaN.
+
+    >>> import jax.numpy as jnp
+    >>> from mia_jax.stats import token_stats
+    >>> logits = jnp.array([[[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 1.0, 1.0]]])
+    >>> stats = token_stats(logits, jnp.array([[0, 1, 2]]))
+    >>> out = device_scores(stats, jnp.array([[True, True, False]]), ["loss", "min_k@0.5"])
+    >>> {m: round(float(v[0]), 4) for m, v in out.items()}
+    {'loss': -0.1672, 'min_k@0.5': -0.2395}
+    """
+    stats = TokenStats(*stats)
+    parsed, arrays = _prepare(stats, mask, methods, ids, zlib_bytes, resources)
+    inputs = {**stats._asdict(), "mask": jnp.asarray(mask, bool), "ids": ids}
+    return {m: _call(scorer, k, inputs, zlib_bytes, arrays) for m, scorer, k in parsed}
+
+
+def scores_from_logits(logits, ids, attention_mask, *, methods: Sequence[str] = LOGIT_METHODS,
+                       vocab_size: int | None = None, chunk_size: int = DEFAULT_CHUNK, zlib_bytes=None,
+                       resources: Mapping[str, Any] | None = None) -> dict[str, jax.Array]:
+    """{method: float32 [B]} from a causal LM's ``logits`` ``[B, T, V]`` over token ``ids`` ``[B, T]``.
+
+    ``logits[:, t]`` predicts ``ids[:, t + 1]``; a target counts when it and its predecessor are real tokens
+    (``attention_mask`` ``[B, T]``, 1 = real), so right- and left-padded batches both work and a text's first token
+    (no prediction) is not scored. Then ``stats.token_stats`` (float32, in vocabulary chunks of ``chunk_size``;
+    ``vocab_size``: rows at or beyond it are padding) and ``device_scores`` (the targets as ``ids``). jit-friendly:
+    inside one's own ``jax.jit`` as is, or ``jax.jit(scores_from_logits, static_argnames=("methods",
+    "vocab_size", "chunk_size"))`` with a tuple of methods.
+
+    >>> import jax.numpy as jnp
+    >>> logits = jnp.zeros((2, 4, 8))  # uniform: log p = -log 8 for every token
+    >>> ids, am = jnp.array([[1, 2, 3, 0], [0, 5, 6, 7]]), jnp.array([[1, 1, 1, 0], [0, 1, 1, 1]])
+    >>> [round(float(v), 4) for v in scores_from_logits(logits, ids, am, methods=["loss"])["loss"]]  # right, left
+    [-2.0794, -2.0794]
+    """
+    requirements(methods)  # a bad method before any work
+    logits, ids, am = jnp.asarray(logits), jnp.asarray(ids), jnp.asarray(attention_mask).astype(bool)
+    _check_shape("ids", ids, tuple(logits.shape[:-1]))
+    _check_shape("attention_mask", am, tuple(logits.shape[:-1]))
+    targets = ids[..., 1:]
+    stats = token_stats(logits[..., :-1, :], targets, vocab_size=vocab_size, chunk_size=chunk_size)
+    return device_scores(stats, am[..., 1:] & am[..., :-1], methods, ids=targets, zlib_bytes=zlib_bytes,
+                         resources=resources)
+
+
+@lru_cache(maxsize=64)
+def _jitted(methods: tuple[str, ...]):
+    return jax.jit(lambda stats, mask, ids, zb, res: device_scores(stats, mask, methods, ids=ids, zlib_bytes=zb,
+                                                                   resources=res))
+
+
+def _pad_rows(x, rows: int, fill=0):
+    """``x`` with rows of ``fill`` appended up to ``rows`` (None stays None)."""
+    if x is None:
+        return None
+    x = np.asarray(x)
+    return np.concatenate([x, np.full((rows - len(x), *x.shape[1:]), fill, x.dtype)]) if rows > len(x) else x
+
+
+def score_batch(batch: TokenBatch, methods: Sequence[str]) -> dict[str, np.ndarray]:
+    """All requested methods for one host batch: {method: float64 [B]} (NaN for rows without tokens), from
+    ``device_scores`` jitted once per method tuple (float32; the rows padded to a power of two, so batches of
+    varying size compile a few programs). ``zlib`` reads ``batch.texts``, ``dc_pdd`` and ``camia_calibrated``
+    ``batch.ids``, ``dc_pdd`` ``batch.resources["freq_table"]`` (ids checked against it)."""
+    methods = tuple(methods)
+    need = requirements(methods)
+    if need.zlib_bytes and batch.texts is None:
+        raise UserError("'zlib' needs the texts (TokenBatch.texts)")
+    zb = np.array([text_zlib_bytes(t) for t in batch.texts], np.float32) if need.zlib_bytes else None
+    if need.ids and batch.ids is None:
+        raise UserError(f"{', '.join(m for m in methods if single_pass(m)[0].needs_ids)} need the token ids "
+                        "(TokenBatch.ids)")
+    ids = batch.ids if need.ids else None
+    arrays = resource_arrays(methods, batch.resources)
+    if need.ids and need.resources:
+        check_ids(methods, ids, batch.mask, arrays)
+    n = len(batch.mask)
+    rows = 1 << max(n - 1, 0).bit_length()
+    stats = TokenStats(*(_pad_rows(x, rows) for x in batch.stats))
+    out = _jitted(methods)(stats, _pad_rows(batch.mask, rows, False), _pad_rows(ids, rows), _pad_rows(zb, rows, 1),
+                           arrays)
+    return {m: np.asarray(v, np.float64)[:n] for m, v in out.items()}
