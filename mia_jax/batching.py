@@ -1,14 +1,21 @@
-"""Length buckets, batch planning and padding: how token-id lists become fixed-shape ``[rows, t]`` batches.
+"""Packing, length buckets, batch planning and padding: how token-id lists become fixed-shape ``[rows, t]`` batches.
+
+The scoring passes pack texts (``pack``): several texts share a row of a fixed length, each a *segment* (its own
+segment id, positions restarting at 0, attention never crossing into another segment), rows grouped into steps of
+a token budget (``--tokens-per-batch``), so a dataset of short texts runs one program (two with the last, shorter
+step) with almost no padding.
 
 Every pass over a model (the runner's scoring passes, the neighbour generators' forwards, generation) and the
 trainer's input pipeline build their batches here. Batches are padded to a fixed set of bucket lengths (four per
 octave: 16, 20, 24, 28, 32, 40, ... up to the context length) with a fixed number of rows (a bucket's last short
 batch rounded up to a power of two), so a whole dataset compiles a handful of programs, not one per length.
 The LM head's padding is here too: rows at or beyond the tokenizer's vocabulary (``real_vocab_size``).
-Plain NumPy: nothing here touches a device.
+Tokenization (``encode``: the model's tokenizer, prefixes, truncation to the context) is here too. Plain NumPy:
+nothing here touches a device.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
 import numpy as np
@@ -55,32 +62,6 @@ def batch_shapes(lengths: Sequence[int], max_length: int, batch_size: int) -> li
             for t, idx in plan_batches(lengths, bucket_lengths(max_length), batch_size)]
 
 
-def schedule(plan: Sequence[tuple[int, list[int]]], buckets: Sequence[int], batch_size: int, row_multiple: int,
-             done: Callable[[list[int]], bool], gather: Callable | None = None) -> list[tuple[int, int, list[int]]]:
-    """The steps every process runs, in the same order with the same shapes: (length, rows, this process's
-    indices, possibly none). Per bucket, as many steps as the process with the most batches there; a step's
-    rows fit the largest of the processes' batches (``batch_rows``, rounded up to ``row_multiple``). Steps
-    complete on every process (``done(indices)``, e.g. after a resume) are dropped. ``gather`` maps this
-    process's integer vector to the ``[processes, n]`` array of every process's (``sharding.allgather_ints``);
-    None: this process alone."""
-    if gather is None:
-        gather = lambda v: np.asarray(v, np.int64).reshape(1, -1)  # noqa: E731
-    mine: dict[int, list[list[int]]] = {}
-    for t, idx in plan:
-        mine.setdefault(t, []).append(idx)
-    counts = gather([sum(len(b) for b in mine.get(t, [])) for t in buckets])  # [processes, buckets]
-    steps = []
-    for j, t in enumerate(buckets):
-        n_max = int(counts[:, j].max())
-        for s in range(-(-n_max // batch_size)):
-            biggest = int(np.clip(counts[:, j] - s * batch_size, 0, batch_size).max())
-            rows = -(-batch_rows(biggest, batch_size) // row_multiple) * row_multiple
-            own = mine.get(t, [])
-            steps.append((t, rows, own[s] if s < len(own) else []))
-    finished = gather([int(not idx or done(idx)) for _, _, idx in steps]).all(axis=0)
-    return [step for step, fin in zip(steps, finished) if not fin]
-
-
 def pad_ids(seqs: Sequence[Sequence[int]], rows: int, length: int, pad: int,
             side: Literal["right", "left"] = "right") -> tuple[np.ndarray, np.ndarray]:
     """``seqs`` (token-id lists, each at most ``length`` long) as one padded batch: (ids int32 [rows, length],
@@ -103,3 +84,206 @@ def real_vocab_size(loaded) -> int:
     """Rows of the LM head at or beyond the tokenizer's vocabulary are padding (masked in the stats, never proposed
     or sampled): the real vocabulary of a LoadedModel."""
     return min(loaded.config.vocab_size, loaded.tokenizer.get_vocab_size(with_added_tokens=True))
+
+
+# ----------------------------------------------------------------------------- packing (the scoring passes)
+
+MIN_ROW = 256  # a packed row is at least this long (when the budget allows): short texts fill it with little waste
+TOKENS_PER_BATCH = {"cpu": 2048, "gpu": 32768, "tpu": 32768}  # default token budget of one step, per backend
+
+
+@dataclass
+class Step:
+    """One device step: ``rows`` rows of ``length`` token slots, at most ``segments`` texts per row.
+    ``contents[r]`` lists row r's texts as (item, first slot, token count); rows past ``len(contents)`` are
+    empty (padding). ``items`` are every text of the step in row order."""
+
+    rows: int
+    length: int
+    segments: int
+    contents: list[list[tuple[int, int, int]]] = field(default_factory=list)
+
+    @property
+    def items(self) -> list[int]:
+        return [item for row in self.contents for item, _, _ in row]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.rows, self.length, self.segments
+
+
+def row_lengths(longest: int, tokens_per_batch: int, max_length: int) -> list[int]:
+    """The candidate lengths of a packed row: every bucket from that of the longest text (at least ``MIN_ROW``
+    when the budget allows) up to the budget (and the context). Texts longer than the row get rows of their own."""
+    buckets = bucket_lengths(max_length)
+    low = bucket_of(min(max(min(longest, tokens_per_batch), min(MIN_ROW, tokens_per_batch)), max_length), buckets)
+    return [b for b in buckets if low <= b <= max(low, min(tokens_per_batch, max_length))]
+
+
+ATTENTION_WEIGHT = 16384  # a slot of a row of length t costs 1 + t / ATTENTION_WEIGHT: attention grows with t
+
+
+def _best_fit(order: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: each item (in ``order``, longest first) into the open row with the least room that
+    holds it, else a new row. Rows by remaining room, so an item looks at most ``capacity`` room sizes."""
+    rows: list[list[int]] = []
+    by_room: list[list[int]] = [[] for _ in range(capacity + 1)]  # room -> rows with exactly that much room left
+    for i in order:
+        n = lengths[i]
+        room = next((r for r in range(n, capacity + 1) if by_room[r]), None)
+        if room is None:
+            rows.append([])
+            row, room = len(rows) - 1, capacity
+        else:
+            row = by_room[room].pop()
+        rows[row].append(i)
+        by_room[room - n].append(row)
+    return rows
+
+
+def pack(lengths: Sequence[int], tokens_per_batch: int, max_length: int, *, row_multiple: int = 1,
+         packed: bool = True, longest: int | None = None, choose: Callable | None = None,
+         rows: int | None = None) -> list[Step]:
+    """The steps that score items of these token ``lengths`` (each at most ``max_length``), deterministic in
+    the lengths alone (a resumed run plans exactly what an uninterrupted one did).
+
+    ``packed``: items go into rows of one length (best-fit decreasing), ``tokens_per_batch // length`` rows per
+    step (the last step: the rows left), rows rounded up to a multiple of ``row_multiple`` (the batch shards):
+    two shapes at most, with the ``segments`` of the fullest row. The row length is the candidate
+    (``row_lengths``) with the fewest slots, each weighted by 1 + length / ``ATTENTION_WEIGHT`` (a longer row
+    packs tighter but attends further). Items longer than a row, and every item when not ``packed`` (passes
+    that need one text per row, e.g. a per-text gradient), get rows of their own of their length's bucket, as
+    many per step as the budget holds, or ``rows`` (a bucket's last step rounded up to a power of two rows,
+    ``batch_rows``). ``longest``: the row length's reference (default the longest item; the longest of every
+    process's items in a multi-process run, so that all plan the same shapes); ``choose``: the costs of the
+    candidate row lengths -> the index of the one to use (default the cheapest; a multi-process run sums every
+    process's costs)."""
+    if tokens_per_batch < 1:
+        raise ValueError(f"tokens_per_batch must be at least 1, got {tokens_per_batch}")
+    lengths = [int(n) for n in lengths]
+    if not lengths:
+        return []
+    longest = max(lengths) if longest is None else longest
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    if not packed:
+        return _plan(order, [], lengths, 0, tokens_per_batch, max_length, row_multiple, rows)
+    plans = [_plan(order, [i for i in order if lengths[i] <= row], lengths, row, tokens_per_batch, max_length,
+                   row_multiple) for row in row_lengths(longest, tokens_per_batch, max_length)]
+    costs = [sum(s.rows * s.length * (1 + s.length / ATTENTION_WEIGHT) for s in steps) for steps in plans]
+    return plans[choose(costs) if choose is not None else int(np.argmin(costs))]
+
+
+def align(steps: Sequence[Step], max_length: int, gather: Callable, done: Callable[[list[int]], bool]) -> list[Step]:
+    """The steps every process runs, in the same order with the same shapes: per length, as many steps as the
+    process with the most; step k's rows the most any process has at its step k; segments the most of any step
+    of that length. A process with fewer steps runs empty ones. Steps finished on every process (``done(items)``,
+    e.g. after a resume) are dropped. ``gather`` maps this process's integer vector to the ``[processes, n]``
+    array of every process's (``sharding.allgather_ints``)."""
+    buckets = bucket_lengths(max_length)
+    mine = {t: [s for s in steps if s.length == t] for t in buckets}
+    n_max = gather([len(mine[t]) for t in buckets]).max(axis=0)
+    slots = [(t, k) for j, t in enumerate(buckets) for k in range(int(n_max[j]))]
+    own = [mine[t][k] if k < len(mine[t]) else None for t, k in slots]
+    rows = gather([s.rows if s else 0 for s in own]).max(axis=0)
+    segments = gather([max([s.segments for s in mine[t]], default=0) for t in buckets]).max(axis=0)
+    seg_of = dict(zip(buckets, segments))
+    out = [Step(int(r), t, int(seg_of[t]), s.contents if s else []) for (t, _), r, s in zip(slots, rows, own)]
+    finished = gather([int(not s.items or done(s.items)) for s in out]).all(axis=0)
+    return [s for s, fin in zip(out, finished) if not fin]
+
+
+def _plan(order, fits, lengths, row, tokens_per_batch, max_length, row_multiple, rows=None) -> list[Step]:
+    """``pack``'s steps for one row length: ``fits`` (longest first) packed into rows of ``row`` slots, the rest
+    of ``order`` in rows of their own."""
+    chosen = set(fits)
+    rest = [i for i in order if i not in chosen]
+
+    def grouped(rows_of_items, length, segments, per_step, exact):
+        out = []
+        for s in range(0, len(rows_of_items), per_step):
+            chunk = rows_of_items[s: s + per_step]
+            n_rows = len(chunk) if exact else batch_rows(len(chunk), per_step)
+            n_rows = -(-n_rows // row_multiple) * row_multiple
+            contents = []
+            for items in chunk:
+                start, placed = 0, []
+                for i in items:
+                    placed.append((i, start, lengths[i]))
+                    start += lengths[i]
+                contents.append(placed)
+            out.append(Step(n_rows, length, segments, contents))
+        return out
+
+    steps = []
+    if fits:
+        filled = _best_fit(fits, lengths, row)
+        steps += grouped(filled, row, max(len(r) for r in filled), max(1, tokens_per_batch // row), True)
+    buckets = bucket_lengths(max_length)
+    by_bucket: dict[int, list[int]] = {}
+    for i in reversed(rest):  # shortest first within a bucket, as plan_batches
+        by_bucket.setdefault(bucket_of(lengths[i], buckets), []).append(i)
+    for t, items in sorted(by_bucket.items()):
+        steps += grouped([[i] for i in items], t, 1, rows or max(1, tokens_per_batch // t), False)
+    return steps
+
+
+def packed_arrays(step: Step, ids: Sequence[Sequence[int]], pad: int) -> dict[str, np.ndarray]:
+    """A step's host arrays: ``ids`` int32 [rows, length] (``pad`` in empty slots), ``segment_ids`` int32 [rows,
+    length] (1, 2, ... per text in its row, 0 on padding), ``starts`` / ``spans`` int32 [rows, segments] (each
+    text's first prediction slot and number of predictions: a text of n tokens at slot p has its predictions of
+    tokens p+1 .. p+n-1 at slots p .. p+n-2 of the shifted [rows, length - 1] statistics; 0 / 0 for no text).
+    ``ids[k]`` are the token ids of item k (a mapping or list indexed by item)."""
+    out = {"ids": np.full((step.rows, step.length), pad, np.int32),
+           "segment_ids": np.zeros((step.rows, step.length), np.int32),
+           "starts": np.zeros((step.rows, step.segments), np.int32),
+           "spans": np.zeros((step.rows, step.segments), np.int32)}
+    for r, row in enumerate(step.contents):
+        for s, (item, start, n) in enumerate(row):
+            out["ids"][r, start: start + n] = ids[item]
+            out["segment_ids"][r, start: start + n] = s + 1
+            out["starts"][r, s] = start
+            out["spans"][r, s] = n - 1
+    return out
+
+
+# ----------------------------------------------------------------------------- tokenization
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    truncated: bool
+    n_context: int = 0  # leading tokens of a prefix: read as context, never scored
+
+
+def encode(loaded, texts: Sequence[str], prefixes: Sequence[str] | None = None) -> list[Encoded]:
+    """Token ids as the model's tokenizer gives them by default, cut to the context length.
+
+    With ``prefixes``: each text read after its prefix, tokenized apart and joined (the prefix's ids, then the
+    text's without the BOS the tokenizer may add), so the text's own tokens are the ones it has alone; the prefix
+    tokens are context (``n_context``), its last one predicts the text's first token. When the two do not fit the
+    context, the prefix loses tokens from its start (``truncated``); a text that alone exceeds it is cut as
+    without a prefix and read with no context."""
+    texts = list(texts)
+    out = []
+    if prefixes is None:
+        for enc in loaded.tokenizer.encode_batch(texts):
+            ids = enc.ids
+            out.append(Encoded(ids[: loaded.max_length], len(ids) > loaded.max_length))
+        return out
+    if len(prefixes) != len(texts):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts")
+    bos = loaded.bos_token_id if loaded.add_bos else None
+    for enc, pre in zip(loaded.tokenizer.encode_batch(texts), loaded.tokenizer.encode_batch(list(prefixes))):
+        ids, ctx = enc.ids, pre.ids
+        if bos is not None and ids[:1] == [bos]:
+            ids = ids[1:]
+        room = loaded.max_length - len(ids)
+        if room <= 0:
+            out.append(Encoded(enc.ids[: loaded.max_length], True))
+            continue
+        n_keep = min(room, len(ctx))
+        lead = 1 if n_keep < len(ctx) and bos is not None and ctx[:1] == [bos] else 0  # a cut prefix keeps its BOS
+        keep = ctx[:lead] + ctx[len(ctx) - (n_keep - lead):]
+        out.append(Encoded(keep + ids, len(keep) < len(ctx), len(keep)))
+    return out

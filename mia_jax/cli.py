@@ -13,6 +13,7 @@ from pathlib import Path
 from mia_jax import blind, dataset_inference, freq, resources, rundir
 from mia_jax.audits import books, concat, unlearning
 from mia_jax.errors import UserError
+from mia_jax.batching import MIN_BUCKET, TOKENS_PER_BATCH
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
 
@@ -28,7 +29,9 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
                    help="neighbours per text for the 'neighbor' method (default: 10; Mattern et al. use 25)")
     p.add_argument("--neighbor-seed", type=int, default=0, help="seed of the neighbour generator (default: 0)")
     resources.add_options(p)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="parameter and forward dtype; the statistics are float32 either way (default: bfloat16 on "
+                        "GPU and TPU, float32 on CPU)")
     _allow_download(p)
     src = p.add_mutually_exclusive_group(required=not labeled)
     src.add_argument("--data", help="a .jsonl / .csv / .tsv / .parquet file")
@@ -50,8 +53,15 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
                    help="scorers; a bare min_k / max_k / min_k_pp expands to one method per --k "
                         f"(default: {' '.join(DEFAULT_METHODS)})")
     p.add_argument("--k", nargs="+", type=float, default=list(DEFAULT_K), help="fractions for Min-K%% methods")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--tokens-per-batch", type=int,
+                   help="token slots of one scoring step: texts are packed into rows of this budget (default: "
+                        f"{TOKENS_PER_BATCH['cpu']} on CPU, {TOKENS_PER_BATCH['gpu']} on GPU and TPU)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="texts per step of the passes that read one text per row (gradnorm, generated neighbours)")
     p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--compilation-cache", metavar="DIR|off",
+                   help="JAX's persistent compilation cache (default: $MIA_JAX_COMPILATION_CACHE or "
+                        "~/.cache/mia_jax/jax; 'off' turns it off)")
     p.add_argument("--mesh", metavar="SPEC",
                    help="shard the model and the batches over a device mesh: comma-separated axis=size over the axes "
                         "data, fsdp, model (e.g. data=4,model=2; an axis left out is 1, except data, which takes the "
@@ -148,6 +158,7 @@ NOT_IN_FINGERPRINT = {
     "out": "the folder itself",
     "overwrite": "decides what happens to the folder, not what a record holds",
     "no_progress": "display only",
+    "compilation_cache": "where compiled programs are kept: the same program either way",
     **resources.NOT_IN_FINGERPRINT,
 }
 
@@ -159,7 +170,8 @@ def _fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh,
     return runner.run_fingerprint(
         loaded, ds.texts, ds.labels, methods, ref=ref, neighbors=generator, data_files=ds.files, labeled=labeled,
         encoding=args.encoding, text_field=args.text_field, label_field=args.label_field if labeled else None,
-        limit=args.limit, batch_size=args.batch_size, chunk_size=args.chunk_size, dtype=args.dtype,
+        limit=args.limit, batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch,
+        chunk_size=args.chunk_size, dtype=args.dtype,
         mesh=sharding.mesh_str(mesh) if mesh is not None else None, **res.fingerprint)
 
 
@@ -204,13 +216,17 @@ def _neighbor_meta(generator, records) -> dict:
 def run(args, labeled: bool) -> Path:
     import jax
 
-    from mia_jax import models, sharding
+    from mia_jax import compilation, models, runner, sharding
 
     sharding.initialize_distributed(args.distributed)  # before anything touches a device
     if args.out:
         rundir.check_path(args.out)
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.tokens_per_batch is not None and args.tokens_per_batch < MIN_BUCKET:
+        raise UserError(f"--tokens-per-batch must be at least {MIN_BUCKET}, got {args.tokens_per_batch}")
+    if args.chunk_size < 1:
+        raise UserError(f"--chunk-size must be at least 1, got {args.chunk_size}")
     blind_asked = blind.NAME in args.methods
     methods = expand_methods([m for m in args.methods if m != blind.NAME], args.k)  # validate before loading
     if not methods:
@@ -225,6 +241,9 @@ def run(args, labeled: bool) -> Path:
     mesh = sharding.make_mesh(args.mesh) if args.mesh or jax.process_count() > 1 else None
     if jax.process_count() > 1 and "neighbor" in methods:
         raise UserError("the 'neighbor' method is not supported on several processes yet; run it on one host")
+    compilation.enable(args.compilation_cache)
+    args.dtype = args.dtype or runner.default_dtype()
+    args.tokens_per_batch = args.tokens_per_batch or runner.default_tokens_per_batch()
     load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa: E731
     loaded = load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer, allow_download=args.allow_download)
     ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
@@ -295,19 +314,30 @@ def _tied_with_best(labels, scores, summary, methods, args) -> set:
     return metrics.tied_with_best(entry)
 
 
+def _compile_meta(count: dict) -> dict:
+    """run.json's "compile": the scoring programs the run needed (built or read from the persistent cache), the
+    seconds they took, how many came from the cache, and the cache folder."""
+    from mia_jax import compilation
+
+    return {"scoring_programs": count["programs"], "seconds": count["seconds"], "cache_hits": count["cache_hits"],
+            "compiled": count["compiled"], "cache_dir": str(compilation.enable()) if compilation.enable() else None}
+
+
 def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
                       compare=(), res=None) -> None:
     import jax
 
-    from mia_jax import __version__, data, metrics, report, runner, sharding
+    from mia_jax import __version__, compilation, data, metrics, report, runner, sharding
 
     print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
           file=sys.stderr)
     t0 = time.perf_counter()
     passes: dict = {}
     res = res or resources.Resources()
+    compiled = compilation.CompileCount("score_step")
     records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=generator, labels=ds.labels,
-                                   out_dir=out, resume=resume, batch_size=args.batch_size, chunk_size=args.chunk_size,
+                                   out_dir=out, resume=resume, batch_size=args.batch_size,
+                                   tokens_per_batch=args.tokens_per_batch, chunk_size=args.chunk_size,
                                    progress=not args.no_progress, mesh=mesh, report=passes,
                                    pass_options=res.pass_options, resources=res.resources, **res.score_options)
     seconds = time.perf_counter() - t0
@@ -343,12 +373,19 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
         "n_truncated": sum(1 for r in records if r.get("truncated")),
         "duplicates": data.duplicate_report(ds.texts, ds.labels),
         "passes": passes,
+        "compile": _compile_meta(compiled.stop()),
+        "packing": {"slots": sum(p.get("slots", 0) for p in passes.values()),
+                    "tokens": sum(p.get("tokens", 0) for p in passes.values())},
         "seconds": round(seconds, 2),
         "tokens_per_second": round(n_tokens / seconds, 1) if seconds > 0 else None,
     }
     counts = _count_lines(meta, loaded.max_length)
     print(f"scored {len(records) - len(skipped)} texts ({n_tokens} tokens) in {seconds:.1f} s; "
           f"skipped {len(skipped)}", file=sys.stderr)
+    c, pk = meta["compile"], meta["packing"]
+    pad = 1 - pk["tokens"] / pk["slots"] if pk["slots"] else 0.0
+    print(f"scoring programs: {c['scoring_programs']} ({c['compiled']} compiled, {c['cache_hits']} from the cache, "
+          f"{c['seconds']:.1f} s); padding {pad:.1%} of {pk['slots']} token slots", file=sys.stderr)
     if not labeled:  # a labeled eval prints them under its table
         for line in counts:
             print(line, file=sys.stderr)

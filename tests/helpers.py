@@ -57,10 +57,11 @@ def write_tiny_llama(path, seed: int = 0, tie: bool = True, **overrides) -> None
 
 @contextlib.contextmanager
 def ctrl_c_at_batch(n: int):
-    """Within the block, the runner's ``n``-th scored batch raises KeyboardInterrupt (as Ctrl-C does there)."""
-    from mia_jax import runner
+    """Within the block, the runner's ``n``-th scored batch raises KeyboardInterrupt (as Ctrl-C does there), before
+    its records are saved."""
+    from mia_jax.records import Sink
 
-    real, calls = runner.score_batch, []
+    real, calls = Sink.add, []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -68,11 +69,11 @@ def ctrl_c_at_batch(n: int):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    runner.score_batch = interrupted
+    Sink.add = interrupted
     try:
         yield
     finally:
-        runner.score_batch = real
+        Sink.add = real
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}

@@ -23,23 +23,32 @@ def test_short_batches_round_up_to_powers_of_two():
     assert [batching.batch_rows(n, 6) for n in (1, 3, 5, 6)] == [1, 4, 6, 6]
 
 
-def test_schedule_pads_rows_to_the_batch_shards():
-    steps = batching.schedule([(16, [0, 1, 2]), (16, [3]), (32, [4, 5])], [16, 32], 3, 4, lambda idx: False)
-    assert steps == [(16, 4, [0, 1, 2]), (16, 4, [3]), (32, 4, [4, 5])]
-    steps = batching.schedule([(16, [0, 1, 2]), (16, [3])], [16, 32], 3, 1, lambda idx: idx == [0, 1, 2])
-    assert steps == [(16, 1, [3])]  # a finished batch is not run again
+def one_process(v):
+    return np.asarray(v, np.int64).reshape(1, -1)
 
 
-def test_schedule_keeps_the_processes_in_step():
-    """Another process has two texts in bucket 16 where this one has one: this one runs a second step with no
-    texts of its own (same shapes on every process), and a step stays while any process has it unfinished."""
-    answers = iter([[2, 0], [0, 0]])  # the other process: its counts per bucket, then its finished flags per step
+def test_align_drops_finished_steps():
+    steps = batching.pack([5, 6, 7, 30], 16, 64, packed=False)
+    assert batching.align(steps, 64, one_process, lambda idx: False) == steps
+    finished = set(steps[0].items)
+    kept = batching.align(steps, 64, one_process, lambda idx: set(idx) <= finished)
+    assert kept == steps[1:]  # a finished step is not run again
+
+
+def test_align_keeps_the_processes_in_step():
+    """Another process has two steps of length 16 where this one has one, with more rows and segments: this one
+    runs a second step with no texts of its own, every step takes the larger shape, and a step stays while any
+    process has it unfinished."""
+    mine = [batching.Step(2, 16, 1, [[(0, 0, 5)]])]
+    answers = iter([[2, 0, 0, 0, 0, 0], [4, 2], [3, 0, 0, 0, 0, 0], [0, 0]])  # the other: steps per length,
+    # rows per step, segments per length, finished flags (lengths: bucket_lengths(40), six of them)
 
     def gather(v):
         return np.stack([np.asarray(v, np.int64), np.asarray(next(answers), np.int64)])
 
-    steps = batching.schedule([(16, [0])], [16, 32], 1, 1, lambda idx: True, gather)
-    assert steps == [(16, 1, [0]), (16, 1, [])]
+    steps = batching.align(mine, 40, gather, lambda idx: True)
+    assert [s.shape for s in steps] == [(4, 16, 3), (2, 16, 3)]
+    assert steps[0].contents == [[(0, 0, 5)]] and steps[1].contents == []
 
 
 def test_batch_shapes_follow_the_plan():

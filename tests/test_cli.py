@@ -9,7 +9,7 @@ import pytest
 from helpers import ctrl_c_at_batch
 from sklearn.metrics import roc_auc_score
 
-from mia_jax import blind, metrics, models
+from mia_jax import batching, blind, metrics, models
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 
@@ -91,35 +91,41 @@ def run_error(argv, capsys):
 
 
 def test_readme_example_runs():
-    """The README's library examples are executed as written: the host path, then device_scores inside jit (which
-    reuses the first block's names)."""
+    """The README's library examples are executed as written: ``mia_jax.score`` on SmolLM2, ``scores_from_logits``
+    inside jit, then a formula's gradient (which reuses the second block's names)."""
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    assert len(blocks) >= 2 and "device_scores" in blocks[1], "README lost its python examples"
+    assert len(blocks) >= 3 and "mia_jax.score(" in blocks[0] and "scores_from_logits" in blocks[1], \
+        "README lost its python examples"
     names: dict = {}
-    for block in blocks[:2]:
+    for block in blocks[:3]:
         exec(compile(block, "README.md", "exec"), names)
+    assert set(names["scores"]) == {"loss", "min_k@0.2", "min_k_pp@0.2"} and names["scores"]["loss"].shape == (2,)
 
 
 def test_interrupted_run_resumes_and_another_job_is_refused(tiny_llama_dir, labeled, tmp_path, capsys,
                                                              monkeypatch):
     rows = [json.loads(line) for line in labeled.read_text().splitlines()]
     data = write_jsonl(tmp_path / "data.jsonl", [dict(r, text=r["input"][::-1], flipped=1 - r["label"]) for r in rows])
-    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(data), "--methods", "loss", "--batch-size", "4",
-            "--n-bootstrap", "20", "--no-progress"]
+    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(data), "--methods", "loss", "--tokens-per-batch",
+            "64", "--n-bootstrap", "20", "--no-progress"]
+    tiny = models.load(str(tiny_llama_dir))
+    steps = batching.pack([len(e.ids) for e in batching.encode(tiny, [r["input"] for r in rows[:20]])], 64,
+                          tiny.max_length)
+    first_two = len(steps[0].items) + len(steps[1].items)
     assert main(argv + ["--out", str(tmp_path / "full")]) == 0
     out = tmp_path / "run"
     capsys.readouterr()
-    with ctrl_c_at_batch(3):  # Ctrl-C while the third batch is being scored
+    with ctrl_c_at_batch(3):  # Ctrl-C while the third step is being scored
         assert main(argv + ["--out", str(out)]) == 130
     assert "run the same command again to resume" in capsys.readouterr().err
     assert not (out / "results.jsonl").exists()
     kept = len((out / "passes" / "main.jsonl").read_text().splitlines())
-    assert kept == 1 + 2 * 4  # the skipped text and two finished batches
+    assert kept == 1 + first_two  # the skipped text and two finished steps
     assert main(argv + ["--out", str(out)]) == 0
     assert "resuming the run" in capsys.readouterr().err
     passes = json.loads((out / "run.json").read_text())["passes"]
-    assert passes["main"]["reused"] == 8 and passes["main"]["computed"] == 20 - 8
+    assert passes["main"]["reused"] == first_two and passes["main"]["computed"] == 20 - first_two
     assert (out / "results.jsonl").read_bytes() == (tmp_path / "full" / "results.jsonl").read_bytes()
 
     # the same file by a relative path is the same run; another text field, label field or method is not
@@ -142,8 +148,8 @@ def test_every_option_is_fingerprinted_or_explained():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     for name in ("eval", "score"):
         dests = {a.dest for a in sub.choices[name]._actions if a.dest != "help"}
-        in_fingerprint = {"encoding", "text_field", "label_field", "limit", "batch_size", "chunk_size", "dtype",
-                          "mesh", "methods"}
+        in_fingerprint = {"encoding", "text_field", "label_field", "limit", "batch_size", "tokens_per_batch",
+                          "chunk_size", "dtype", "mesh", "methods"}
         assert dests - in_fingerprint - set(NOT_IN_FINGERPRINT) == set(), name
 
 

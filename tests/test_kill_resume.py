@@ -8,7 +8,7 @@ import signal
 import pytest
 from helpers import complete_records, interrupt_when, start
 
-from mia_jax import batching, models, runner
+from mia_jax import batching, models
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 
@@ -21,18 +21,18 @@ def data(tmp_path_factory):
     return path, len(ds), [t.lower() for t in ds.texts]
 
 
-def unfinished_batches(model_dir, texts, done: set, batch_size: int = 2) -> int:
-    """Batches of the runner's plan for ``texts`` that hold a text not in ``done``: what a resume must compute."""
+def unfinished_batches(model_dir, texts, done: set, tokens_per_batch: int = 128) -> int:
+    """Steps of the runner's plan for ``texts`` that hold a text not in ``done``: what a resume must compute."""
     loaded = models.load(str(model_dir))
-    lengths = [len(e.ids) for e in runner.encode(loaded, texts)]
-    plan = batching.plan_batches(lengths, batching.bucket_lengths(loaded.max_length), batch_size)
-    return sum(1 for _, idx in plan if not set(idx) <= done)
+    lengths = [len(e.ids) for e in batching.encode(loaded, texts)]
+    steps = batching.pack(lengths, tokens_per_batch, loaded.max_length)
+    return sum(1 for s in steps if not set(s.items) <= done)
 
 
 def test_eval_killed_then_interrupted_resumes_without_recomputing(tiny_llama_dir, data, tmp_path, capsys):
     path, n, lowered = data
     args = ["eval", "--model", str(tiny_llama_dir), "--data", str(path), "--methods", "loss", "zlib", "lowercase",
-            "--batch-size", "2", "--n-bootstrap", "10", "--no-progress", "--no-blind"]
+            "--tokens-per-batch", "128", "--n-bootstrap", "10", "--no-progress", "--no-blind"]
     reference = tmp_path / "reference"
     assert main(args + ["--out", str(reference)]) == 0
 
@@ -60,7 +60,8 @@ def test_eval_killed_then_interrupted_resumes_without_recomputing(tiny_llama_dir
     capsys.readouterr()
     assert main(args + ["--out", str(out)]) == 0
     passes = json.loads((out / "run.json").read_text())["passes"]
-    assert passes["main"] == {"texts": n, "reused": n, "computed": 0, "batches_computed": 0, "skipped": 0}
+    assert passes["main"] == {"texts": n, "reused": n, "computed": 0, "batches_computed": 0, "skipped": 0,
+                              "slots": 0, "tokens": 0, "scoring_programs": 0}
     assert passes["lowercase"]["reused"] == done_lower and passes["lowercase"]["computed"] == n - done_lower
     assert passes["lowercase"]["batches_computed"] == unfinished_batches(tiny_llama_dir, lowered, done_lower_idx)
     for name in ("results.jsonl", "passes/main.jsonl", "passes/lowercase.jsonl", "summary.json"):

@@ -129,16 +129,16 @@ def test_neighbor_score_is_the_loss_difference(tiny, self_gen, tmp_path):
 def test_neighbor_pass_interrupted_resumes_from_its_finished_batches(tiny, self_gen, tmp_path):
     counts = {}
     full = runner.score_dataset(tiny, TEXTS, ["loss", "neighbor"], neighbors=self_gen, out_dir=tmp_path / "full",
-                                batch_size=2, progress=False, report=counts)
-    # Ctrl-C in the neighbour pass, after the main pass and two neighbour batches
+                                tokens_per_batch=16, progress=False, report=counts)
+    # Ctrl-C in the neighbour pass, after the main pass and two neighbour steps
     with ctrl_c_at_batch(counts["main"]["batches_computed"] + 3), pytest.raises(KeyboardInterrupt):
         runner.score_dataset(tiny, TEXTS, ["loss", "neighbor"], neighbors=self_gen, out_dir=tmp_path / "run",
-                             batch_size=2, progress=False)
+                             tokens_per_batch=16, progress=False)
     kept = len((tmp_path / "run" / "passes" / "neighbor.jsonl").read_text().splitlines())
-    assert 2 <= kept <= 4
+    assert 2 <= kept < sum(r["n_neighbors"] for r in full)
     report = {}
     again = runner.score_dataset(tiny, TEXTS, ["loss", "neighbor"], neighbors=self_gen, out_dir=tmp_path / "run",
-                                 batch_size=2, resume=True, progress=False, report=report)
+                                 tokens_per_batch=16, resume=True, progress=False, report=report)
     n_neighbours = sum(r["n_neighbors"] for r in full)
     assert report["main"]["reused"] == len(TEXTS) and report["main"]["computed"] == 0
     assert report["neighbor"]["reused"] == kept and report["neighbor"]["computed"] == n_neighbours - kept

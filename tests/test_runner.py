@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from reference import ref_token_arrays, reference_scores
 
-from mia_jax import models, runner
+from mia_jax import batching, models, runner
+from mia_jax.records import Sink
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 
@@ -68,32 +69,36 @@ def test_one_compilation_per_shape(tiny):
 def test_killed_and_resumed_run_is_byte_identical(tiny, tmp_path, monkeypatch):
     texts = wikimia(32).texts[:30] + [""]
     labels = list(range(2)) * 15 + [1]
+    kw = dict(labels=labels, tokens_per_batch=128, progress=False)
     full = tmp_path / "full.jsonl"
-    runner.score_texts(tiny, texts, METHODS, labels=labels, batch_size=4, out_path=full, progress=False)
+    runner.score_texts(tiny, texts, METHODS, out_path=full, **kw)
+    steps = batching.pack([len(e.ids) for e in batching.encode(tiny, texts[:30])], 128, tiny.max_length)
+    assert len(steps) >= 6
 
     part = tmp_path / "part.jsonl"
-    real_score_batch, calls = runner.score_batch, []
+    real_add, calls = Sink.add, []
 
-    def dying_score_batch(*a, **k):  # the process dies while computing the 4th batch
+    def dying_add(*a, **k):  # the process dies while computing the 4th step, before its records are saved
         calls.append(1)
         if len(calls) == 4:
             raise KeyboardInterrupt
-        return real_score_batch(*a, **k)
+        return real_add(*a, **k)
 
-    monkeypatch.setattr(runner, "score_batch", dying_score_batch)
+    monkeypatch.setattr(Sink, "add", dying_add)
     with pytest.raises(KeyboardInterrupt):
-        runner.score_texts(tiny, texts, METHODS, labels=labels, batch_size=4, out_path=part, progress=False)
-    monkeypatch.setattr(runner, "score_batch", real_score_batch)
+        runner.score_texts(tiny, texts, METHODS, out_path=part, **kw)
+    monkeypatch.setattr(Sink, "add", real_add)
     lines = part.read_text().splitlines()
-    assert len(lines) == 1 + 3 * 4  # the skipped text and three finished batches
+    assert len(lines) == 1 + sum(len(s.items) for s in steps[:3])  # the skipped text and three finished steps
     with open(part, "a") as f:
         f.write(lines[-1][:25])  # and a torn write, as a kill mid-line leaves it
 
     computed = []
-    monkeypatch.setattr(runner, "score_batch", lambda *a, **k: computed.append(1) or real_score_batch(*a, **k))
-    runner.score_texts(tiny, texts, METHODS, labels=labels, batch_size=4, out_path=part, resume=True,
-                       progress=False)
-    assert len(computed) == 8 - 3  # only the unfinished batches ran again
+    monkeypatch.setattr(Sink, "add", lambda *a, **k: computed.append(1) or real_add(*a, **k))
+    report = {}
+    runner.score_texts(tiny, texts, METHODS, out_path=part, resume=True, report=report, **kw)
+    assert len(computed) == report["batches_computed"] == len(steps) - 3  # only the unfinished steps ran again
+    assert report["reused"] == sum(len(s.items) for s in steps[:3])
     assert part.read_bytes() == full.read_bytes()
 
 

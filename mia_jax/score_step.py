@@ -1,0 +1,123 @@
+"""The device step of every scoring pass: packed token ids in, per-text scores out, one jitted program per shape.
+
+``make_score_step(loaded, methods, ...)`` returns ``step(state, batch) -> {"scores": {method: [rows, segments]},
+"tokens": TokenStats [rows, segments, length - 1] (only with ``tokens=True``)}``, where ``batch`` is
+``batching.packed_arrays`` of a ``batching.Step`` plus ``mask`` (bool [rows, length - 1]: which shifted
+positions are scored predictions), ``zlib_bytes`` (float32 [rows, segments]) and the methods' resource arrays.
+Inside one ``jax.jit`` (named ``score_step``, so ``compilation.CompileCount("score_step")`` counts its programs):
+
+1. the model's forward over the packed rows (``hidden_states(ids, segment_ids=...)``: positions restart at every
+   text, attention never crosses a text boundary), in the parameters' dtype (bfloat16 on accelerators);
+2. the float32 statistics of every shifted position, vocabulary-chunked (``stats.token_stats_from_hidden``; with a
+   mesh, ``token_stats_from_hidden_sharded``: the vocabulary split over the model axis);
+3. each text's statistics gathered out of its row into ``[rows, segments, length - 1]`` (its first prediction at
+   column 0, as if the text had been scored alone: the formulas that read positions, e.g. CAMIA's first 200
+   tokens or Gap-K%'s consecutive windows, see the same layout);
+4. every method's one formula (``scorers.device_scores``) on those, so only ``[rows, segments]`` floats per method
+   leave the device, unless a caller asks for the per-token statistics (windowed detection).
+"""
+from __future__ import annotations
+
+import weakref
+from functools import partial
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mia_jax import sharding as shd
+from mia_jax.batching import real_vocab_size
+from mia_jax.scorers import device_scores
+from mia_jax.stats import DEFAULT_CHUNK, TokenStats, token_stats_from_hidden, token_stats_from_hidden_sharded
+
+
+def gather_segments(x, starts, spans):
+    """[rows, T] per-position values -> [rows, segments, T]: segment s of row r is ``x[r, starts[r, s] + j]``
+    for j < ``spans[r, s]`` (zero past it); and the bool ``[rows, segments, T]`` of those j."""
+    t = x.shape[-1]
+    j = jnp.arange(t)
+    valid = j < spans[..., None]
+    pos = jnp.clip(starts[..., None] + j, 0, t - 1)
+    out = jnp.take_along_axis(x[:, None, :], pos, axis=-1)
+    return jnp.where(valid, out, jnp.zeros((), x.dtype)), valid
+
+
+def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int = DEFAULT_CHUNK, mesh=None,
+                    tokens: bool = False):
+    """The jitted ``step(state, batch)`` of a scoring pass (see the module docstring); ``methods`` single-pass."""
+    graphdef = nnx.split(loaded.model)[0]
+    vocab = real_vocab_size(loaded)
+    methods = tuple(methods)
+
+    def stats_of(model, ids, segment_ids):
+        hidden = model.hidden_states(ids, segment_ids=segment_ids)
+        if mesh is None:
+            return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:], vocab_size=vocab,
+                                           chunk_size=chunk_size)
+        hidden = jax.lax.with_sharding_constraint(hidden, shd.batch_sharding(mesh, 3))
+        return token_stats_from_hidden_sharded(hidden[:, :-1], model.unembedding(), ids[:, 1:], mesh=mesh,
+                                               vocab_size=vocab, chunk_size=chunk_size, vocab_axis=shd.VOCAB_AXIS,
+                                               batch_axes=shd.BATCH_AXES)
+
+    def score_step(state, batch):
+        model = nnx.merge(graphdef, state if mesh is None else shd.gathered_for_lookup(state, mesh))
+        ids, starts, spans = batch["ids"], batch["starts"], batch["spans"]
+        stats = stats_of(model, ids, batch["segment_ids"])
+        rows, segments = starts.shape
+        per_text = TokenStats(*(gather_segments(x, starts, spans)[0] for x in stats))
+        targets, _ = gather_segments(ids[:, 1:], starts, spans)
+        mask, _ = gather_segments(batch["mask"], starts, spans)
+        flat = lambda x: x.reshape(rows * segments, *x.shape[2:])  # noqa: E731
+        scores = device_scores(TokenStats(*map(flat, per_text)), flat(mask), methods, ids=flat(targets),
+                               zlib_bytes=flat(batch["zlib_bytes"]), resources=batch.get("resources"))
+        out = {"scores": {m: v.reshape(rows, segments) for m, v in scores.items()}}
+        if tokens:
+            out["tokens"] = per_text
+        return out
+
+    return jax.jit(score_step)
+
+
+# ----------------------------------------------------------------------------- statistics alone (no scores)
+
+
+def make_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK, mesh=None):
+    """A jitted ``(state, ids [B, T]) -> TokenStats [B, T-1]``: the forward pass fused with the statistics.
+    With ``mesh``: ids and outputs are batch-sharded and the statistics run per vocabulary shard."""
+    return _stats_fn(nnx.split(loaded.model)[0], real_vocab_size(loaded), chunk_size, mesh)
+
+
+_SHARED: "weakref.WeakKeyDictionary[nnx.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def shared_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK, mesh=None):
+    """``make_stats_fn`` made once per (model, vocabulary, chunk size, mesh) and reused by every pass over the
+    same model (main, lowercase, neighbour texts), so a bucket shape compiles once per model, not once per pass."""
+    vocab = real_vocab_size(loaded)
+    fns = _SHARED.setdefault(loaded.model, {})
+    if (vocab, chunk_size, mesh) not in fns:
+        fns[vocab, chunk_size, mesh] = make_stats_fn(loaded, chunk_size, mesh)
+    return fns[vocab, chunk_size, mesh]
+
+
+def _stats_fn(graphdef, vocab: int, chunk_size: int, mesh=None):
+    if mesh is None:
+        @jax.jit
+        def fn(state, ids):
+            model = nnx.merge(graphdef, state)
+            hidden = model.hidden_states(ids)
+            return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:],
+                                           vocab_size=vocab, chunk_size=chunk_size)
+
+        return fn
+
+    @partial(jax.jit, out_shardings=shd.batch_sharding(mesh, 2))
+    def sharded_fn(state, ids):
+        model = nnx.merge(graphdef, shd.gathered_for_lookup(state, mesh))
+        hidden = jax.lax.with_sharding_constraint(model.hidden_states(ids), shd.batch_sharding(mesh, 3))
+        return token_stats_from_hidden_sharded(hidden[:, :-1], model.unembedding(), ids[:, 1:], mesh=mesh,
+                                               vocab_size=vocab, chunk_size=chunk_size, vocab_axis=shd.VOCAB_AXIS,
+                                               batch_axes=shd.BATCH_AXES)
+
+    return sharded_fn

@@ -1,0 +1,90 @@
+"""The published per-example approach as one command, end to end: load the model into transformers + torch, then one
+text per forward pass, full ``log_softmax``, Min-K% / Min-K%++ / loss in NumPy per text (the Min-K%++ authors'
+``run.py`` loop; ``benchmark.py``'s approach (c)). The anchor that ``mia-jax eval`` is timed against as a whole
+command (``farm-bench --vs``, BENCHMARKS.md), and the reference its scores are compared with::
+
+    python scripts/published_loop.py --model smollm2 --length 32 --out /tmp/published.jsonl
+    python scripts/published_loop.py --compare /tmp/published.jsonl runs/wikimia-32-smollm2/results.jsonl
+
+Needs torch and transformers (the test extra). The count of the k% lowest is the toolkit's exact max(1, floor(k n))
+(the authors' ``int(n * k)`` differs from it for a few lengths), so the two sides compute the same quantity.
+``--compare A B`` prints, per method, how many texts agree within 1e-3 (absolute) and the largest difference.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import bench_tools
+from benchmark import METHODS, per_text, transformers_model
+
+
+def run(args) -> None:
+    import torch
+
+    from mia_jax import models
+    from mia_jax.batching import encode, real_vocab_size
+    from mia_jax.data import wikimia
+
+    t0 = time.perf_counter()
+    loaded = models.load(args.model)
+    model = transformers_model(loaded)
+    texts = wikimia(args.length).texts[: args.limit]
+    encoded = encode(loaded, texts)
+    vocab = real_vocab_size(loaded)
+    F = torch.nn.functional
+
+    @torch.no_grad()
+    def arrays(ids):
+        ids = torch.tensor([ids])
+        logits = model(ids).logits[0, :-1, :vocab].float()
+        log_probs = F.log_softmax(logits, dim=-1)
+        probs = F.softmax(logits, dim=-1)
+        lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
+        mu = (probs * log_probs).sum(-1)
+        var = (probs * torch.square(log_probs)).sum(-1) - torch.square(mu)
+        return lp.double().numpy(), mu.double().numpy(), var.double().numpy()
+
+    scores = per_text(encoded, arrays)
+    Path(args.out).write_text("".join(json.dumps({"index": i, "scores": s}) + "\n" for i, s in enumerate(scores)))
+    print(f"published loop: {len(texts)} texts, {sum(len(e.ids) for e in encoded)} tokens in "
+          f"{time.perf_counter() - t0:.1f} s (torch {torch.__version__}, {torch.get_num_threads()} threads); "
+          f"wrote {args.out}", file=sys.stderr)
+
+
+def compare(a: str, b: str) -> None:
+    def read(path):
+        return [json.loads(line)["scores"] for line in Path(path).read_text().splitlines()]
+
+    ra, rb = read(a), read(b)
+    if len(ra) != len(rb):
+        sys.exit(f"{a} has {len(ra)} records, {b} {len(rb)}")
+    for m in METHODS:
+        x = np.array([np.nan if r is None or r.get(m) is None else r[m] for r in ra], float)
+        y = np.array([np.nan if r is None or r.get(m) is None else r[m] for r in rb], float)
+        diff = np.abs(x - y)
+        print(f"{m}: {int(np.sum(diff <= 1e-3))}/{len(x)} within 1e-3, largest difference {np.nanmax(diff):.2e}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--length", type=int, default=32)
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--out", default="published.jsonl")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two results files to compare (no model run)")
+    args = ap.parse_args()
+    if args.compare:
+        compare(*args.compare)
+        return
+    os.environ.update(bench_tools.torch_env({}, "PASSIVE"))  # as benchmark.py's torch worker, before torch loads
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

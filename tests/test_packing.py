@@ -1,0 +1,133 @@
+"""Packing texts into rows of a token budget (batching.pack), the packed scoring step (runner / score_step) and the
+persistent compilation cache (compilation): packed scores equal each text scored alone, a text's scores do not
+depend on what shares its row, a dataset compiles at most two programs, and a second run compiles none."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mia_jax import batching, models, runner
+from mia_jax.data import wikimia
+
+METHODS = ["loss", "ppl", "zlib", "min_k@0.2", "max_k@0.2", "min_k_pp@0.2", "entropy", "rank", "gap_k@0.2",
+           "camia_slope", "camia_count_1"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    return models.load(str(tiny_llama_dir))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(2, 300), min_size=1, max_size=80), st.sampled_from([16, 100, 256, 1024, 4096]),
+       st.sampled_from([1, 2, 4]))
+def test_pack_places_every_item_once_in_at_most_two_shapes(lengths, budget, row_multiple):
+    max_length = 300
+    steps = batching.pack(lengths, budget, max_length, row_multiple=row_multiple)
+    assert steps == batching.pack(lengths, budget, max_length, row_multiple=row_multiple)  # a function of the lengths
+    placed = [item for s in steps for item in s.items]
+    assert sorted(placed) == list(range(len(lengths)))
+    for s in steps:
+        assert s.rows % row_multiple == 0 and len(s.contents) <= s.rows
+        for row in s.contents:
+            assert len(row) <= s.segments
+            ends = 0
+            for item, start, n in row:  # contiguous, in order, inside the row
+                assert start == ends and n == lengths[item]
+                ends = start + n
+            assert ends <= s.length
+    packed = [s for s in steps if s.segments > 1 or len({s.length for s in steps}) == 1]
+    assert len({s.shape for s in packed}) <= 2
+
+
+def test_short_texts_pack_with_little_padding():
+    """Lengths like WikiMIA-32's under SmolLM2's tokenizer (33 to 174 tokens, context 8192): at most two shapes and
+    under 3% padding, where one text per row in length buckets needs more programs and more slots."""
+    lengths = np.random.default_rng(0).integers(33, 175, size=776).tolist()
+    steps = batching.pack(lengths, 2048, 8192)
+    slots = sum(s.rows * s.length for s in steps)
+    assert len({s.shape for s in steps}) <= 2
+    assert 1 - sum(lengths) / slots < 0.03
+    alone = batching.pack(lengths, 2048, 8192, packed=False, rows=8)
+    assert sum(s.rows * s.length for s in alone) > slots and len({s.shape for s in alone}) > 2
+
+
+def scores_alone(loaded, texts, methods):
+    return [runner.score_texts(loaded, [t], methods, progress=False)[0]["scores"] for t in texts]
+
+
+def test_packed_scores_equal_each_text_alone(tiny):
+    texts = wikimia(32).texts[:20] + ["short one", "x"]
+    report = {}
+    packed = runner.score_texts(tiny, texts, METHODS, tokens_per_batch=256, progress=False, report=report)
+    assert report["scoring_programs"] <= 2 and report["batches_computed"] < len(texts) / 2  # several texts per row
+    assert report["tokens"] == sum(r["n_tokens"] for r in packed if "skip_reason" not in r)
+    for rec, alone in zip(packed, scores_alone(tiny, texts, METHODS)):
+        for m in METHODS:
+            if alone[m] is None:
+                assert rec["scores"][m] is None, m
+            else:
+                np.testing.assert_allclose(rec["scores"][m], alone[m], rtol=2e-5, atol=2e-6, err_msg=m)
+
+
+POOL = wikimia(64).texts[:40]
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(POOL) - 1), st.integers(1, 60)), min_size=1, max_size=12))
+def test_a_texts_scores_do_not_depend_on_its_row_neighbours(tiny_llama_dir, picks):
+    """The first text is scored beside random others (random lengths: word prefixes of WikiMIA texts); its scores
+    are those it gets alone."""
+    loaded = _cached(tiny_llama_dir)
+    target = POOL[0]
+    others = [" ".join(POOL[i].split()[:n]) for i, n in picks]
+    together = runner.score_texts(loaded, [target] + others, METHODS[:8], tokens_per_batch=512, progress=False)
+    alone = runner.score_texts(loaded, [target], METHODS[:8], tokens_per_batch=512, progress=False)
+    for m in METHODS[:8]:
+        np.testing.assert_allclose(together[0]["scores"][m], alone[0]["scores"][m], rtol=2e-5, atol=2e-6, err_msg=m)
+
+
+_LOADED = {}
+
+
+def _cached(path):
+    if str(path) not in _LOADED:
+        _LOADED[str(path)] = models.load(str(path))
+    return _LOADED[str(path)]
+
+
+def test_a_second_run_compiles_nothing(tiny_llama_dir, tmp_path):
+    """``mia-jax score`` twice with one cache folder: the second run reads every scoring program back."""
+    data = tmp_path / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in wikimia(32).texts[:30]))
+    cache = tmp_path / "cache"
+    env = dict(os.environ, MIA_JAX_COMPILATION_CACHE=str(cache))
+    runs = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "mia_jax.cli", "score", "--model", str(tiny_llama_dir),
+                               "--data", str(data), "--text-field", "text", "--out", str(out), "--no-progress",
+                               "--tokens-per-batch", "512"], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads((out / "run.json").read_text()))
+    first, second = (r["compile"] for r in runs)
+    assert first["scoring_programs"] >= 1 and first["compiled"] == first["scoring_programs"]
+    assert second["scoring_programs"] == first["scoring_programs"]
+    assert second["compiled"] == 0 and second["cache_hits"] == second["scoring_programs"]
+    assert runs[0]["packing"] == runs[1]["packing"] and runs[0]["packing"]["tokens"] <= runs[0]["packing"]["slots"]
+    assert any(cache.iterdir())
+
+
+def test_cache_can_be_turned_off(monkeypatch, tmp_path):
+    from mia_jax import compilation
+
+    monkeypatch.setenv(compilation.ENV, "off")
+    assert compilation.resolve() is None
+    assert compilation.resolve(str(tmp_path)) == tmp_path  # the option wins over the variable
+    monkeypatch.delenv(compilation.ENV)
+    assert compilation.resolve() == compilation.default_dir()
