@@ -140,3 +140,66 @@ def torch_sync(device) -> None:
 
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere) and the cores this process
+    may use: a figure holds only on the machine it was measured on."""
+    import os
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name}, {cores} cores"
+
+
+def run_bounded(cmd: list, env: dict, timeout: float, stdout=None) -> tuple[int | None, float]:
+    """Run ``cmd`` in its own process group; past ``timeout`` seconds kill that group (the command and any process
+    it started). Returns (exit status, or None when it was stopped at the timeout; wall seconds)."""
+    import os
+    import signal
+    import subprocess
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, start_new_session=True)
+    rc = None
+    try:
+        rc = proc.wait(timeout=max(timeout, 0.001))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:  # at the timeout, or when this process is interrupted while waiting
+        if rc is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return rc, time.perf_counter() - t0
+
+
+def repeat(fn, min_seconds: float, max_passes: int = 200) -> list[float]:
+    """Seconds of ``fn()`` passes (each to completion), repeated until they add up to ``min_seconds`` (at least
+    one pass)."""
+    times = []
+    while not times or (sum(times) < min_seconds and len(times) < max_passes):
+        times.append(_timed(fn))
+    return times
+
+
+def max_rel_diff(xs: list, ys: list, methods) -> dict:
+    """{method: the largest |x - y| / max(|x|, 1e-6) over texts} of two lists of per-text score dicts (None, a
+    missing or a non-finite score skipped)."""
+    import math
+
+    worst = {}
+    for sx, sy in zip(xs, ys):
+        for m in methods:
+            u, v = (sx or {}).get(m), (sy or {}).get(m)
+            if u is not None and v is not None and math.isfinite(u) and math.isfinite(v):
+                worst[m] = max(worst.get(m, 0.0), abs(u - v) / max(abs(u), 1e-6))
+    return worst
