@@ -74,6 +74,8 @@ def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int = DEFAULT
         out = {"scores": {m: v.reshape(rows, segments) for m, v in scores.items()}}
         if tokens:
             out["tokens"] = per_text
+        if mesh is not None:  # each process reads back only its own rows
+            out = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, shd.batch_sharding(mesh, x.ndim)), out)
         return out
 
     return jax.jit(score_step)

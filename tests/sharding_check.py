@@ -192,8 +192,34 @@ def batch_layout(lm, ref, mesh):
                                                if (m := re.search(r'op_name="([^"]+)"', line))})
         report["hlo_full_batch_largest_float_vs_local_hidden"] = max(
             [int(np.prod(d)) / local_hidden for t, d in shapes if t.startswith(("f", "bf"))], default=0.0)
+    report["score_step"] = score_step_layout(lm, ref, mesh, rows_follow_mesh)
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+def score_step_layout(lm, ref, mesh, rows_follow_mesh):
+    """A packed step (24 rows of 13 slots, two texts each) through ``score_step.make_score_step(lm, mesh=mesh)``:
+    the layout of its per-text scores [24, 2] and their difference from the unsharded model's."""
+    import numpy as np
+    from flax import nnx
+
+    from mia_jax import batching, sharding
+    from mia_jax.score_step import make_score_step
+
+    rng = np.random.default_rng(2)
+    step = batching.Step(BATCH_ROWS, BATCH_T, 2, [[(2 * r, 0, 6), (2 * r + 1, 6, 7)] for r in range(BATCH_ROWS)])
+    ids = {i: rng.integers(0, batching.real_vocab_size(lm), 7 if i % 2 else 6).tolist() for i in range(2 * BATCH_ROWS)}
+    arrays = batching.packed_arrays(step, ids, 0)
+    seg = arrays.pop("segment_ids")
+    batch = dict(arrays, segment_ids=seg, mask=(seg[:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]),
+                 zlib_bytes=np.ones((BATCH_ROWS, 2), np.float32))
+    methods = ("loss", "min_k@0.2", "min_k_pp@0.2")
+    sharded = {k: sharding.global_batch(mesh, v) for k, v in batch.items()}
+    out = make_score_step(lm, methods, chunk_size=96, mesh=mesh)(nnx.split(lm.model)[1], sharded)["scores"]
+    want = make_score_step(ref, methods, chunk_size=96)(nnx.split(ref.model)[1], batch)["scores"]
+    return {"scores": {m: layout(x) for m, x in out.items()},
+            "rows_follow_mesh": all(rows_follow_mesh(x) for x in out.values()),
+            "max_abs": max(float(np.max(np.abs(np.asarray(out[m]) - np.asarray(want[m])))) for m in methods)}
 
 
 def streamed(folder, eager, ref):

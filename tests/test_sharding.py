@@ -160,6 +160,21 @@ def test_scoring_batch_is_split_over_data_and_fsdp(report, mesh, rows_per_device
         assert b["hlo_full_batch_shapes"] == []
 
 
+@pytest.mark.parametrize("mesh,rows_per_device", [("data=8", 3), ("fsdp=8", 3), ("data=2,fsdp=2,model=2", 6)])
+def test_packed_score_step_is_split_over_data_and_fsdp(report, mesh, rows_per_device):
+    """``score_step.make_score_step(loaded, mesh=mesh)`` on a packed [24, 13] step (two texts per row): the per-text
+    scores [24, 2] come out split by rows over data x fsdp like the batch, each device holding its own row block,
+    and equal the unsharded model's."""
+    s = report["cases"][f"llama {mesh}"]["batch"]["score_step"]
+    for name, r in s["scores"].items():
+        # rows over the batch axes (JAX names only those of size > 1 in an output's spec), never over model
+        assert r["shape"] == [24, 2] and "model" not in r["spec"] and r["blocks"] == 24 // rows_per_device, r
+        assert r["shard_shapes"] == [[rows_per_device, 2]], (name, r)
+        assert r["shards"] == r["devices"] == 8 and r["shards_hold_their_blocks"], (name, r)
+    assert s["rows_follow_mesh"]
+    assert s["max_abs"] < 1e-4, s["max_abs"]
+
+
 @pytest.mark.parametrize("mesh", ["fsdp=8", "data=2,fsdp=2,model=2"])
 def test_embedding_lookup_holds_only_the_local_rows(report, mesh):
     """With the hidden dimension of the table split over fsdp like the batch, the table is gathered over fsdp before
