@@ -56,7 +56,9 @@ from mia_jax.scorers.likelihood import zlib_bytes
 from mia_jax.stats import DEFAULT_CHUNK, TokenStats
 
 __all__ = ["Encoded", "encode", "make_stats_fn", "shared_stats_fn", "read_done", "score_texts", "score_dataset",
-           "run_fingerprint", "real_vocab_size", "scores_by_method"]  # the last two live in batching and metrics
+           "run_fingerprint", "real_vocab_size", "scores_by_method"]
+# re-exported: Encoded, encode, real_vocab_size (batching), make_stats_fn, shared_stats_fn (score_step), read_done
+# (records), scores_by_method (metrics)
 
 
 def default_tokens_per_batch() -> int:

@@ -5,8 +5,8 @@
 
 Approaches, on the same model, texts and token ids:
 
-(a) the toolkit: ``runner.score_texts`` (length buckets, fixed batch shapes, forward fused with the
-    vocabulary-chunked statistics computed from hidden states);
+(a) the toolkit: ``runner.score_texts`` (texts packed into rows of a token budget, one jitted step per shape:
+    forward, vocabulary-chunked statistics from hidden states, scores on the device);
 (b) the published approach re-created in JAX: one text per forward pass (each length its own shape,
     so its own compilation), full float32 logits, full ``log_softmax``, ``probs * log_probs`` for
     Min-K%++, scores in NumPy per text;
@@ -26,7 +26,7 @@ With ``--peak-tflops`` (e.g. an accelerator's datasheet peak) MFU is also given 
 ``--matmul-precision`` sets the float32 matmul precision of JAX and torch alike (``bench_tools.set_matmul_precision``;
 the default leaves each framework's own, which differ on a recent NVIDIA GPU: TF32 for JAX, float32 for torch).
 "Batched forward" is the jitted forward pass alone (hidden states and full logits) on the most
-common (batch, bucket) shape of (a), counted with its padding (what the device executes); its weight
+common (rows, length) step shape of (a), counted with its padding (what the device executes); its weight
 matmuls are also timed alone on the same number of tokens (per-layer matrices, LM head), the rest of
 its time being attention, norms, RoPE, activations and residuals.
 """
@@ -109,14 +109,16 @@ def worker_a(args, loaded, encoded, texts, result):
 
     from mia_jax import batching, runner
 
-    passes, recs, mem = two_passes(lambda: runner.score_texts(loaded, texts, METHODS, batch_size=args.batch_size,
-                                                              chunk_size=args.chunk_size, progress=False))
+    report: dict = {}
+    passes, recs, mem = two_passes(lambda: runner.score_texts(
+        loaded, texts, METHODS, tokens_per_batch=args.tokens_per_batch, chunk_size=args.chunk_size, progress=False,
+        report=report))
     fn = runner.shared_stats_fn(loaded, args.chunk_size)
-    result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=fn._cache_size(),
+    result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=report["scoring_programs"],
                   scores=[r["scores"] for r in recs])
-    # the batched forward alone on the most common (rows, bucket) shape of the plan
-    shapes = [(rows, t) for t, rows, _ in batching.batch_shapes([len(e.ids) for e in encoded], loaded.max_length,
-                                                                args.batch_size)]
+    # the forward alone on the most common (rows, length) shape of the packed plan
+    shapes = [(s.rows, s.length) for s in batching.pack([len(e.ids) for e in encoded], args.tokens_per_batch or
+                                                        runner.default_tokens_per_batch(), loaded.max_length)]
     rows, t = max(set(shapes), key=shapes.count)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 1000, (rows, t)), jnp.int32)
     graphdef, state = nnx.split(loaded.model)
@@ -297,7 +299,7 @@ def main():
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--length", type=int, default=32, help="WikiMIA length: 32, 64, 128 or 256")
     ap.add_argument("--limit", type=int, help="first N texts only")
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--tokens-per-batch", type=int, help="(a)'s token budget per step (default: the backend's)")
     ap.add_argument("--chunk-size", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--approaches", nargs="+", default=["a", "b", "c"], choices=["a", "b", "c"])
@@ -317,11 +319,12 @@ def main():
         for name in ["matmul", *approaches]:
             out = Path(tmp, f"{name}.json")
             cmd = [sys.executable, __file__, "--worker", name, "--json", str(out), "--model", args.model,
-                   "--length", str(args.length), "--batch-size", str(args.batch_size),
-                   "--chunk-size", str(args.chunk_size), "--repeats", str(args.repeats),
+                   "--length", str(args.length), "--chunk-size", str(args.chunk_size), "--repeats", str(args.repeats),
                    "--torch-device", args.torch_device, "--matmul-precision", args.matmul_precision]
             if args.limit:
                 cmd += ["--limit", str(args.limit)]
+            if args.tokens_per_batch:
+                cmd += ["--tokens-per-batch", str(args.tokens_per_batch)]
             print(f"running {name} ...", file=sys.stderr, flush=True)
             env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
             if name == "c":
@@ -338,10 +341,10 @@ def report(args, results):
     rate = mm["xla"] * 1e9
     first = next(r for k, r in results.items() if k != "matmul")
     n_tok, n_texts = first["n_tokens"], first["n_texts"]
-    label = {"a": "(a) toolkit, batched + bucketed", "b": "(b) published approach in JAX (per text, full log_softmax)",
+    label = {"a": "(a) toolkit, packed", "b": "(b) published approach in JAX (per text, full log_softmax)",
              "c": "(c) published approach, transformers + torch (per text)"}
     print(f"\nmodel {args.model}, WikiMIA-{args.length}: {n_texts} texts, {n_tok} tokens, methods {' '.join(METHODS)}; "
-          f"device {results['matmul']['device']}; batch size {args.batch_size} for (a)")
+          f"device {results['matmul']['device']}; tokens per batch {args.tokens_per_batch or 'default'} for (a)")
     print(f"float32 matmul 2048^3 measured in this run: XLA {mm['xla']:.0f} GFLOP/s, NumPy {mm['numpy']:.0f} GFLOP/s; "
           f"matmul precision {args.matmul_precision}")
     if "c" in results:
@@ -369,7 +372,7 @@ def report(args, results):
         )
     if "a" in results:
         a = results["a"]
-        print(f"\n(a): {a['programs']} compiled (batch, bucket) programs; steady-state pass compiled "
+        print(f"\n(a): {a['programs']} scoring programs (step shapes); steady-state pass compiled "
               f"{a['compiles_steady']} more")
         for name in ("forward", "fused_stats_step"):
             f = a[name]

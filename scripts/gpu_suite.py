@@ -46,7 +46,6 @@ import importlib.util
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -57,13 +56,12 @@ SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # the toolkit from this checkout, installed or not
 
-from bench_tools import (add_accelerator_args, cpu_model, max_rel_diff, repeat, run_bounded, torch_env,  # noqa: E402
+from bench_tools import (add_accelerator_args, cpu_model, repeat, run_bounded, torch_env,  # noqa: E402
                          torch_sync)
 from benchmark import METHODS, model_flops, per_text, reference_scores  # noqa: E402
+from gpu_suite_report import figures, report  # noqa: E402
 
 RESERVE_S = {"toolkit_cold": 90, "toolkit_warm": 30, "torch_batched": 30, "torch_loop": 45, "train": 150}
-LABEL = {"toolkit": "toolkit (packed rows, one jitted step)", "torch_batched": "transformers + torch, batched",
-         "torch_loop": "transformers + torch, per-example loop (published)"}
 
 
 # ----------------------------------------------------------------------------- workers (one process each)
@@ -348,135 +346,6 @@ def train_command(args, folder: Path, tdev: str | None, result_file: Path) -> li
 
 
 # ----------------------------------------------------------------------------- figures and tables
-
-
-def figures(args, out) -> None:
-    """``out["figures"]``: every named figure (each computed from this run's measurements)."""
-    fig, peak = out["figures"], args.peak_tflops * 1e12
-    fig["suite.wall_s"] = out["suite"]["wall_s"]
-    fig.update({f"part.{p['part'].replace(' ', '.')}.wall_s": p["wall_s"] for p in out["parts"] if "wall_s" in p})
-    for shape, facts in out["shapes"].items():
-        fig[f"{shape}.parameters"], fig[f"{shape}.build_s"] = facts["parameters"], facts["build_s"]
-        res = out["results"].get(shape, {})
-        flops = res.get("toolkit_cold", {}).get("flops")
-        for kind in ("toolkit_cold", "toolkit_warm", "torch_batched", "torch_loop"):
-            r = res.get(kind)
-            if r is None:
-                continue
-            r["steady_s"] = statistics.median(r["passes_s"])
-            r["tokens_per_s"] = facts["n_tokens"] / r["steady_s"]
-            key = f"{shape}.{kind}"
-            fig.update({f"{key}.load_s": r["load_s"], f"{key}.first_pass_s": r["first_pass_s"],
-                        f"{key}.steady_s": r["steady_s"], f"{key}.tokens_per_s": r["tokens_per_s"]})
-            if r.get("device_peak"):
-                fig[f"{key}.device_peak_bytes"] = r["device_peak"]
-            if flops:
-                r["mfu"] = flops / r["steady_s"] / peak
-                fig[f"{key}.mfu"] = r["mfu"]
-            if kind == "toolkit_cold":
-                fig[f"{key}.compile_s"] = r["compile"]["seconds"]
-                fig[f"{key}.programs_compiled"] = r["compile"]["compiled"]
-                fig[f"{key}.tokens_per_slot"] = r["report"]["tokens"] / r["report"]["slots"]
-            if kind == "toolkit_warm":
-                fig[f"{key}.compile_s"] = r["compile"]["seconds"]
-                fig[f"{key}.cache_hits"] = r["compile"]["cache_hits"]
-        for kind in ("torch_batched", "torch_loop"):
-            if "toolkit_cold" in res and kind in res:
-                fig[f"{shape}.toolkit_x_{kind}"] = res[kind]["steady_s"] / res["toolkit_cold"]["steady_s"]
-    train = out["results"].get(args.train_shape, {}).get("train", {}).get("results")
-    if train:
-        flops = train["data"]["flops"]
-        targs = out["results"][args.train_shape]["train"]["args"]
-        tokens = targs["batch_size"] * targs["seq_len"]
-        for k in ("jax", "torch"):
-            if k in train:
-                step = statistics.mean(train[k]["step_s"])
-                train[k].update(step_mean_s=step, tokens_per_s=tokens / step, mfu=flops / step / peak)
-                fig.update({f"train.{k}.step_s": step, f"train.{k}.warmup_s": train[k]["warmup_s"],
-                            f"train.{k}.tokens_per_s": tokens / step, f"train.{k}.mfu": flops / step / peak})
-        if "jax" in train and "torch" in train:
-            fig["train.jax_x_torch"] = train["jax"]["tokens_per_s"] / train["torch"]["tokens_per_s"]
-
-
-def _mib(x):
-    return f"{x / 2**20:.0f} MiB" if x else "-"
-
-
-def _pct(x):
-    return "-" if x is None else f"{100 * x:.1f}%" if x >= 1e-3 else f"{100 * x:.1e}%"
-
-
-def report(args, out) -> None:
-    shapes, res_all, peak = out["shapes"], out["results"], args.peak_tflops
-    devices = sorted({r["device"] for res in res_all.values() for k, r in res.items() if k != "train"})
-    versions = {k: v for res in res_all.values() for k, r in res.items() if k != "train"
-                for k, v in r.get("versions", {}).items()}
-    print(f"\n## Accelerator suite\n\ndevice: {'; '.join(devices) or '-'}; host CPU: {out['suite']['cpu']}; "
-          f"{', '.join(f'{k} {v}' for k, v in sorted(versions.items()))}; XLA_FLAGS={out['suite']['xla_flags']!r}")
-    any_shape = next(iter(shapes.values()))
-    print(f"texts: WikiMIA-{args.length}, {any_shape['n_texts']} texts; methods {' '.join(METHODS)}; MFU against "
-          f"{peak:g} TFLOP/s (--peak-tflops); the toolkit in {args.dtype}, torch in bfloat16 (sdpa); steady pass: "
-          f"median of passes adding up to {args.min_seconds:g} s")
-    print("\n### Scoring with the toolkit: compile (cold / warm persistent cache) and throughput\n")
-    print("| shape | parameters | tokens | tokens per batch | programs | padding | cold: compile s (compiled) | "
-          "cold: first pass | warm: compile s (cache hits) | warm: first pass | steady pass | tokens/s | MFU |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for shape, facts in shapes.items():
-        cold, warm = res_all.get(shape, {}).get("toolkit_cold"), res_all.get(shape, {}).get("toolkit_warm")
-        if cold is None:
-            continue
-        rep = cold["report"]
-        w = (f"{warm['compile']['seconds']:.2f} s ({warm['compile']['cache_hits']} of {warm['compile']['programs']})",
-             f"{warm['first_pass_s']:.2f} s") if warm else ("-", "-")
-        print(f"| {shape} | {facts['parameters'] / 1e6:.1f} M | {facts['n_tokens']} | {cold['tokens_per_batch']} | "
-              f"{rep['scoring_programs']} | {100 * (1 - rep['tokens'] / rep['slots']):.1f}% | "
-              f"{cold['compile']['seconds']:.2f} s ({cold['compile']['compiled']} of {cold['compile']['programs']}) | "
-              f"{cold['first_pass_s']:.2f} s | {w[0]} | {w[1]} | {cold['steady_s'] * 1e3:.1f} ms | "
-              f"{cold['tokens_per_s']:.0f} | {_pct(cold.get('mfu'))} |")
-    print("\n### Side by side on the same device and token ids\n")
-    print("| shape | approach | load | first pass | steady pass | tokens/s | texts/s | x torch batched | "
-          "x per-example | MFU | device peak |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for shape, facts in shapes.items():
-        res = res_all.get(shape, {})
-        for kind in ("toolkit_cold", "torch_batched", "torch_loop"):
-            r = res.get(kind)
-            if r is None:
-                continue
-            ratio = lambda o: f"{res[o]['steady_s'] / r['steady_s']:.2f}" if o in res else "-"  # noqa: E731
-            label = LABEL["toolkit" if kind == "toolkit_cold" else kind]
-            if kind == "torch_batched":
-                label += f" ({r['batch_size']} per forward, right padding)"
-            print(f"| {shape} | {label} | {r['load_s']:.1f} s | {r['first_pass_s']:.2f} s | "
-                  f"{r['steady_s'] * 1e3:.1f} ms | {r['tokens_per_s']:.0f} | {facts['n_texts'] / r['steady_s']:.1f} | "
-                  f"{ratio('torch_batched')} | {ratio('torch_loop')} | {_pct(r.get('mfu'))} | "
-                  f"{_mib(r.get('device_peak'))} |")
-        pairs = (("toolkit_cold", "torch_batched"), ("toolkit_cold", "torch_loop"), ("torch_batched", "torch_loop"))
-        for a, b in pairs:
-            if a in res and b in res:
-                worst = max_rel_diff(res[a]["scores"], res[b]["scores"], METHODS)
-                print(f"\n{shape}: max relative score difference {a} vs {b}: "
-                      + ", ".join(f"{m} {d:.1e}" for m, d in worst.items()))
-    train = res_all.get(args.train_shape, {}).get("train", {}).get("results")
-    if train:
-        print(f"\n### Training step, bfloat16 compute ({args.train_shape}; scripts/benchmark_train.py)\n")
-        print("| approach | warm-up step | step (mean) | tokens/s | x torch | MFU | device peak | loss first -> last |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for k in ("jax", "torch"):
-            if k in train:
-                r = train[k]
-                x = f"{r['tokens_per_s'] / train['torch']['tokens_per_s']:.2f}" if "torch" in train else "-"
-                print(f"| {k} | {r['warmup_s']:.1f} s | {r['step_mean_s']:.3f} s | {r['tokens_per_s']:.0f} | {x} | "
-                      f"{_pct(r['mfu'])} | {_mib(r.get('device_peak'))} | {r['losses'][0]:.4f} -> "
-                      f"{r['losses'][-1]:.4f} |")
-    print("\n### Parts\n\n| part | status | wall |\n|---|---|---:|")
-    for shape, facts in shapes.items():
-        print(f"| {shape} weights (NumPy) + token ids | ok | {facts['build_s']:.1f} s |")
-    for p in out["parts"]:
-        status = p["status"] + (f": {p['reason']}" if p.get("reason") else "")
-        wall = f"{p['wall_s']:.1f} s" if "wall_s" in p else "-"
-        print(f"| {p['part']} | {status} | {wall} |")
-    print(f"| the whole suite | budget {args.budget_s:.0f} s | {out['suite']['wall_s']:.1f} s |")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def window_labels(tokenizer, texts: Sequence[str], member_from: Sequence[int | N
 
 def window_texts(loaded, texts: Sequence[str], records: Sequence[dict]) -> list[list[str]]:
     """Per text, per window: the decoded text of the window's scored (target) tokens, the text its scores are
-    about. Rebuilt from the texts and the tokenizer exactly as the scoring pass cut them (``runner.encode``: every
+    about. Rebuilt from the texts and the tokenizer exactly as the scoring pass cut them (``batching.encode``: every
     token after the first, cut to the context), so it needs nothing but the records' ``n_tokens``."""
     from mia_jax.runner import encode
 

@@ -29,7 +29,7 @@ the ids):
 Two passes:
 
 - ``camia_repeat`` = LL(x) - LL(x | x): the mean log-likelihood of the text alone minus that of the text read after
-  itself (pass ``repeat``: each text is its own prefix, only the second copy scored, ``runner.encode``). Reading a
+  itself (pass ``repeat``: each text is its own prefix, only the second copy scored, ``batching.encode``). Reading a
   text a second time lets the model copy it; a member is already predicted well, so it gains less: a smaller gain,
   a higher score. Both means are over the same tokens: a tokenizer that adds BOS scores x_1..x_n in both passes;
   without BOS the text alone has no prediction for x_1, so the second copy's x_1 (predicted at the junction of the
