@@ -221,14 +221,11 @@ def transformers_model(loaded, **config_overrides):
     return model
 
 
-def worker_c(args, loaded, encoded, texts, result):
+def torch_arrays(model, loaded, device):
+    """The published loop's per-text step in torch: ``arrays(ids)`` -> one forward of the text alone, full float32
+    log-softmax over the real vocabulary, its (log p, mu, var) per predicted token as float64 NumPy."""
     import torch
 
-    device = torch.device(args.torch_device)
-    t0 = time.perf_counter()
-    model = transformers_model(loaded).to(device)
-    result["torch_load_seconds"] = time.perf_counter() - t0
-    result["torch_threads"] = torch.get_num_threads()
     from mia_jax.batching import real_vocab_size
 
     vocab = real_vocab_size(loaded)
@@ -245,6 +242,18 @@ def worker_c(args, loaded, encoded, texts, result):
         var = (probs * torch.square(log_probs)).sum(-1) - torch.square(mu)
         return lp.double().cpu().numpy(), mu.double().cpu().numpy(), var.double().cpu().numpy()
 
+    return arrays
+
+
+def worker_c(args, loaded, encoded, texts, result):
+    import torch
+
+    device = torch.device(args.torch_device)
+    t0 = time.perf_counter()
+    model = transformers_model(loaded).to(device)
+    result["torch_load_seconds"] = time.perf_counter() - t0
+    result["torch_threads"] = torch.get_num_threads()
+    arrays = torch_arrays(model, loaded, device)
     passes, scores, mem = two_passes(lambda: per_text(encoded, arrays), count_compiles=False)
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=0, scores=scores)
 

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import bench_tools
-from benchmark import METHODS, per_text, transformers_model
+from benchmark import METHODS, per_text, torch_arrays, transformers_model
 
 
 def run(args) -> None:
     import torch
 
     from mia_jax import models
-    from mia_jax.batching import encode, real_vocab_size
+    from mia_jax.batching import encode
     from mia_jax.data import wikimia
 
     t0 = time.perf_counter()
@@ -36,20 +36,7 @@ def run(args) -> None:
     model = transformers_model(loaded)
     texts = wikimia(args.length).texts[: args.limit]
     encoded = encode(loaded, texts)
-    vocab = real_vocab_size(loaded)
-    F = torch.nn.functional
-
-    @torch.no_grad()
-    def arrays(ids):
-        ids = torch.tensor([ids])
-        logits = model(ids).logits[0, :-1, :vocab].float()
-        log_probs = F.log_softmax(logits, dim=-1)
-        probs = F.softmax(logits, dim=-1)
-        lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
-        mu = (probs * log_probs).sum(-1)
-        var = (probs * torch.square(log_probs)).sum(-1) - torch.square(mu)
-        return lp.double().numpy(), mu.double().numpy(), var.double().numpy()
-
+    arrays = torch_arrays(model, loaded, "cpu")
     scores = per_text(encoded, arrays)
     Path(args.out).write_text("".join(json.dumps({"index": i, "scores": s}) + "\n" for i, s in enumerate(scores)))
     print(f"published loop: {len(texts)} texts, {sum(len(e.ids) for e in encoded)} tokens in "

@@ -253,3 +253,24 @@ def tpr_ref(labels, scores, fpr):
         if pred[labels == 0].mean() <= fpr:
             best = max(best, pred[labels == 1].mean())
     return best
+
+
+def assert_chunked_gradient_matches_full(q, k, v, **opts) -> None:
+    """``jax.grad`` of a weighted sum of ``attention(q, k, v, **opts)`` through the "chunked" implementation (finite)
+    equals the "full" one's, for q, k and v."""
+    import jax
+    import jax.numpy as jnp
+
+    from mia_jax.models import attention
+
+    w = jnp.asarray(np.random.default_rng(3).standard_normal(q.shape).astype(np.float32))
+
+    @jax.jit
+    def grads(q, k, v):
+        loss = lambda q, k, v, impl: jnp.sum(attention.attention(q, k, v, implementation=impl, **opts) * w)  # noqa
+        return {impl: jax.grad(loss, argnums=(0, 1, 2))(q, k, v, impl) for impl in ("full", "chunked")}
+
+    g = grads(q, k, v)
+    for g_full, g_chunk, what in zip(g["full"], g["chunked"], "qkv"):
+        assert np.all(np.isfinite(np.asarray(g_chunk))), what
+        np.testing.assert_allclose(np.asarray(g_chunk), np.asarray(g_full), rtol=1e-5, atol=2e-6, err_msg=what)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import assert_chunked_gradient_matches_full
 
 from mia_jax.errors import UserError
 from mia_jax.models import attention as A
@@ -112,18 +113,7 @@ def test_implementations_match_float64_reference_and_each_other(case):
 def test_chunked_gradient_matches_full(case):
     """decode: offset, key padding, window, empty rows; mask: explicit mask with an empty row, softcap."""
     opts, (q, k, v), _ = _run_case(case, seed=2)
-    w = jnp.asarray(np.random.default_rng(3).standard_normal(q.shape).astype(np.float32))
-
-    @jax.jit
-    def grads(q, k, v):
-        loss = lambda q, k, v, impl: jnp.sum(  # noqa: E731
-            A.attention(q, k, v, implementation=impl, block_q=16, block_k=8, **opts) * w)
-        return {impl: jax.grad(loss, argnums=(0, 1, 2))(q, k, v, impl) for impl in ("full", "chunked")}
-
-    g = grads(q, k, v)
-    for g_full, g_chunk, what in zip(g["full"], g["chunked"], "qkv"):
-        assert np.all(np.isfinite(np.asarray(g_chunk))), what
-        np.testing.assert_allclose(np.asarray(g_chunk), np.asarray(g_full), rtol=1e-5, atol=2e-6, err_msg=what)
+    assert_chunked_gradient_matches_full(q, k, v, block_q=16, block_k=8, **opts)
 
 
 def test_traced_scale_offset_and_window_inside_scan():

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import assert_chunked_gradient_matches_full
 from flax import nnx
 
 from mia_jax.models import attention as A
@@ -103,19 +104,8 @@ def test_dense_mask_with_segments():
 def test_chunked_gradient_with_segments_matches_full(window):
     seg = jnp.asarray(SEGMENTS, jnp.int32)
     q, k, v = qkv(2, *seg.shape, seg.shape[1], 4, 2, 8)
-    w = jnp.asarray(np.random.default_rng(3).standard_normal(q.shape).astype(np.float32))
-
-    @jax.jit
-    def grads(q, k, v):
-        loss = lambda q, k, v, impl: jnp.sum(A.attention(  # noqa: E731
-            q, k, v, causal=True, sliding_window=window, segment_ids=seg, implementation=impl, block_q=4,
-            block_k=8) * w)
-        return {impl: jax.grad(loss, argnums=(0, 1, 2))(q, k, v, impl) for impl in ("full", "chunked")}
-
-    g = grads(q, k, v)
-    for g_full, g_chunk, what in zip(g["full"], g["chunked"], "qkv"):
-        assert np.all(np.isfinite(np.asarray(g_chunk))), what
-        np.testing.assert_allclose(np.asarray(g_chunk), np.asarray(g_full), rtol=1e-5, atol=2e-6, err_msg=what)
+    assert_chunked_gradient_matches_full(q, k, v, causal=True, sliding_window=window, segment_ids=seg, block_q=4,
+                                         block_k=8)
 
 
 def test_one_segment_is_no_segments():

@@ -135,8 +135,8 @@ def test_cache_can_be_turned_off(monkeypatch, tmp_path):
 
 def test_bfloat16_forward_moves_scores_little(tiny_llama_dir):
     """``--dtype bfloat16``: parameters and forward in bfloat16, statistics in float32. On the tiny model every
-    score stays within 2% of float32 (at most 0.6% measured) and the texts' order by score is kept (Spearman > 0.99); the
-    figures for SmolLM2 on WikiMIA-32 are in BENCHMARKS.md."""
+    score stays within 2% of float32 (at most 0.6% measured) and the texts' order by score is kept (Spearman >
+    0.99); the figures for SmolLM2 on WikiMIA-32 are in BENCHMARKS.md."""
     from scipy.stats import spearmanr
 
     texts = wikimia(32).texts[:40]
