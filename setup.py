@@ -2,7 +2,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="mia-jax",
-    version="0.1.0",
+    version="0.2.0",
     description="Pretraining-data detection (membership inference) for large language models in JAX/Flax",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

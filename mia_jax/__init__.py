@@ -7,7 +7,7 @@ Public API for use from any JAX code::
     from mia_jax import device_scores        # the single-pass scores in jax.numpy: inside jit / vmap / grad
     from mia_jax import scores_from_logits   # the same from a causal LM's logits (shift and mask done)
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from mia_jax.stats import TokenStats, token_stats, token_stats_from_hidden  # noqa: E402
 from mia_jax.scorers import TokenBatch, device_scores, expand_methods, score_batch, scores_from_logits  # noqa: E402

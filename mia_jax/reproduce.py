@@ -96,7 +96,7 @@ def run_cell(loaded, ds, methods, out_dir: Path, *, n_bootstrap: int, seed: int,
     (:func:`ref_per_byte`; the row says ``"ref_unit": "byte"``). ``examples`` (a dict) receives ``{"labels": [...],
     "methods": [...], "scores": {method: [...]}, "ref_unit"}`` (the blind baseline's scores too; a non-finite score
     is null) for the report's intervals and paired comparisons; the rows are computed from it (:func:`cell_rows`)."""
-    options = {k: kwargs[k] for k in ("batch_size", "chunk_size") if k in kwargs}
+    options = {k: kwargs[k] for k in ("batch_size", "tokens_per_batch", "chunk_size") if kwargs.get(k) is not None}
     fingerprint = runner.run_fingerprint(loaded, ds.texts, ds.labels, methods, ref=kwargs.get("ref"),
                                          neighbors=kwargs.get("neighbors"), data_files=ds.files, **options)
     with rundir.claim(out_dir, fingerprint, hint="use another --out") as resume:

@@ -42,7 +42,8 @@ from tqdm.auto import tqdm
 from mia_jax import passes
 from mia_jax import sharding as shd
 from mia_jax.audits import windowed
-from mia_jax.batching import TOKENS_PER_BATCH, Encoded, Step, align, encode, pack, packed_arrays, real_vocab_size
+from mia_jax.batching import (MIN_BUCKET, TOKENS_PER_BATCH, Encoded, Step, align, encode, pack, packed_arrays,
+                              real_vocab_size)
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
 from mia_jax.metrics import scores_by_method
@@ -120,6 +121,8 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
             parse_method(m)
         check_resources(methods, resources)
     tokens_per_batch = tokens_per_batch or default_tokens_per_batch()
+    if tokens_per_batch < MIN_BUCKET:
+        raise UserError(f"tokens per batch must be at least {MIN_BUCKET}, got {tokens_per_batch}")
     needs_text = any(getattr(parse_method(m)[0], "needs_text", False) for m in methods) if compute is None else False
     if window is not None:
         windowed.check_window(window, methods, loaded.max_length)

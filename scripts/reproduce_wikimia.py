@@ -34,7 +34,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-models", nargs="+", help="one reference per model (default: configs/reference_pairs.yaml)")
     ap.add_argument("--para-dir", help="folder with WikiMIA_length{L}_paraphrased.jsonl for the Para. setting")
     ap.add_argument("--n-neighbors", type=int, default=10)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=8,
+                    help="texts per step of the passes that read one text per row (generated neighbours)")
+    ap.add_argument("--tokens-per-batch", type=int,
+                    help="token slots of one scoring step (default: 2048 on CPU, 32768 on GPU and TPU)")
     ap.add_argument("--n-bootstrap", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, help="first N texts of each split (quick runs)")
@@ -102,6 +105,7 @@ def reproduce_all(args, refs, methods, out: Path) -> None:
                 cell = out / "runs" / f"{label}-{length}-{'para' if setting == 'Para.' else 'ori'}"
                 ex = examples.setdefault((label, length, setting), {})
                 rows = reproduce.run_cell(loaded, ds, methods, cell, ref=ref, batch_size=args.batch_size,
+                                          tokens_per_batch=args.tokens_per_batch,
                                           n_bootstrap=args.n_bootstrap, seed=args.seed, examples=ex,
                                           **reproduce.neighbor_kwargs(loaded, args.n_neighbors, args.seed))
                 results += [dict(r, model=label, length=length, setting=setting) for r in rows]

@@ -58,6 +58,7 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys):
     spec.loader.exec_module(mod)
     out = tmp_path / "repro"
     argv = ["--models", str(tiny_llama_dir), "--ref-models", str(ref_dir), "--lengths", "32", "64", "--limit", "24",
+            "--tokens-per-batch", "64",
             "--n-neighbors", "2", "--n-bootstrap", "10", "--out", str(out)]
     with ctrl_c_at_batch(12):  # Ctrl-C in the middle of the first cell
         assert mod.main(argv) == 130
