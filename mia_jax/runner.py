@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import sys
-import weakref
 from pathlib import Path
 from typing import Sequence
 
@@ -49,7 +48,7 @@ from mia_jax.files import write_jsonl
 from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, read_done, skip_reason  # noqa: F401 (read_done: public)
 from mia_jax.rundir import check_interrupted
-from mia_jax.score_step import make_score_step, make_stats_fn, shared_stats_fn
+from mia_jax.score_step import make_stats_fn, shared_score_step, shared_stats_fn
 from mia_jax.scorers import MULTI_PASS, TokenBatch, is_multi_pass, parse_method, resource_arrays
 from mia_jax.scorers.dispatch import check_ids
 from mia_jax.scorers.base import check_resources
@@ -65,20 +64,6 @@ __all__ = ["Encoded", "encode", "make_stats_fn", "shared_stats_fn", "read_done",
 def default_tokens_per_batch() -> int:
     """The token budget of one scoring step on this backend (``batching.TOKENS_PER_BATCH``)."""
     return TOKENS_PER_BATCH.get(jax.default_backend(), TOKENS_PER_BATCH["gpu"])
-
-
-_STEPS: "weakref.WeakKeyDictionary[nnx.Module, dict]" = weakref.WeakKeyDictionary()
-
-
-def shared_score_step(loaded, methods: Sequence[str], chunk_size: int = DEFAULT_CHUNK, mesh=None,
-                      tokens: bool = False):
-    """``score_step.make_score_step`` made once per (model, methods, chunk size, mesh, tokens) and reused by every
-    pass over the same model, so a step shape compiles once per model, not once per pass."""
-    key = (tuple(methods), real_vocab_size(loaded), chunk_size, mesh, tokens)
-    fns = _STEPS.setdefault(loaded.model, {})
-    if key not in fns:
-        fns[key] = make_score_step(loaded, methods, chunk_size=chunk_size, mesh=mesh, tokens=tokens)
-    return fns[key]
 
 
 def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels: Sequence[int] | None = None,

@@ -81,6 +81,20 @@ def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int = DEFAULT
     return jax.jit(score_step)
 
 
+_STEPS: "weakref.WeakKeyDictionary[nnx.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def shared_score_step(loaded, methods: Sequence[str], chunk_size: int = DEFAULT_CHUNK, mesh=None,
+                      tokens: bool = False):
+    """``score_step.make_score_step`` made once per (model, methods, chunk size, mesh, tokens) and reused by every
+    pass over the same model, so a step shape compiles once per model, not once per pass."""
+    key = (tuple(methods), real_vocab_size(loaded), chunk_size, mesh, tokens)
+    fns = _STEPS.setdefault(loaded.model, {})
+    if key not in fns:
+        fns[key] = make_score_step(loaded, methods, chunk_size=chunk_size, mesh=mesh, tokens=tokens)
+    return fns[key]
+
+
 # ----------------------------------------------------------------------------- statistics alone (no scores)
 
 
