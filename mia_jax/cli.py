@@ -370,6 +370,7 @@ def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, me
         "method_resources": {"fingerprint": res.fingerprint, "files": res.files} if res.fingerprint else None,
         "neighbors": _neighbor_meta(generator, records) if generator is not None else None,
         "n_skipped": len(skipped),
+        "nonfinite_logits": [r["index"] for r in skipped if r["skip_reason"].startswith(runner.NONFINITE)],
         "n_truncated": sum(1 for r in records if r.get("truncated")),
         "duplicates": data.duplicate_report(ds.texts, ds.labels),
         "passes": passes,
@@ -469,6 +470,11 @@ def _count_lines(meta: dict, max_length: int) -> list[str]:
     """What a reader of the table must know about the data: truncation and duplicates (terminal + summary.md)."""
     lines = [f"Truncated to the model's context of {max_length} tokens: {meta['n_truncated']} texts. "
              f"Exact duplicates of an earlier text: {meta['duplicates']['n_duplicate_texts']} texts."]
+    broken = meta.get("nonfinite_logits") or []
+    if broken:
+        lines.append(f"WARNING: the model's logits are NaN or infinite for {len(broken)} texts (the first: text "
+                     f"{broken[0]}); every score of those texts is null and they are left out of every metric. A "
+                     "broken checkpoint or a bfloat16 overflow: check the model, or try --dtype float32.")
     conflicting = meta["duplicates"]["n_conflicting_texts"]
     if conflicting:
         lines.append(f"Warning: {conflicting} distinct texts appear both as member and as non-member "

@@ -61,6 +61,9 @@ __all__ = ["Encoded", "encode", "make_stats_fn", "shared_stats_fn", "read_done",
 # (records), scores_by_method (metrics)
 
 
+NONFINITE = "the model's logits are not finite"  # the skip reason of such a text (counted and warned by the CLI)
+
+
 def default_tokens_per_batch() -> int:
     """The token budget of one scoring step on this backend (``batching.TOKENS_PER_BATCH``)."""
     return TOKENS_PER_BATCH.get(jax.default_backend(), TOKENS_PER_BATCH["gpu"])
@@ -188,14 +191,22 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 tokens = TokenStats(*(host(x) for x in out["tokens"])) if window is not None else None
                 if not idx or all(i in sink for i in idx):
                     return  # only here to keep the processes in step
+                broken = host(out["nonfinite"])
                 per_text = {item: {m: float(scores[m][r, s]) for m in methods}
                             for r, row in enumerate(step.contents) for s, (item, _, _) in enumerate(row)}
+                nonfinite = {item: int(broken[r, s]) for r, row in enumerate(step.contents)
+                             for s, (item, _, _) in enumerate(row) if broken[r, s]}
                 if tokens is not None:
                     wins = _windows(step, tokens, mask, encoded, texts, methods, window, decode, resources)
             counts["computed"] += len(idx)
             counts["batches_computed"] += 1
             recs = []
             for i in idx:
+                if compute is None and i in nonfinite:  # no score of a text the model could not compute is kept
+                    rec = make_record(i, label(i), encoded[i], {m: None for m in methods},
+                                      f"{NONFINITE}: NaN or infinite at {nonfinite[i]} of its scored tokens")
+                    recs.append(rec)
+                    continue
                 rec = make_record(i, label(i), encoded[i], per_text[i], None)
                 if compute is None and window is not None:
                     rec["windows"] = wins[i]

@@ -14,7 +14,9 @@ Inside one ``jax.jit`` (named ``score_step``, so ``compilation.CompileCount("sco
    column 0, as if the text had been scored alone: the formulas that read positions, e.g. CAMIA's first 200
    tokens or Gap-K%'s consecutive windows, see the same layout);
 4. every method's one formula (``scorers.device_scores``) on those, so only ``[rows, segments]`` floats per method
-   leave the device, unless a caller asks for the per-token statistics (windowed detection).
+   leave the device, unless a caller asks for the per-token statistics (windowed detection);
+5. ``nonfinite`` [rows, segments]: each text's scored tokens whose predictive distribution came out NaN or
+   infinite (NaN or +inf logits: a broken checkpoint, an overflow in bfloat16).
 """
 from __future__ import annotations
 
@@ -71,7 +73,11 @@ def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int = DEFAULT
         flat = lambda x: x.reshape(rows * segments, *x.shape[2:])  # noqa: E731
         scores = device_scores(TokenStats(*map(flat, per_text)), flat(mask), methods, ids=flat(targets),
                                zlib_bytes=flat(batch["zlib_bytes"]), resources=batch.get("resources"))
-        out = {"scores": {m: v.reshape(rows, segments) for m, v in scores.items()}}
+        # NaN or infinite logits leave a NaN or an infinity in the distribution's mean or variance (a real -inf logit
+        # is a zero-probability token, finite in both): counted per text, and the runner nulls its every score
+        broken = mask & ~(jnp.isfinite(per_text.mu) & jnp.isfinite(per_text.var) & ~jnp.isnan(per_text.logprob))
+        out = {"scores": {m: v.reshape(rows, segments) for m, v in scores.items()},
+               "nonfinite": broken.sum(-1).astype(jnp.int32)}
         if tokens:
             out["tokens"] = per_text
         if mesh is not None:  # each process reads back only its own rows

@@ -150,3 +150,30 @@ def test_bfloat16_forward_moves_scores_little(tiny_llama_dir):
         assert not np.array_equal(a, b), m  # the forward really ran in bfloat16
         assert np.max(np.abs(a - b) / np.maximum(1, np.abs(a))) < 0.02, m
         assert spearmanr(a, b).statistic > 0.99, m
+
+
+def test_nan_logits_null_every_score_and_are_reported(tmp_path, capsys):
+    """A checkpoint whose final norm holds a NaN gives NaN logits: every score of every text is null (rank too,
+    which would otherwise read as a perfect -log 1 = 0), the record says why, and eval warns under its table."""
+    from safetensors.numpy import load_file, save_file
+
+    from helpers import write_tiny_llama
+    from mia_jax.cli import main
+
+    folder = tmp_path / "nan_llama"
+    write_tiny_llama(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.norm.weight"][3] = np.nan
+    save_file(tensors, str(folder / "model.safetensors"))
+    texts = wikimia(32).texts[:12]
+    recs = runner.score_texts(models.load(str(folder)), texts, METHODS[:8], progress=False)
+    assert all(r["scores"][m] is None for r in recs for m in METHODS[:8])
+    assert all(r["skip_reason"].startswith(runner.NONFINITE) for r in recs)
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"input": t, "label": i % 2}) + "\n" for i, t in enumerate(texts)))
+    assert main(["eval", "--model", str(folder), "--data", str(data), "--out", str(tmp_path / "run"),
+                 "--n-bootstrap", "10", "--no-progress", "--no-blind"]) == 0
+    printed = capsys.readouterr()
+    assert "logits are NaN or infinite for 12 texts (the first: text 0)" in printed.out + printed.err, printed
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["nonfinite_logits"] == list(range(12))
