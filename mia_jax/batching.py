@@ -20,6 +20,8 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
+from mia_jax.errors import UserError
+
 MIN_BUCKET = 16
 BUCKETS_PER_OCTAVE = 4
 
@@ -118,6 +120,13 @@ def row_lengths(longest: int, tokens_per_batch: int, max_length: int) -> list[in
     buckets = bucket_lengths(max_length)
     low = bucket_of(min(max(min(longest, tokens_per_batch), min(MIN_ROW, tokens_per_batch)), max_length), buckets)
     return [b for b in buckets if low <= b <= max(low, min(tokens_per_batch, max_length))]
+
+
+def check_tokens_per_batch(n: int | None, option: str = "--tokens-per-batch") -> int | None:
+    """``n`` when it is a usable token budget (None: the backend's default), else a UserError naming ``option``."""
+    if n is not None and n < MIN_BUCKET:
+        raise UserError(f"{option} must be at least {MIN_BUCKET}, got {n}")
+    return n
 
 
 ATTENTION_WEIGHT = 16384  # a slot of a row of length t costs 1 + t / ATTENTION_WEIGHT: attention grows with t

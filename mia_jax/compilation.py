@@ -66,6 +66,11 @@ def enable(option: str | None = None) -> Path | None:
     return path
 
 
+def cache_dir() -> str | None:
+    """The folder ``enable`` turned the cache on in (None: off, or not enabled in this process)."""
+    return str(_enabled[0]) if _enabled and _enabled[0] is not None else None
+
+
 _lock = threading.Lock()
 _local = threading.local()
 _log: list[tuple[str, float, bool]] = []  # (function name, seconds, read from the cache) per program

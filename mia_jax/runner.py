@@ -41,23 +41,23 @@ from tqdm.auto import tqdm
 from mia_jax import passes
 from mia_jax import sharding as shd
 from mia_jax.audits import windowed
-from mia_jax.batching import (MIN_BUCKET, TOKENS_PER_BATCH, Encoded, Step, align, encode, pack, packed_arrays,
-                              real_vocab_size)
+from mia_jax.batching import (TOKENS_PER_BATCH, Encoded, Step, align, check_tokens_per_batch, encode, pack,
+                              packed_arrays, real_vocab_size)
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
 from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, read_done, skip_reason  # noqa: F401 (read_done: public)
 from mia_jax.rundir import check_interrupted
-from mia_jax.score_step import make_stats_fn, shared_score_step, shared_stats_fn
-from mia_jax.scorers import MULTI_PASS, TokenBatch, is_multi_pass, parse_method, resource_arrays
+from mia_jax.score_step import make_stats_fn, shared_score_step
+from mia_jax.scorers import MULTI_PASS, TokenBatch, is_multi_pass, parse_method, requirements, resource_arrays
 from mia_jax.scorers.dispatch import check_ids
 from mia_jax.scorers.base import check_resources
 from mia_jax.scorers.likelihood import zlib_bytes
 from mia_jax.stats import DEFAULT_CHUNK, TokenStats
 
-__all__ = ["Encoded", "encode", "make_stats_fn", "shared_stats_fn", "read_done", "score_texts", "score_dataset",
+__all__ = ["Encoded", "encode", "make_stats_fn", "read_done", "score_texts", "score_dataset",
            "run_fingerprint", "real_vocab_size", "scores_by_method"]
-# re-exported: Encoded, encode, real_vocab_size (batching), make_stats_fn, shared_stats_fn (score_step), read_done
+# re-exported: Encoded, encode, real_vocab_size (batching), make_stats_fn (score_step), read_done
 # (records), scores_by_method (metrics)
 
 
@@ -108,10 +108,8 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         for m in methods:
             parse_method(m)
         check_resources(methods, resources)
-    tokens_per_batch = tokens_per_batch or default_tokens_per_batch()
-    if tokens_per_batch < MIN_BUCKET:
-        raise UserError(f"tokens per batch must be at least {MIN_BUCKET}, got {tokens_per_batch}")
-    needs_text = any(getattr(parse_method(m)[0], "needs_text", False) for m in methods) if compute is None else False
+    tokens_per_batch = check_tokens_per_batch(tokens_per_batch, "tokens_per_batch") or default_tokens_per_batch()
+    needs_text = compute is None and requirements(methods).zlib_bytes  # zlib: each text's compressed length
     if window is not None:
         windowed.check_window(window, methods, loaded.max_length)
     decode = loaded.tokenizer.decode if window is not None and needs_text else None
@@ -178,6 +176,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
 
         def finish(step, mask, out):
             idx = step.items
+            per_text, reasons, wins = {}, {}, {}
             if compute is not None:
                 if not idx or all(i in sink for i in idx):
                     return
@@ -188,29 +187,25 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 host = ((lambda x: np.asarray(jax.device_get(x))) if mesh is None
                         else (lambda x: shd.host_local_rows(x, mesh)))
                 scores = {m: host(v) for m, v in out["scores"].items()}
+                broken = host(out["nonfinite"])
                 tokens = TokenStats(*(host(x) for x in out["tokens"])) if window is not None else None
                 if not idx or all(i in sink for i in idx):
                     return  # only here to keep the processes in step
-                broken = host(out["nonfinite"])
-                per_text = {item: {m: float(scores[m][r, s]) for m in methods}
-                            for r, row in enumerate(step.contents) for s, (item, _, _) in enumerate(row)}
-                nonfinite = {item: int(broken[r, s]) for r, row in enumerate(step.contents)
-                             for s, (item, _, _) in enumerate(row) if broken[r, s]}
+                for r, row in enumerate(step.contents):
+                    for s, (item, _, _) in enumerate(row):
+                        if broken[r, s]:  # no score of a text the model could not compute is kept
+                            per_text[item] = {m: None for m in methods}
+                            reasons[item] = f"{NONFINITE}: NaN or infinite at {broken[r, s]} of its scored tokens"
+                        else:
+                            per_text[item] = {m: float(scores[m][r, s]) for m in methods}
                 if tokens is not None:
                     wins = _windows(step, tokens, mask, encoded, texts, methods, window, decode, resources)
             counts["computed"] += len(idx)
             counts["batches_computed"] += 1
-            recs = []
-            for i in idx:
-                if compute is None and i in nonfinite:  # no score of a text the model could not compute is kept
-                    rec = make_record(i, label(i), encoded[i], {m: None for m in methods},
-                                      f"{NONFINITE}: NaN or infinite at {nonfinite[i]} of its scored tokens")
-                    recs.append(rec)
-                    continue
-                rec = make_record(i, label(i), encoded[i], per_text[i], None)
-                if compute is None and window is not None:
-                    rec["windows"] = wins[i]
-                recs.append(rec)
+            recs = [make_record(i, label(i), encoded[i], per_text[i], reasons.get(i)) for i in idx]
+            for rec in recs:
+                if rec["index"] in wins and "skip_reason" not in rec:
+                    rec["windows"] = wins[rec["index"]]
             sink.add(recs)
             bar.update(len(idx))
             check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here, after the step is saved

@@ -21,7 +21,6 @@ Inside one ``jax.jit`` (named ``score_step``, so ``compilation.CompileCount("sco
 from __future__ import annotations
 
 import weakref
-from functools import partial
 from typing import Sequence
 
 import jax
@@ -52,20 +51,10 @@ def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int = DEFAULT
     vocab = real_vocab_size(loaded)
     methods = tuple(methods)
 
-    def stats_of(model, ids, segment_ids):
-        hidden = model.hidden_states(ids, segment_ids=segment_ids)
-        if mesh is None:
-            return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:], vocab_size=vocab,
-                                           chunk_size=chunk_size)
-        hidden = jax.lax.with_sharding_constraint(hidden, shd.batch_sharding(mesh, 3))
-        return token_stats_from_hidden_sharded(hidden[:, :-1], model.unembedding(), ids[:, 1:], mesh=mesh,
-                                               vocab_size=vocab, chunk_size=chunk_size, vocab_axis=shd.VOCAB_AXIS,
-                                               batch_axes=shd.BATCH_AXES)
-
     def score_step(state, batch):
         model = nnx.merge(graphdef, state if mesh is None else shd.gathered_for_lookup(state, mesh))
         ids, starts, spans = batch["ids"], batch["starts"], batch["spans"]
-        stats = stats_of(model, ids, batch["segment_ids"])
+        stats = _token_stats(model, ids, vocab, chunk_size, mesh, batch["segment_ids"])
         rows, segments = starts.shape
         per_text = TokenStats(*(gather_segments(x, starts, spans)[0] for x in stats))
         targets, _ = gather_segments(ids[:, 1:], starts, spans)
@@ -104,42 +93,27 @@ def shared_score_step(loaded, methods: Sequence[str], chunk_size: int = DEFAULT_
 # ----------------------------------------------------------------------------- statistics alone (no scores)
 
 
-def make_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK, mesh=None):
-    """A jitted ``(state, ids [B, T]) -> TokenStats [B, T-1]``: the forward pass fused with the statistics.
-    With ``mesh``: ids and outputs are batch-sharded and the statistics run per vocabulary shard."""
-    return _stats_fn(nnx.split(loaded.model)[0], real_vocab_size(loaded), chunk_size, mesh)
-
-
-_SHARED: "weakref.WeakKeyDictionary[nnx.Module, dict]" = weakref.WeakKeyDictionary()
-
-
-def shared_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK, mesh=None):
-    """``make_stats_fn`` made once per (model, vocabulary, chunk size, mesh) and reused by every pass over the
-    same model (main, lowercase, neighbour texts), so a bucket shape compiles once per model, not once per pass."""
-    vocab = real_vocab_size(loaded)
-    fns = _SHARED.setdefault(loaded.model, {})
-    if (vocab, chunk_size, mesh) not in fns:
-        fns[vocab, chunk_size, mesh] = make_stats_fn(loaded, chunk_size, mesh)
-    return fns[vocab, chunk_size, mesh]
-
-
-def _stats_fn(graphdef, vocab: int, chunk_size: int, mesh=None):
+def _token_stats(model, ids, vocab: int, chunk_size: int, mesh=None, segment_ids=None) -> TokenStats:
+    """The forward over ``ids`` [B, T] and the float32 statistics of its T - 1 predictions (on a mesh: hidden states
+    batch-sharded, the vocabulary split over the model axis)."""
+    hidden = model.hidden_states(ids, segment_ids=segment_ids)
     if mesh is None:
-        @jax.jit
-        def fn(state, ids):
-            model = nnx.merge(graphdef, state)
-            hidden = model.hidden_states(ids)
-            return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:],
-                                           vocab_size=vocab, chunk_size=chunk_size)
+        return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:], vocab_size=vocab,
+                                       chunk_size=chunk_size)
+    hidden = jax.lax.with_sharding_constraint(hidden, shd.batch_sharding(mesh, 3))
+    return token_stats_from_hidden_sharded(hidden[:, :-1], model.unembedding(), ids[:, 1:], mesh=mesh,
+                                           vocab_size=vocab, chunk_size=chunk_size, vocab_axis=shd.VOCAB_AXIS,
+                                           batch_axes=shd.BATCH_AXES)
 
-        return fn
 
-    @partial(jax.jit, out_shardings=shd.batch_sharding(mesh, 2))
-    def sharded_fn(state, ids):
-        model = nnx.merge(graphdef, shd.gathered_for_lookup(state, mesh))
-        hidden = jax.lax.with_sharding_constraint(model.hidden_states(ids), shd.batch_sharding(mesh, 3))
-        return token_stats_from_hidden_sharded(hidden[:, :-1], model.unembedding(), ids[:, 1:], mesh=mesh,
-                                               vocab_size=vocab, chunk_size=chunk_size, vocab_axis=shd.VOCAB_AXIS,
-                                               batch_axes=shd.BATCH_AXES)
+def make_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK, mesh=None):
+    """A jitted ``(state, ids [B, T]) -> TokenStats [B, T-1]``: the forward pass fused with the statistics, one text
+    per row. With ``mesh``: ids and outputs are batch-sharded and the statistics run per vocabulary shard."""
+    graphdef = nnx.split(loaded.model)[0]
+    vocab = real_vocab_size(loaded)
 
-    return sharded_fn
+    def stats_fn(state, ids):
+        model = nnx.merge(graphdef, state if mesh is None else shd.gathered_for_lookup(state, mesh))
+        return _token_stats(model, ids, vocab, chunk_size, mesh)
+
+    return jax.jit(stats_fn) if mesh is None else jax.jit(stats_fn, out_shardings=shd.batch_sharding(mesh, 2))

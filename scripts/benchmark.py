@@ -113,7 +113,7 @@ def worker_a(args, loaded, encoded, texts, result):
     passes, recs, mem = two_passes(lambda: runner.score_texts(
         loaded, texts, METHODS, tokens_per_batch=args.tokens_per_batch, chunk_size=args.chunk_size, progress=False,
         report=report))
-    fn = runner.shared_stats_fn(loaded, args.chunk_size)
+    fn = runner.make_stats_fn(loaded, args.chunk_size)
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=report["scoring_programs"],
                   scores=[r["scores"] for r in recs])
     # the forward alone on the most common (rows, length) shape of the packed plan

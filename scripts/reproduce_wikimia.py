@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from mia_jax import files, models, reproduce, rundir
+from mia_jax.batching import check_tokens_per_batch
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 
@@ -60,6 +61,7 @@ def main(argv=None) -> int:
             print(reproduce.rebuild(Path(args.from_dir), out))
             print(f"wrote {out}/", file=sys.stderr)
             return 0
+        check_tokens_per_batch(args.tokens_per_batch)
         pairs = yaml.safe_load(PAIRS.read_text())
         refs = args.ref_models or [pairs.get(m) for m in args.models]
         if len(refs) != len(args.models) or None in refs:

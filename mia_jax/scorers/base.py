@@ -60,11 +60,6 @@ class Scorer:
     arrays: tuple[str, ...] = ("logprob", "mask")
     resource_keywords: tuple[str, ...] = ()
 
-    @property
-    def needs_zlib_bytes(self) -> bool:
-        """Whether ``device_scores`` needs ``zlib_bytes=`` for it (``needs_text``: the lengths come from the texts)."""
-        return self.needs_text
-
 
 @dataclass(frozen=True)
 class MultiPassMethod:

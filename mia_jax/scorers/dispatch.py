@@ -3,7 +3,7 @@
 (the host path: one cached ``jax.jit`` per method tuple, float64 NumPy out) and ``resource_arrays`` (what a caller
 holds -> the arrays the formulas read).
 
-Which methods need what: ``requirements(methods)`` (and ``REGISTRY[name].needs_ids`` / ``.needs_zlib_bytes`` /
+Which methods need what: ``requirements(methods)`` (and ``REGISTRY[name].needs_ids`` / ``.needs_text`` /
 ``.resources``): the target ``ids``, each text's ``zlib_bytes`` (``scorers.zlib_bytes(text)``), resources by name
 (``freq_table`` for ``dc_pdd``). A missing one, a multi-pass or unknown method, or mismatched shapes: UserError.
 """
