@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
-import time
 from pathlib import Path
 
-from mia_jax import blind, dataset_inference, freq, resources, rundir
+from mia_jax import blind, dataset_inference, eval_report, freq, resources, rundir
 from mia_jax.audits import books, concat, unlearning
 from mia_jax.errors import UserError
-from mia_jax.batching import MIN_BUCKET, TOKENS_PER_BATCH
+from mia_jax.batching import TOKENS_PER_BATCH, check_tokens_per_batch
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
 
@@ -175,24 +172,6 @@ def _fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh,
         mesh=sharding.mesh_str(mesh) if mesh is not None else None, **res.fingerprint)
 
 
-def _blind_baseline(ds, args, required: bool):
-    """Metrics of the model-free bag-of-words baseline on the same texts, and the line that reports it."""
-    from mia_jax import metrics
-
-    try:
-        scores = blind.blind_bow_scores(ds.texts, ds.labels, seed=args.seed)
-    except UserError as e:
-        if required:
-            raise
-        return None, f"Blind baseline not computed: {e}"
-    m = metrics.evaluate(ds.labels, scores, n_bootstrap=args.n_bootstrap, seed=args.seed)
-    ci = m["auroc_ci"] or (float("nan"), float("nan"))
-    line = (f"Blind baseline ({blind.NAME}: bag-of-words TF-IDF + logistic regression, {blind.FOLDS}-fold CV, "
-            f"no model): AUROC {m['auroc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}], TPR@5%FPR {m['tpr_at_5pct_fpr']:.3f}.")
-    warn = blind.warning(m["auroc"])
-    return m, line + (f"\n{warn}" if warn else "")
-
-
 def _neighbor_generator(args, loaded):
     """The 'neighbor' method's generator: the --neighbor-mlm masked LM, else the target model itself."""
     from mia_jax import neighbors
@@ -206,13 +185,6 @@ def _neighbor_generator(args, loaded):
                                    batch_size=args.batch_size)
 
 
-def _neighbor_meta(generator, records) -> dict:
-    return {"name": generator.name, "config": generator.config,
-            "n_identical_neighbors": sum(r.get("n_identical_neighbors", 0) for r in records),
-            "n_texts_all_identical": sum(1 for r in records if r.get("n_identical_neighbors", 0) == generator.n),
-            "n_neighbors_scored": sum(r.get("n_neighbors", 0) for r in records)}
-
-
 def run(args, labeled: bool) -> Path:
     import jax
 
@@ -223,8 +195,7 @@ def run(args, labeled: bool) -> Path:
         rundir.check_path(args.out)
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.tokens_per_batch is not None and args.tokens_per_batch < MIN_BUCKET:
-        raise UserError(f"--tokens-per-batch must be at least {MIN_BUCKET}, got {args.tokens_per_batch}")
+    check_tokens_per_batch(args.tokens_per_batch)
     if args.chunk_size < 1:
         raise UserError(f"--chunk-size must be at least 1, got {args.chunk_size}")
     blind_asked = blind.NAME in args.methods
@@ -255,8 +226,8 @@ def run(args, labeled: bool) -> Path:
     with rundir.claim(out, fingerprint, overwrite=args.overwrite) as resume:
         if resume:
             print(f"resuming the run in {out}", file=sys.stderr)
-        _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
-                          compare, res)
+        eval_report.score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh,
+                                     blind_asked, compare, res)
     return out
 
 
@@ -280,206 +251,6 @@ def _comparisons(args, methods: list[str]) -> list[tuple[str, str]]:
     if pairs and args.n_bootstrap < 1:
         raise UserError(f"--compare needs --n-bootstrap of at least 1, got {args.n_bootstrap}")
     return pairs
-
-
-def _paired(records, labels, pairs, args) -> list[dict]:
-    """metrics.paired_bootstrap of each --compare pair over the run's records."""
-    from mia_jax import metrics
-
-    scores = metrics.scores_by_method(records, sorted({m for p in pairs for m in p}))
-    out = []
-    for a, b in pairs:
-        try:
-            res = metrics.paired_bootstrap(labels, scores[a], scores[b], n_bootstrap=args.n_bootstrap,
-                                           seed=args.seed)
-        except ValueError as e:  # e.g. one class left once the texts either method could not score are dropped
-            res = {"error": str(e)}
-        out.append({"a": a, "b": b, **res})
-    return out
-
-
-BOLD_NOTE = ("Bold AUROC: the highest and every method the paired bootstrap on the same texts does not place "
-             "below it (best - method interval containing 0).")
-
-
-def _tied_with_best(labels, scores, summary, methods, args) -> set:
-    """The methods whose AUROC the run's table bolds (metrics.compare_to_best / tied_with_best); none without
-    bootstrap resamples or with fewer than two methods."""
-    from mia_jax import metrics
-
-    if args.n_bootstrap < 1 or len(methods) < 2 or len(set(labels)) < 2:
-        return set()
-    entry = metrics.compare_to_best(labels, scores, {m: summary[m].get("auroc") for m in methods},
-                                    n_bootstrap=args.n_bootstrap, seed=args.seed)
-    return metrics.tied_with_best(entry)
-
-
-def _compile_meta(count: dict) -> dict:
-    """run.json's "compile": the scoring programs the run needed (built or read from the persistent cache), the
-    seconds they took, how many came from the cache, and the cache folder."""
-    from mia_jax import compilation
-
-    return {"scoring_programs": count["programs"], "seconds": count["seconds"], "cache_hits": count["cache_hits"],
-            "compiled": count["compiled"], "cache_dir": str(compilation.enable()) if compilation.enable() else None}
-
-
-def _score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
-                      compare=(), res=None) -> None:
-    import jax
-
-    from mia_jax import __version__, compilation, data, metrics, report, runner, sharding
-
-    print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
-          file=sys.stderr)
-    t0 = time.perf_counter()
-    passes: dict = {}
-    res = res or resources.Resources()
-    compiled = compilation.CompileCount("score_step")
-    records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=generator, labels=ds.labels,
-                                   out_dir=out, resume=resume, batch_size=args.batch_size,
-                                   tokens_per_batch=args.tokens_per_batch, chunk_size=args.chunk_size,
-                                   progress=not args.no_progress, mesh=mesh, report=passes,
-                                   pass_options=res.pass_options, resources=res.resources, **res.score_options)
-    seconds = time.perf_counter() - t0
-    n_tokens = sum(r["n_tokens"] for r in records)
-    skipped = [r for r in records if "skip_reason" in r]
-    meta = {
-        "command": " ".join(sys.argv),
-        "config": {k: v for k, v in vars(args).items()},
-        "methods": methods,
-        "package_version": __version__,
-        "jax_version": jax.__version__,
-        "device": str(jax.devices()[0]),
-        "mesh": sharding.mesh_str(mesh) if mesh is not None else None,
-        "n_processes": jax.process_count(),
-        "platform": platform.platform(),
-        "model": {
-            "name": loaded.name,
-            "source": loaded.source,
-            "dtype": loaded.dtype,
-            "files": loaded.files,
-            "add_bos": loaded.add_bos,
-            "max_length": loaded.max_length,
-            "first_token_policy": "first token not scored"
-            + (" (BOS is prepended, so every text token is scored)" if loaded.add_bos else ""),
-        },
-        "ref_model": {"name": ref.name, "source": ref.source, "files": ref.files, "add_bos": ref.add_bos}
-        if ref
-        else None,
-        "data": {"name": ds.name, "files": ds.files, "n": len(ds)},
-        "method_resources": {"fingerprint": res.fingerprint, "files": res.files} if res.fingerprint else None,
-        "neighbors": _neighbor_meta(generator, records) if generator is not None else None,
-        "n_skipped": len(skipped),
-        "nonfinite_logits": [r["index"] for r in skipped if r["skip_reason"].startswith(runner.NONFINITE)],
-        "n_truncated": sum(1 for r in records if r.get("truncated")),
-        "duplicates": data.duplicate_report(ds.texts, ds.labels),
-        "passes": passes,
-        "compile": _compile_meta(compiled.stop()),
-        "packing": {"slots": sum(p.get("slots", 0) for p in passes.values()),
-                    "tokens": sum(p.get("tokens", 0) for p in passes.values())},
-        "seconds": round(seconds, 2),
-        "tokens_per_second": round(n_tokens / seconds, 1) if seconds > 0 else None,
-    }
-    counts = _count_lines(meta, loaded.max_length)
-    print(f"scored {len(records) - len(skipped)} texts ({n_tokens} tokens) in {seconds:.1f} s; "
-          f"skipped {len(skipped)}", file=sys.stderr)
-    c, pk = meta["compile"], meta["packing"]
-    pad = 1 - pk["tokens"] / pk["slots"] if pk["slots"] else 0.0
-    print(f"scoring programs: {c['scoring_programs']} ({c['compiled']} compiled, {c['cache_hits']} from the cache, "
-          f"{c['seconds']:.1f} s); padding {pad:.1%} of {pk['slots']} token slots", file=sys.stderr)
-    if not labeled:  # a labeled eval prints them under its table
-        for line in counts:
-            print(line, file=sys.stderr)
-    if generator is not None:
-        nm = meta["neighbors"]
-        print(f"neighbor ({generator.name}): {nm['n_neighbors_scored']} neighbours scored, "
-              f"{nm['n_identical_neighbors']} identical to their text dropped", file=sys.stderr)
-    if not sharding.is_main_process():  # every process holds all records; process 0 writes the outputs
-        return
-    if args.window is not None:
-        meta["windows"] = _window_report(args, ds, loaded, records, methods, out, labeled)
-    if labeled:
-        labels = [r["label"] for r in records]
-        summary = metrics.evaluate_records(records, methods, labels, n_bootstrap=args.n_bootstrap, seed=args.seed)
-        scores = metrics.scores_by_method(records, methods)
-        if generator is not None:
-            summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
-        notes = list(counts)
-        if blind_asked or not args.no_blind:
-            blind_metrics, note = _blind_baseline(ds, args, blind_asked)
-            if blind_metrics is not None:
-                meta["blind_baseline"] = blind_metrics
-                if blind_asked:
-                    summary[blind.NAME] = blind_metrics
-            notes.append(note)
-        comparisons = _paired(records, labels, compare, args)
-        bold = _tied_with_best(labels, scores, summary, methods, args)
-        if bold:
-            notes.append(BOLD_NOTE)
-        report.write_summary(out, summary, extra=meta, notes=notes, comparisons=comparisons, bold=bold)
-        report.plot_roc(out / "roc.png", {m: (labels, scores[m]) for m in methods},
-                        title=f"{ds.name}, {loaded.name}")
-        report.plot_histograms(out / "histograms.png", scores, labels)
-        if len(set(labels)) == 2:
-            print(report.markdown_table({m: summary[m] for m in methods}, bold))
-        else:
-            print(f"Text-level metrics not computed: every text has label {labels[0]} (see the window-level table).")
-        print("".join(f"\n{n}" for n in notes).lstrip("\n"))
-        if comparisons:
-            print("\n" + report.comparisons_markdown(comparisons))
-    else:
-        (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
-    print(f"wrote {out}/", file=sys.stderr)
-
-
-def _window_report(args, ds, loaded, records, methods, out: Path, labeled: bool) -> dict:
-    """Online detection: window-level metrics (and the blind baseline on the windows' texts, unless --no-blind)
-    where the data says where each text's member part begins, each text's first flagged window; windows.csv (text,
-    window, tokens, label, scores, window_text) and a printed summary."""
-    from mia_jax.audits import windowed
-    from mia_jax.report import markdown_table, write_csv
-
-    method = args.window_method or next((m for m in methods if m.startswith("min_k_pp@")), methods[0])
-    if method not in methods:
-        raise UserError(f"--window-method {method!r} is not one of this run's methods ({', '.join(methods)})")
-    starts = ds.extra.get(args.member_from_field, [None] * len(ds))
-    labels = windowed.window_labels(loaded.tokenizer, ds.texts, starts, records)
-    texts = windowed.window_texts(loaded, ds.texts, records)  # from the texts: also on a resumed run
-    rep = windowed.report(records, labels, methods, method=method, threshold=args.window_threshold, fpr=0.05,
-                          n_bootstrap=args.n_bootstrap if labeled else 0, seed=getattr(args, "seed", 0),
-                          texts=texts, blind=not getattr(args, "no_blind", False))
-    rows = [[i, j, n, lab, *(r["windows"]["scores"][m][j] for m in methods), wt]
-            for i, (r, labs, wts) in enumerate(zip(records, labels, texts)) if "windows" in r
-            for j, (n, lab, wt) in enumerate(zip(r["windows"]["n_tokens"], labs, wts))]
-    write_csv(out / "windows.csv", ["text", "window", "n_tokens", "label", *methods, concat.WINDOW_TEXT], rows)
-    print(f"windows of {args.window} tokens: {rep['n_windows']} ({rep['n_labeled']} labeled, {rep['n_straddling']} "
-          f"straddling the member boundary or unlabeled); per-window scores in {out / 'windows.csv'}", file=sys.stderr)
-    if "metrics" in rep:
-        print("Window-level detection (windows pooled over texts):\n" + markdown_table(rep["metrics"]))
-    if rep.get("blind_note"):
-        print(rep["blind_note"])
-    if "threshold" in rep:
-        flagged = [f for f in rep["first_flagged"] if f is not None]
-        print(f"{method} above {rep['threshold']:.4g}"
-              f"{' (' + rep['threshold_from'] + ')' if 'threshold_from' in rep else ''}: {len(flagged)} of "
-              f"{len(records)} texts have a flagged window; first flagged window per text in run.json")
-    return rep
-
-
-def _count_lines(meta: dict, max_length: int) -> list[str]:
-    """What a reader of the table must know about the data: truncation and duplicates (terminal + summary.md)."""
-    lines = [f"Truncated to the model's context of {max_length} tokens: {meta['n_truncated']} texts. "
-             f"Exact duplicates of an earlier text: {meta['duplicates']['n_duplicate_texts']} texts."]
-    broken = meta.get("nonfinite_logits") or []
-    if broken:
-        lines.append(f"WARNING: the model's logits are NaN or infinite for {len(broken)} texts (the first: text "
-                     f"{broken[0]}); every score of those texts is null and they are left out of every metric. A "
-                     "broken checkpoint or a bfloat16 overflow: check the model, or try --dtype float32.")
-    conflicting = meta["duplicates"]["n_conflicting_texts"]
-    if conflicting:
-        lines.append(f"Warning: {conflicting} distinct texts appear both as member and as non-member "
-                     "(label 1 and label 0); no detector can separate them, and they lower every AUROC.")
-    return lines
 
 
 def _add_generate(sub) -> None:
