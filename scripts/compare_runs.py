@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mia_jax.errors import UserError
 from mia_jax.metrics import paired_bootstrap, scores_by_method
 
 
@@ -24,11 +25,24 @@ def read(path: str) -> list[dict]:
     p = Path(path)
     p = p / "results.jsonl" if p.is_dir() else p
     if not p.is_file():
-        sys.exit(f"{path}: no results.jsonl there")
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines()]
+        raise UserError(f"{path}: no results.jsonl there")
+    try:
+        return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines()]
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: not a results file ({e})") from None
 
 
-def main() -> None:
+def main() -> int:
+    """Exit 2 with one line on a bad argument or file, as the mia-jax commands do."""
+    try:
+        compare()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def compare() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a")
     ap.add_argument("b")
@@ -38,7 +52,7 @@ def main() -> None:
     ra, rb = read(args.a), read(args.b)
     if [r["index"] for r in ra] != [r["index"] for r in rb] or any(r.get("label") != s.get("label")
                                                                     for r, s in zip(ra, rb)):
-        sys.exit("the two runs do not hold the same texts and labels")
+        raise UserError("the two runs do not hold the same texts and labels")
     methods = [m for m in ra[0]["scores"] if m in rb[0]["scores"]]
     labels = np.array([r["label"] for r in ra])
     sa, sb = scores_by_method(ra, methods), scores_by_method(rb, methods)
@@ -55,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import bench_tools
+from mia_jax.errors import UserError
 from benchmark import METHODS, per_text, torch_arrays, transformers_model
 
 
@@ -46,11 +47,14 @@ def run(args) -> None:
 
 def compare(a: str, b: str) -> None:
     def read(path):
-        return [json.loads(line)["scores"] for line in Path(path).read_text().splitlines()]
+        try:
+            return [json.loads(line)["scores"] for line in Path(path).read_text().splitlines()]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{path}: not a results file ({e})") from None
 
     ra, rb = read(a), read(b)
     if len(ra) != len(rb):
-        sys.exit(f"{a} has {len(ra)} records, {b} {len(rb)}")
+        raise UserError(f"{a} has {len(ra)} records, {b} {len(rb)}")
     for m in METHODS:
         x = np.array([np.nan if r is None or r.get(m) is None else r[m] for r in ra], float)
         y = np.array([np.nan if r is None or r.get(m) is None else r[m] for r in rb], float)
@@ -58,7 +62,7 @@ def compare(a: str, b: str) -> None:
         print(f"{m}: {int(np.sum(diff <= 1e-3))}/{len(x)} within 1e-3, largest difference {np.nanmax(diff):.2e}")
 
 
-def main():
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--length", type=int, default=32)
@@ -66,12 +70,22 @@ def main():
     ap.add_argument("--out", default="published.jsonl")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two results files to compare (no model run)")
     args = ap.parse_args()
-    if args.compare:
-        compare(*args.compare)
-        return
-    os.environ.update(bench_tools.torch_env({}, "PASSIVE"))  # as benchmark.py's torch worker, before torch loads
-    run(args)
+    try:
+        if args.compare:
+            compare(*args.compare)
+            return 0
+        from mia_jax.data import wikimia
+
+        wikimia(args.length)  # a bad length before the model loads
+        if not Path(args.out).resolve().parent.is_dir():
+            raise UserError(f"--out {args.out}: its folder does not exist")
+        os.environ.update(bench_tools.torch_env({}, "PASSIVE"))  # as benchmark.py's torch worker, before torch loads
+        run(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
