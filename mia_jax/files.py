@@ -42,3 +42,26 @@ def write_jsonl_gz(path: str | os.PathLike, records: Iterable[dict]) -> None:
 def read_jsonl_gz(path: str | os.PathLike) -> list[dict]:
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def write_all(folder: str | os.PathLike, outputs: dict[str, str | bytes]) -> None:
+    """Write several files (paths relative to ``folder``) so that a failure leaves none of them changed: every file
+    goes to a temporary of this process first, then all are renamed into place."""
+    folder = Path(folder)
+    tmps = []
+    try:
+        for name, content in outputs.items():
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmps.append((tmp, path))
+            if isinstance(content, bytes):
+                tmp.write_bytes(content)
+            else:
+                tmp.write_text(content, encoding="utf-8")
+    except BaseException:
+        for tmp, _ in tmps:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, path in tmps:
+        os.replace(tmp, path)

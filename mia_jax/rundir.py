@@ -180,3 +180,107 @@ def _decide(path: Path, fingerprint: dict | None, overwrite: bool, file: str, hi
             tmp.write_text(json.dumps(fingerprint, indent=2) + "\n")
             os.replace(tmp, fp_path)
     return False
+
+
+# ----------------------------------------------------------------------------- what a run wrote, for its rebuilds
+
+MANIFEST = "manifest.json"
+REBUILD = "rebuild.json"
+_NOT_SEALED = {LOCK, MANIFEST, REBUILD}
+
+
+def rows(path: Path) -> int | None:
+    """Rows of a data file as its reader sees them: non-empty lines of .jsonl / .jsonl.gz, records of a .csv (header
+    excluded); None for other files."""
+    import csv
+    import gzip
+
+    name = path.name
+    if name.endswith(".jsonl.gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            return sum(1 for line in fh if line.strip())
+    if name.endswith(".jsonl"):
+        with open(path, encoding="utf-8") as fh:
+            return sum(1 for line in fh if line.strip())
+    if name.endswith(".csv"):
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            return max(sum(1 for _ in csv.reader(fh)) - 1, 0)
+    return None
+
+
+def seal(folder: str | os.PathLike, names: list[str] | None = None) -> dict:
+    """Record the SHA-256, size and row count of the files a run wrote (``names``, relative to ``folder``; default:
+    every file in it but the lock, fingerprint-free bookkeeping and temporaries) in ``folder/manifest.json``, at the
+    end of the run: every ``--from`` rebuild checks its inputs against it (``verify``)."""
+    from mia_jax.files import sha256
+
+    folder = Path(folder)
+    if names is None:
+        names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                       if p.is_file() and p.name not in _NOT_SEALED and not p.name.endswith(".tmp"))
+    entries = {}
+    for name in names:
+        path = folder / name
+        entries[name] = {"sha256": sha256(path), "bytes": path.stat().st_size, "rows": rows(path)}
+    tmp = folder / f"{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"files": entries}, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, folder / MANIFEST)
+    return entries
+
+
+def verify(folder: str | os.PathLike, names: list[str], flag: str = "--from") -> dict:
+    """Check that each of ``names`` (the files a rebuild reads) is in ``folder``, byte for byte as the run wrote it
+    (``seal``); a ``UserError`` names the first file that is missing, changed, cut or not recorded."""
+    from mia_jax.files import sha256
+
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{flag} {folder}: no {MANIFEST} (the record of what the run wrote, made at its end): the run "
+                        "did not finish, or the folder was made by another program or an older mia_jax; rerun it")
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))["files"]
+        assert isinstance(entries, dict) and all(isinstance(e, dict) and "sha256" in e for e in entries.values())
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AssertionError):
+        raise UserError(f"{flag} {folder}: {MANIFEST} is damaged (not the JSON a run writes); use an intact copy of "
+                        "the folder") from None
+    for name in names:
+        if name not in entries:
+            raise UserError(f"{flag} {folder}: {name} is not among the files the run recorded in {MANIFEST}")
+        file = folder / name
+        if not file.is_file():
+            raise UserError(f"{flag} {folder}: {name} is missing (the run wrote it; {MANIFEST} records it)")
+        want = entries[name]
+        if file.stat().st_size != want.get("bytes", file.stat().st_size) or sha256(file) != want["sha256"]:
+            try:
+                got = rows(file)
+            except (OSError, ValueError, UnicodeDecodeError, EOFError):
+                got = None
+            detail = (f"{got} rows where the run wrote {want['rows']}" if want.get("rows") is not None and got is not
+                      None and got != want["rows"] else "its bytes differ from what the run wrote")
+            raise UserError(f"{flag} {folder}: {name} was changed or cut after the run ({detail}); rebuild from an "
+                            "intact copy")
+    return entries
+
+
+@contextmanager
+def rebuild_into(out: str | os.PathLike, sources: list[str | os.PathLike], kind: str) -> Iterator[bool]:
+    """Hold ``out`` for a rebuild of ``sources``; yields True for a rebuild in place (``out`` is the one source:
+    the caller validates every input and computes every output before writing any, ``files.write_all``). Any other
+    ``out`` must be empty, new, or this rebuild's own earlier output of the same sources (their manifests
+    unchanged): a folder holding anything else (another run, another rebuild) is refused untouched."""
+    from mia_jax.entry import check_out
+    from mia_jax.files import sha256
+
+    out = check_out(out)
+    srcs = [Path(s) for s in sources]
+    if len(srcs) == 1 and out.exists() and out.resolve() == srcs[0].resolve():
+        with claim(out, None):
+            yield True
+        return
+    if any(out.resolve() == s.resolve() or s.resolve() in out.resolve().parents for s in srcs):
+        raise UserError(f"--out {out} is inside a --from folder; give a folder of its own")
+    fingerprint = {"rebuild": kind, "from": {str(s): sha256(s / MANIFEST) if (s / MANIFEST).is_file() else None
+                                             for s in srcs}}
+    with claim(out, fingerprint, file=REBUILD, hint="give an empty or new --out"):
+        yield False

@@ -1,0 +1,194 @@
+"""The one guard of every entry point: ``mia-jax`` and its subcommands, each ``scripts/*.py`` a user runs,
+``python train/contaminate.py`` and every ``python -m train.*``.
+
+    if __name__ == "__main__":
+        sys.exit(entry.run("python -m train.tables", main, resume_hint="..."))
+
+What every entry point gets from it:
+
+- ``ArgumentParser``: a usage error is one line (``PROG: error: ... (see PROG --help)``) and exit 2, as every
+  other user error, instead of argparse's usage block.
+- Argument types that validate at parse time, before anything is read or written: ``positive_int``,
+  ``nonneg_int``, ``positive_float``, ``fraction``, ``input_file``, ``input_dir``, ``out_dir`` (not a file, not
+  under a file, not a dangling link, a writable parent) and ``source_dir`` (the ``--from`` folder of a rebuild).
+  ``tests/test_entry_fuzz.py`` finds every entry point and feeds each option of these types bad values.
+- ``run(prog, main)``: a ``UserError`` is one line and exit 2; so are the errors of the machine a user can fix
+  (disk full, read-only file system, permission, a file where a folder is expected; ``SIGXFSZ`` is ignored so that
+  ``ulimit -f`` shows as "file too large"), a JAX platform that cannot start (``JAX_PLATFORMS=tpu`` without one) and a
+  malformed ``XLA_FLAGS`` (checked before JAX starts: XLA aborts with a 90-line fatal error otherwise). Ctrl-C
+  is one line and exit 130; further Ctrl-C while the interpreter shuts down are ignored (no "Exception ignored in
+  atexit callback"). Anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Callable
+
+from mia_jax.errors import UserError
+
+# OSErrors that describe the user's machine or paths, not a bug: reported in one line
+USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR,
+               errno.EEXIST, errno.ELOOP, errno.ENAMETOOLONG, errno.EFBIG, errno.ENOENT, errno.EMFILE}
+_XLA_FLAG = re.compile(r"--[A-Za-z0-9_]+(=\S*)?")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2); subparsers are of the same class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind, low, strict: bool, name: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
+        if value != value or value in (float("inf"), float("-inf")) or (value <= low if strict else value < low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text}")
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+positive_int = _number(int, 0, True, "positive_int")
+nonneg_int = _number(int, 0, False, "nonneg_int")
+positive_float = _number(float, 0.0, True, "positive_float")
+nonneg_float = _number(float, 0.0, False, "nonneg_float")
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def input_file(text: str) -> Path:
+    """An existing, readable file (not a folder)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text} is not readable")
+    return path
+
+
+def input_dir(text: str) -> Path:
+    """An existing folder."""
+    path = Path(text)
+    if path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such folder")
+    return path
+
+
+class source_dir:  # noqa: N801 - used like a type
+    """The ``--from`` folder of a rebuild: an existing folder written by ``kind``; ``example`` names a committed
+    folder of that kind (the fuzz test corrupts a copy of it)."""
+
+    def __init__(self, kind: str, example: str | None = None):
+        self.kind, self.example = kind, example
+        self.__name__ = "source_dir"
+
+    def __call__(self, text: str) -> Path:
+        path = input_dir(text)
+        if not any(path.iterdir()):
+            raise argparse.ArgumentTypeError(f"{text} is empty; give the folder a {self.kind} run wrote")
+        return path
+
+
+def check_out(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """An output folder that can be made: not a file, not under a file, not a dangling link, its nearest existing
+    parent writable. Creates nothing."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"{flag} {path} is a link to a missing {os.readlink(path)}; remove it or give another folder")
+    if path.exists():
+        if not path.is_dir():
+            raise UserError(f"{flag} {path} is an existing file, not a folder; give a folder path")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UserError(f"{flag} {path} is not writable")
+        return path
+    parent = path.absolute().parent
+    while not parent.exists() and not parent.is_symlink():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path} is under {parent}, which is a file or a broken link, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path} cannot be made: {parent} is not writable")
+    return path
+
+
+def out_dir(text: str) -> Path:
+    """argparse type of ``--out`` folders (``check_out`` at parse time)."""
+    try:
+        return check_out(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--out {text} ")) from None
+
+
+def check_xla_flags() -> None:
+    """Refuse a malformed ``XLA_FLAGS`` before JAX starts (XLA aborts the process with a long fatal error)."""
+    bad = [t for t in os.environ.get("XLA_FLAGS", "").split() if not _XLA_FLAG.fullmatch(t)]
+    if bad:
+        raise UserError(f"XLA_FLAGS holds {bad[0]!r}, which is not a --name or --name=value flag; fix or unset "
+                        "XLA_FLAGS")
+
+
+def describe_os_error(e: OSError) -> str:
+    where = f" {e.filename}" if e.filename else ""
+    text = f"cannot use{where}: {e.strerror or e}"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        text += "; free some space (or raise the limit) and run the same command again: finished work is kept"
+    return text
+
+
+def _quiet_exit() -> None:
+    """Ignore further Ctrl-C while the interpreter shuts down (JAX's atexit hooks would print a traceback)."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+
+
+def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = None, *,
+        resume_hint: str = "") -> int:
+    """Run ``main(argv)`` under the guard; returns the exit status (0, 2 for a user error, 130 for Ctrl-C)."""
+    if hasattr(signal, "SIGXFSZ"):
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        except ValueError:
+            pass
+    try:
+        check_xla_flags()
+        return main(argv) or 0
+    except UserError as e:
+        message = str(e)
+    except KeyboardInterrupt:
+        _quiet_exit()
+        print(f"{prog}: interrupted{'; ' + resume_hint if resume_hint else ''}", file=sys.stderr, flush=True)
+        return 130
+    except OSError as e:
+        if e.errno not in USER_ERRNOS:
+            raise
+        message = describe_os_error(e)
+    except RuntimeError as e:
+        if not str(e).startswith("Unable to initialize backend"):
+            raise
+        message = (f"JAX cannot start the platform asked for ({os.environ.get('JAX_PLATFORMS') or 'default'}): "
+                   f"{str(e).splitlines()[0]}; set JAX_PLATFORMS to one this machine has (e.g. cpu)")
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    return 2
