@@ -274,3 +274,23 @@ def assert_chunked_gradient_matches_full(q, k, v, **opts) -> None:
     for g_full, g_chunk, what in zip(g["full"], g["chunked"], "qkv"):
         assert np.all(np.isfinite(np.asarray(g_chunk))), what
         np.testing.assert_allclose(np.asarray(g_chunk), np.asarray(g_full), rtol=1e-5, atol=2e-6, err_msg=what)
+
+
+def snapshot(folder) -> dict:
+    """Every file under ``folder`` (relative path -> bytes) and every sub-folder (-> None): compare two snapshots to
+    prove that nothing in a folder changed."""
+    folder = Path(folder)
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
+
+
+def assert_clean_error(rc: int, stderr: str, *needles: str) -> None:
+    """A user error as every entry point reports it: exit 2, one line on stderr, no traceback; each of ``needles``
+    in the message."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert rc == 2, f"exit {rc}, stderr:\n{stderr}"
+    assert "Traceback" not in stderr, stderr
+    assert len(lines) == 1, f"{len(lines)} lines on stderr:\n{stderr}"
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
