@@ -13,7 +13,9 @@ Conventions
   ties counted 1/2 (scikit-learn's ``roc_auc_score``).
 * The low-level functions require finite scores and both classes, and raise ``ValueError`` otherwise.
   :func:`evaluate` instead counts and excludes NaN/inf scores (``n_nan``), and returns ``None`` metrics
-  with an explanatory ``note`` when only one class remains.
+  with an explanatory ``note`` when a class has fewer than ``MIN_PER_CLASS`` (10) scored examples (one class
+  left included); :func:`evaluate_mean` does the same per group, :func:`paired_bootstrap` and
+  :func:`subset_bootstrap` raise ``ValueError`` with that reason (every caller reports the comparison as n/a).
 * Bootstrap CIs (in :func:`evaluate`) are seeded percentile intervals over **stratified** resamples:
   members and non-members are resampled separately, with replacement, at their observed counts, so every
   resample has both classes and the same class balance as the data.
@@ -38,6 +40,15 @@ from sklearn import metrics as _skm
 FPR_TARGETS = (0.001, 0.01, 0.05)
 _TPR_KEYS = {0.001: "tpr_at_0.1pct_fpr", 0.01: "tpr_at_1pct_fpr", 0.05: "tpr_at_5pct_fpr"}
 _CHUNK_ELEMENTS = 4_000_000  # bootstrap resamples are processed in blocks of about this many values
+MIN_PER_CLASS = 10  # fewer members or non-members than this: no metric (n/a with the reason), never a verdict
+
+
+def too_few(n_pos: int, n_neg: int, minimum: int = MIN_PER_CLASS) -> str | None:
+    """The reason a cell is n/a when a class has fewer than ``minimum`` examples (an AUROC of 3 members against 4
+    non-members is 1.000 [1.000, 1.000] by chance far too often to print), else None."""
+    if min(n_pos, n_neg) < minimum:
+        return f"n/a: fewer than {minimum} examples per class ({n_pos} members, {n_neg} non-members)"
+    return None
 
 
 def _as_labels(labels) -> np.ndarray:
@@ -167,8 +178,10 @@ def _interval(values: np.ndarray, confidence: float) -> list[float]:
 
 
 def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confidence: float = 0.95,
-             clusters: Sequence | None = None) -> dict:
+             clusters: Sequence | None = None, min_per_class: int = MIN_PER_CLASS) -> dict:
     """All metrics for one method as a JSON-serialisable dict (see the module docstring).
+
+    Fewer than ``min_per_class`` scored members or non-members: every metric ``None`` and ``note`` says why.
 
     NaN/inf scores are counted in ``n_nan`` and excluded (and mentioned in ``note``). With only one class
     among the scored rows every metric is ``None`` and ``note`` says why. ``auroc_ci`` and
@@ -228,6 +241,9 @@ def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confiden
         notes.insert(0, f"AUROC undefined: only one class among scored examples "
                         f"({n_pos} members, {n_neg} non-members)")
         out["note"] = "; ".join(notes)
+        return out
+    if reason := too_few(n_pos, n_neg, min_per_class):
+        out["note"] = "; ".join([reason, *notes])
         return out
     out["auroc"] = auroc(lab, sc)
     for f in FPR_TARGETS:
@@ -355,7 +371,7 @@ def _check_bootstrap_args(n_bootstrap: int, confidence: float) -> None:
 
 def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = None, n_bootstrap: int = 1000,
                      seed: int = 0, confidence: float = 0.95, fpr: float = 0.05,
-                     clusters: Sequence | None = None) -> dict:
+                     clusters: Sequence | None = None, min_per_class: int = MIN_PER_CLASS) -> dict:
     """Paired bootstrap of A - B for two score vectors on the **same** examples: two methods scored by one model,
     or one method scored by two models (e.g. two learning rates) on the same eval set.
 
@@ -389,6 +405,7 @@ def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = No
     kept_groups = None if groups is None else [g for g, k in zip(groups, keep) if k]
     lab, a, b = lab[keep], a[keep], b[keep]
     keys, rows = _group_rows(lab, kept_groups, lab.shape[0])
+    _enough(rows, keys, min_per_class)
     if cid is None:
         auc, tpr, boot_auc, boot_tpr = _grouped_bootstrap([a, b], rows, n_bootstrap, seed, fpr)
     else:
@@ -405,6 +422,13 @@ def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = No
     for key, point, boot in (("auroc", auc, boot_auc), (_tpr_key(fpr), tpr, boot_tpr)):
         out[key] = _comparison(point[0], point[1], boot[:, 0], boot[:, 1], confidence)
     return out
+
+
+def _enough(rows, keys, minimum: int = MIN_PER_CLASS) -> None:
+    """ValueError naming the first group (or the whole set) with fewer than ``minimum`` examples of a class."""
+    for key, (pos, neg) in zip(keys, rows):
+        if reason := too_few(len(pos), len(neg), minimum):
+            raise ValueError(reason if len(keys) == 1 else f"{key}: {reason}")
 
 
 def _comparison(a: float, b: float, boot_a: np.ndarray, boot_b: np.ndarray, confidence: float) -> dict:
@@ -531,7 +555,7 @@ def _cluster_bootstrap(vectors: Sequence[np.ndarray], draws: Sequence[_ClusterDr
 
 
 def evaluate_mean(labels, scores, groups: Sequence, *, n_bootstrap: int = 1000, seed: int = 0,
-                  confidence: float = 0.95) -> dict:
+                  confidence: float = 0.95, min_per_class: int = MIN_PER_CLASS) -> dict:
     """The mean over ``groups`` (e.g. datasets) of one method's per-group AUROC and TPR@5%FPR, with stratified
     percentile-bootstrap intervals (resampled within each group, members and non-members separately; the same
     draws as :func:`paired_bootstrap` with the same ``seed``). NaN/inf scores are excluded (``n_nan``).
@@ -551,6 +575,11 @@ def evaluate_mean(labels, scores, groups: Sequence, *, n_bootstrap: int = 1000, 
     vectors = [_as_scores(v, lab.shape[0]) for v in np.atleast_2d(arr)]
     keep = np.logical_and.reduce([np.isfinite(v) for v in vectors])
     keys, rows = _group_rows(lab[keep], [g for g, k in zip(groups, keep) if k], int(keep.sum()))
+    try:
+        _enough(rows, keys, min_per_class)
+    except ValueError as e:
+        return {"auroc": None, "auroc_ci": None, "tpr_at_5pct_fpr": None, "tpr_at_5pct_fpr_ci": None,
+                "n_groups": len(keys), "n_nan": int((~keep).sum()), "note": str(e)}
     auc, tpr, boot_auc, boot_tpr = _grouped_bootstrap([v[keep] for v in vectors], rows, n_bootstrap, seed, 0.05)
     return {"auroc": float(auc.mean()),
             "auroc_ci": _interval(boot_auc.mean(axis=1), confidence) if n_bootstrap else None,
@@ -560,7 +589,7 @@ def evaluate_mean(labels, scores, groups: Sequence, *, n_bootstrap: int = 1000, 
 
 
 def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int = 1000, seed: int = 0,
-                     confidence: float = 0.95, fpr: float = 0.05) -> dict:
+                     confidence: float = 0.95, fpr: float = 0.05, min_per_class: int = MIN_PER_CLASS) -> dict:
     """AUROC / TPR@``fpr`` of two member subsets against the **same** non-members (e.g. members inserted k = 4
     times vs k = 1 times): the non-members are resampled once per resample and shared by A and B (paired), each
     member subset resampled on its own. ``members_a`` / ``members_b`` are boolean masks over the examples (members
@@ -576,6 +605,8 @@ def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int =
     neg, pa, pb = sc[(lab == 0) & fin], sc[ma & fin], sc[mb & fin]
     if min(neg.size, pa.size, pb.size) == 0:
         raise ValueError(f"need non-members and members in both subsets; got {neg.size}, {pa.size}, {pb.size}")
+    if reason := too_few(min(pa.size, pb.size), neg.size, min_per_class):
+        raise ValueError(reason)
     point = [(_auroc_rows(p[None], neg[None])[0], _tpr_at_fpr_rows(p[None], neg[None], fpr)[0]) for p in (pa, pb)]
     rng = np.random.default_rng(seed)
     chunk = max(1, _CHUNK_ELEMENTS // (2 * (neg.size + pa.size + pb.size)))

@@ -106,7 +106,7 @@ def test_unstratified_redraws_one_class_resamples():
     labels = np.r_[np.ones(10, int), np.ones(10, int), [1, 0, 0, 0, 0, 0]]
     clusters = ["a"] * 10 + ["b"] * 10 + ["c"] * 6
     s = np.random.default_rng(4).normal(size=labels.size)
-    r = m.evaluate(labels, s, n_bootstrap=300, seed=2, clusters=clusters)
+    r = m.evaluate(labels, s, n_bootstrap=300, seed=2, clusters=clusters, min_per_class=1)
     assert r["cluster_stratified"] is False and 40 < r["n_redrawn"] < 150
     auc, tpr = cluster_ref(labels, [s], clusters, None, 300, 2)
     assert np.isfinite(auc).all() and r["auroc_ci"] == pytest.approx(q(auc[:, 0]), abs=1e-12)
@@ -123,11 +123,12 @@ def test_paired_matches_loop_reference(seed, grouped, mixed, monkeypatch):
         clusters = [c if not c.startswith(("p", "n")) else ("p" if labels[i] else "n") + c[1:]
                     for i, c in enumerate(clusters)]
     monkeypatch.setattr(m, "_CHUNK_ELEMENTS", 2 * labels.size * 13)  # blocks of 13 resamples
-    res = m.paired_bootstrap(labels, a, b, groups=groups, clusters=clusters, n_bootstrap=40, seed=seed)
+    res = m.paired_bootstrap(labels, a, b, groups=groups, clusters=clusters, n_bootstrap=40, seed=seed,
+                             min_per_class=1)
     auc, tpr = cluster_ref(labels, [a, b], clusters, groups, 40, seed)
     assert res["auroc"]["ci"] == pytest.approx(q(auc[:, 0] - auc[:, 1]), abs=1e-12)
     assert res["tpr_at_5pct_fpr"]["ci"] == pytest.approx(q(tpr[:, 0] - tpr[:, 1]), abs=1e-12)
-    plain = m.paired_bootstrap(labels, a, b, groups=groups, n_bootstrap=40, seed=seed)
+    plain = m.paired_bootstrap(labels, a, b, groups=groups, n_bootstrap=40, seed=seed, min_per_class=1)
     for key in ("auroc", "tpr_at_5pct_fpr"):  # the point estimates do not depend on the clusters
         assert [res[key][k] for k in ("a", "b", "diff")] == [plain[key][k] for k in ("a", "b", "diff")]
     n_clusters = len({(g, c) for g, c in zip(groups if grouped else [0] * labels.size, clusters)})
