@@ -7,39 +7,46 @@ import argparse
 import sys
 from pathlib import Path
 
-from mia_jax import blind, dataset_inference, eval_report, freq, resources, rundir
+from mia_jax import blind, dataset_inference, entry, eval_report, freq, resources, rundir
 from mia_jax.audits import books, concat, unlearning
 from mia_jax.errors import UserError
 from mia_jax.batching import TOKENS_PER_BATCH, check_tokens_per_batch
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
 
+PROG = "mia-jax"
+RESUME = ("every finished batch is in the output folder's passes/*.jsonl: run the same command again to resume from "
+          "them")
+_COMMAND: list[str] = []  # the subcommand being run (its Ctrl-C message)
+
+
 def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
     p.add_argument("--model", default="smollm2",
                    help="a Hugging Face folder, a .gguf file, or an offline name (smollm2). Default: smollm2")
-    p.add_argument("--tokenizer", help="tokenizer.json to use instead of the model's own")
+    p.add_argument("--tokenizer", type=entry.input_file, help="tokenizer.json to use instead of the model's own")
     p.add_argument("--ref-model", help="reference model for the 'ref' method (Smaller-Ref); its own tokenizer is used")
-    p.add_argument("--neighbor-mlm", metavar="PATH",
+    p.add_argument("--neighbor-mlm", metavar="PATH", type=entry.input_dir,
                    help="BERT / RoBERTa masked-LM folder (config.json, *.safetensors, tokenizer.json) that proposes "
                         "the word replacements of the 'neighbor' method (default: the target model proposes them)")
-    p.add_argument("--n-neighbors", type=int, default=10,
+    p.add_argument("--n-neighbors", type=entry.positive_int, default=10,
                    help="neighbours per text for the 'neighbor' method (default: 10; Mattern et al. use 25)")
-    p.add_argument("--neighbor-seed", type=int, default=0, help="seed of the neighbour generator (default: 0)")
+    p.add_argument("--neighbor-seed", type=entry.nonneg_int, default=0,
+                   help="seed of the neighbour generator (default: 0)")
     resources.add_options(p)
     p.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="parameter and forward dtype; the statistics are float32 either way (default: bfloat16 on "
                         "GPU and TPU, float32 on CPU)")
     _allow_download(p)
     src = p.add_mutually_exclusive_group(required=not labeled)
-    src.add_argument("--data", help="a .jsonl / .csv / .tsv / .parquet file")
+    src.add_argument("--data", type=entry.input_file, help="a .jsonl / .csv / .tsv / .parquet file")
     if labeled:
         src.add_argument("--benchmark", choices=["wikimia", "wikimia-concat", "mimir"],
                          help="a benchmark (default: wikimia; wikimia-concat: Min-K%%++ section 4.4, non-member + "
                               "member WikiMIA texts of 32 / 64 / 128 words, scored per --window)")
-        p.add_argument("--length", type=int, default=32,
+        p.add_argument("--length", type=entry.positive_int, default=32,
                        help="WikiMIA text length: 32, 64, 128 or 256 (wikimia-concat draws 32, 64, 128)")
         p.add_argument("--domain", default="wikipedia_en", help="MIMIR domain (arxiv, github, pile_cc, ...)")
-        p.add_argument("--data-dir", help="MIMIR ngram_7_0.2 folder (default: $MIA_JAX_MIMIR or "
+        p.add_argument("--data-dir", type=entry.input_dir, help="MIMIR ngram_7_0.2 folder (default: $MIA_JAX_MIMIR or "
                                           "../shared/data/mimir/ngram_7_0.2)")
     p.add_argument("--encoding", default="utf-8",
                    help="text encoding of --data (default: utf-8; e.g. latin-1, cp1252, utf-16)")
@@ -49,13 +56,14 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
                    help="scorers; a bare min_k / max_k / min_k_pp expands to one method per --k "
                         f"(default: {' '.join(DEFAULT_METHODS)})")
-    p.add_argument("--k", nargs="+", type=float, default=list(DEFAULT_K), help="fractions for Min-K%% methods")
-    p.add_argument("--tokens-per-batch", type=int,
+    p.add_argument("--k", nargs="+", type=entry.fraction, default=list(DEFAULT_K), help="fractions for Min-K%% methods")
+    p.add_argument("--tokens-per-batch", type=entry.positive_int,
                    help="token slots of one scoring step: texts are packed into rows of this budget (default: "
                         f"{TOKENS_PER_BATCH['cpu']} on CPU, {TOKENS_PER_BATCH['gpu']} on GPU and TPU)")
-    p.add_argument("--batch-size", type=int, default=8,
+    p.add_argument("--batch-size", type=entry.positive_int, default=8,
                    help="texts per step of the passes that read one text per row (gradnorm, generated neighbours)")
-    p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--chunk-size", type=entry.positive_int, default=8192,
+                   help="vocabulary chunk of the statistics kernel")
     p.add_argument("--compilation-cache", metavar="DIR|off",
                    help="JAX's persistent compilation cache (default: $MIA_JAX_COMPILATION_CACHE or "
                         "~/.cache/mia_jax/jax; 'off' turns it off)")
@@ -68,9 +76,10 @@ def _common(p: argparse.ArgumentParser, labeled: bool) -> None:
                    help="multi-host: call jax.distributed.initialize() first (also when $MIA_JAX_DISTRIBUTED=1); "
                         "the coordinator comes from $MIA_JAX_COORDINATOR, $MIA_JAX_NUM_PROCESSES, $MIA_JAX_PROCESS_ID "
                         "or JAX's cluster detection (TPU pods, SLURM, Open MPI). Run the same command on every host")
-    p.add_argument("--limit", type=int, help="score only the first N texts")
-    p.add_argument("--out", help="output folder (default: runs/<data>-<model>); an interrupted run of the same "
-                                 "job in it resumes, a different one is refused")
+    p.add_argument("--limit", type=entry.positive_int, help="score only the first N texts")
+    p.add_argument("--out", type=entry.out_dir,
+                   help="output folder (default: runs/<data>-<model>); an interrupted run of the same job in it "
+                        "resumes, a different one is refused")
     p.add_argument("--overwrite", action="store_true", help="empty --out and start afresh even if it holds a run")
     p.add_argument("--no-progress", action="store_true")
 
@@ -82,12 +91,14 @@ def _allow_download(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mia-jax", description="Pretraining-data detection for LLMs in JAX.")
+    parser = entry.ArgumentParser(prog=PROG, description="Pretraining-data detection for LLMs in JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("eval", help="score labeled texts and evaluate the detectors (AUROC, TPR@FPR, ROC plot)")
     _common(ev, labeled=True)
-    ev.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% CIs")
-    ev.add_argument("--seed", type=int, default=0, help="bootstrap and blind-baseline cross-validation seed")
+    ev.add_argument("--n-bootstrap", type=entry.nonneg_int, default=1000,
+                    help="bootstrap resamples for the 95%% CIs")
+    ev.add_argument("--seed", type=entry.nonneg_int, default=0,
+                    help="bootstrap and blind-baseline cross-validation seed")
     ev.add_argument("--no-blind", action="store_true",
                     help="skip the model-free bag-of-words baseline that is otherwise reported beside the detectors")
     ev.add_argument("--compare", nargs=2, action="append", metavar=("A", "B"), default=[],
@@ -122,8 +133,6 @@ def _load_data(args, labeled: bool):
         ds = data.load_records(args.data, args.text_field, args.label_field if labeled else None,
                                encoding=args.encoding, extra=extra)
     if args.limit is not None:
-        if args.limit < 1:
-            raise UserError(f"--limit must be at least 1, got {args.limit}")
         ds.texts = ds.texts[: args.limit]
         ds.labels = ds.labels[: args.limit] if ds.labels is not None else None
         ds.extra = {k: v[: args.limit] for k, v in ds.extra.items()}
@@ -176,8 +185,6 @@ def _neighbor_generator(args, loaded):
     """The 'neighbor' method's generator: the --neighbor-mlm masked LM, else the target model itself."""
     from mia_jax import neighbors
 
-    if args.n_neighbors < 1:
-        raise UserError(f"--n-neighbors must be at least 1, got {args.n_neighbors}")
     if args.neighbor_mlm:
         return neighbors.MLMNeighbors(args.neighbor_mlm, n=args.n_neighbors, seed=args.neighbor_seed,
                                       dtype=args.dtype)
@@ -193,11 +200,7 @@ def run(args, labeled: bool) -> Path:
     sharding.initialize_distributed(args.distributed)  # before anything touches a device
     if args.out:
         rundir.check_path(args.out)
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     check_tokens_per_batch(args.tokens_per_batch)
-    if args.chunk_size < 1:
-        raise UserError(f"--chunk-size must be at least 1, got {args.chunk_size}")
     blind_asked = blind.NAME in args.methods
     methods = expand_methods([m for m in args.methods if m != blind.NAME], args.k)  # validate before loading
     if not methods:
@@ -258,11 +261,11 @@ def _add_generate(sub) -> None:
     g.add_argument("--model", default="smollm2",
                    help="a Hugging Face folder, a .gguf file, or an offline name (smollm2). Default: smollm2")
     g.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
-    g.add_argument("--n", type=int, default=20, help="new tokens per prompt (default: 20)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, help="sample from the k most likely tokens")
-    g.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with probability >= p")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    g.add_argument("--n", type=entry.positive_int, default=20, help="new tokens per prompt (default: 20)")
+    g.add_argument("--temperature", type=entry.nonneg_float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=entry.positive_int, help="sample from the k most likely tokens")
+    g.add_argument("--top-p", type=entry.fraction, help="sample from the smallest set of tokens with probability >= p")
+    g.add_argument("--seed", type=entry.nonneg_int, default=0, help="sampling seed (default: 0)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
     g.add_argument("--no-stop", action="store_true", help="do not stop a prompt at the model's EOS token")
     _allow_download(g)
@@ -272,8 +275,6 @@ def generate_command(args) -> None:
     """`mia-jax generate`: print each prompt followed by its completion."""
     from mia_jax import generate, models
 
-    if args.n < 1:
-        raise UserError(f"--n must be at least 1, got {args.n}")
     loaded = models.load(args.model, dtype=args.dtype, allow_download=args.allow_download)
     gen = generate.generate_ids(loaded, generate.encode_prompts(loaded, args.prompt), max_new_tokens=args.n,
                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -287,34 +288,31 @@ def generate_command(args) -> None:
         print(prompt + loaded.tokenizer.decode(gen.completion_ids(i), skip_special_tokens=True))
 
 
-def main(argv=None) -> int:
+def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "generate":
-            generate_command(args)
-        elif args.command == "freq-table":
-            freq.command(args)
-        elif args.command == "dataset-inference":
-            dataset_inference.command(args)
-        elif args.command == "audit-books":
-            books.command(args)
-        elif args.command == "audit-unlearning":
-            unlearning.command(args)
-        elif args.command in ("concat", "window-metrics"):
-            concat.command(args)
-        else:
-            run(args, labeled=args.command == "eval")
-    except UserError as e:
-        print(f"mia-jax: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        if args.command == "generate":
-            print("mia-jax: interrupted", file=sys.stderr)
-        else:
-            print("mia-jax: interrupted; every finished batch is in the output folder's passes/*.jsonl: run the same "
-                  "command again to resume from them", file=sys.stderr)
-        return 130
+    _COMMAND[:] = [args.command]
+    if args.command == "generate":
+        generate_command(args)
+    elif args.command == "freq-table":
+        freq.command(args)
+    elif args.command == "dataset-inference":
+        dataset_inference.command(args)
+    elif args.command == "audit-books":
+        books.command(args)
+    elif args.command == "audit-unlearning":
+        unlearning.command(args)
+    elif args.command in ("concat", "window-metrics"):
+        concat.command(args)
+    else:
+        run(args, labeled=args.command == "eval")
     return 0
+
+
+def main(argv=None) -> int:
+    """``mia-jax``: exit 0, 2 for a user error (one line), 130 for Ctrl-C (:func:`mia_jax.entry.run`)."""
+    _COMMAND.clear()
+    return entry.run(PROG, _main, argv,
+                     resume_hint=lambda: "" if _COMMAND[:1] in ([], ["generate"]) else RESUME)
 
 
 if __name__ == "__main__":

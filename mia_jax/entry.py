@@ -52,7 +52,8 @@ def _number(kind, low, strict: bool, name: str):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
         if value != value or value in (float("inf"), float("-inf")) or (value <= low if strict else value < low):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text}")
+            bound = f"at least {low + 1}" if strict and kind is int else f"{'>' if strict else '>='} {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
 
     parse.__name__ = name
@@ -67,9 +68,12 @@ nonneg_float = _number(float, 0.0, False, "nonneg_float")
 
 def fraction(text: str) -> float:
     """A number in (0, 1]."""
-    value = positive_float(text)
+    try:
+        value = positive_float(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (a fraction in (0, 1])") from None
     if value > 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text}")
     return value
 
 
@@ -137,7 +141,7 @@ def out_dir(text: str) -> Path:
     try:
         return check_out(text)
     except UserError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--out {text} ")) from None
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--out ")) from None
 
 
 def check_xla_flags() -> None:
@@ -165,8 +169,10 @@ def _quiet_exit() -> None:
 
 
 def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = None, *,
-        resume_hint: str = "") -> int:
-    """Run ``main(argv)`` under the guard; returns the exit status (0, 2 for a user error, 130 for Ctrl-C)."""
+        resume_hint: str | Callable[[], str] = "") -> int:
+    """Run ``main(argv)`` under the guard; returns the exit status (0, 2 for a user error, 130 for Ctrl-C; argparse's
+    own exits, ``--help`` and usage errors, as their status). ``resume_hint``: what to do after Ctrl-C (a string, or
+    a function giving it when the interrupt comes)."""
     if hasattr(signal, "SIGXFSZ"):
         try:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -175,11 +181,16 @@ def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = Non
     try:
         check_xla_flags()
         return main(argv) or 0
+    except SystemExit as e:  # argparse: --help (0) and usage errors (2, one line already printed)
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        message = str(e.code)
     except UserError as e:
         message = str(e)
     except KeyboardInterrupt:
         _quiet_exit()
-        print(f"{prog}: interrupted{'; ' + resume_hint if resume_hint else ''}", file=sys.stderr, flush=True)
+        hint = resume_hint() if callable(resume_hint) else resume_hint
+        print(f"{prog}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr, flush=True)
         return 130
     except OSError as e:
         if e.errno not in USER_ERRNOS:

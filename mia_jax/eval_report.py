@@ -25,6 +25,8 @@ def _blind_baseline(ds, args, required: bool):
             raise
         return None, f"Blind baseline not computed: {e}"
     m = metrics.evaluate(ds.labels, scores, n_bootstrap=args.n_bootstrap, seed=args.seed)
+    if m["auroc"] is None:
+        return m, f"Blind baseline ({blind.NAME}): {m['note']}."
     ci = m["auroc_ci"] or (float("nan"), float("nan"))
     line = (f"Blind baseline ({blind.NAME}: bag-of-words TF-IDF + logistic regression, {blind.FOLDS}-fold CV, "
             f"no model): AUROC {m['auroc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}], TPR@5%FPR {m['tpr_at_5pct_fpr']:.3f}.")
@@ -182,7 +184,9 @@ def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, met
         if len(set(labels)) == 2:
             print(report.markdown_table({m: summary[m] for m in methods}, bold))
         else:
-            print(f"Text-level metrics not computed: every text has label {labels[0]} (see the window-level table).")
+            print(f"Text-level metrics not computed: every text has label {labels[0]}"
+                  + (" (see the window-level table)." if args.window is not None else "; eval needs members (1) and "
+                     "non-members (0), or use mia-jax score for unlabeled texts."))
         print("".join(f"\n{n}" for n in notes).lstrip("\n"))
         if comparisons:
             print("\n" + report.comparisons_markdown(comparisons))

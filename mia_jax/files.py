@@ -1,6 +1,7 @@
 """File helpers shared by data, models and outputs: content hashes, atomic JSONL writes, gzipped JSONL."""
 from __future__ import annotations
 
+import glob
 import gzip
 import hashlib
 import io
@@ -20,13 +21,21 @@ def sha256(path: str | os.PathLike, block: int = 1 << 24) -> str:
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> None:
-    """Write one JSON object per line atomically (a temporary file of this process's own + rename)."""
+    """Write one JSON object per line atomically (a temporary file of this process's own + rename). A failed write
+    removes its temporary; a successful one removes those an earlier, killed process left for the same file (only the
+    run folder's holder writes there)."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for rec in records:
+                f.write(json.dumps(rec) + "\n")
+        os.replace(tmp, path)
+    except BaseException:  # disk full, Ctrl-C: no temporary left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    for stale in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):  # of a process killed mid-write
+        stale.unlink(missing_ok=True)
 
 
 def write_jsonl_gz(path: str | os.PathLike, records: Iterable[dict]) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from mia_jax import freq
+from mia_jax import entry, freq
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 from mia_jax.scorers import parse_method
@@ -25,13 +25,13 @@ RECALL_METHODS = ("recall", "con_recall")
 
 def add_options(p: argparse.ArgumentParser) -> None:
     """The options of the methods that need more than the model (eval / score)."""
-    p.add_argument("--recall-shots", metavar="FILE",
+    p.add_argument("--recall-shots", metavar="FILE", type=entry.input_file,
                    help="labeled texts (JSONL / CSV; --text-field / --label-field) whose non-members (label 0) and "
                         "members (label 1) make the prefixes of 'recall' and 'con_recall'; must not share a text "
                         "with the evaluated data")
-    p.add_argument("--recall-n-shots", type=int, default=10, help="shots per prefix (default: 10)")
-    p.add_argument("--recall-seed", type=int, default=0, help="seed of the shots' draw (default: 0)")
-    p.add_argument("--window", type=int, metavar="N",
+    p.add_argument("--recall-n-shots", type=entry.positive_int, default=10, help="shots per prefix (default: 10)")
+    p.add_argument("--recall-seed", type=entry.nonneg_int, default=0, help="seed of the shots' draw (default: 0)")
+    p.add_argument("--window", type=entry.positive_int, metavar="N",
                    help="online detection: also score every N-token chunk of each text from the same forward pass "
                         "(Min-K%%++ section 4.4 uses 32); single-pass methods only")
     p.add_argument("--window-method", help="the method whose window scores flag a text's first member window "
@@ -42,10 +42,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--member-from-field", default="member_from",
                    help="field holding the character offset where a text's member part begins (window labels; "
                         "default: member_from)")
-    p.add_argument("--samia-samples", type=int, default=10,
+    p.add_argument("--samia-samples", type=entry.positive_int, default=10,
                    help="sampled continuations per text for 'samia' / 'samia_zlib' (default: 10, as the authors)")
-    p.add_argument("--samia-seed", type=int, default=0, help="sampling seed of 'samia' (default: 0)")
-    p.add_argument("--freq-table", metavar="T.npz",
+    p.add_argument("--samia-seed", type=entry.nonneg_int, default=0, help="sampling seed of 'samia' (default: 0)")
+    p.add_argument("--freq-table", metavar="T.npz", type=entry.input_file,
                    help="token-frequency table of a reference corpus for 'dc_pdd', counted with the model's tokenizer: "
                         "make one with `mia-jax freq-table --model M --out T.npz` (default corpus: the bundled Pile "
                         "sample)")

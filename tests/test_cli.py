@@ -22,8 +22,9 @@ def write_jsonl(path, rows):
 @pytest.fixture(scope="module")
 def labeled(tmp_path_factory):
     ds = wikimia(32)
-    rows = [{"input": t, "label": y} for t, y in zip(ds.texts[:10], ds.labels[:10])]
-    rows += [{"input": t, "label": y} for t, y in zip(ds.texts[-10:], ds.labels[-10:])]
+    pairs = list(zip(ds.texts, ds.labels))  # 10 members and 10 non-members: the fewest a metric is reported on
+    chosen = [p for p in pairs if p[1] == 1][:10] + [p for p in pairs if p[1] == 0][:10]
+    rows = [{"input": t, "label": y} for t, y in chosen]
     rows.append({"input": "  ", "label": 1})  # empty: recorded as skipped, counted as NaN
     return write_jsonl(tmp_path_factory.mktemp("data") / "small.jsonl", rows)
 
