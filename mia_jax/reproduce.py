@@ -136,34 +136,108 @@ def cell_rows(cell: dict, *, n_bootstrap: int, seed: int) -> list[dict]:
 
 
 EXAMPLES = "examples.jsonl.gz"
+# what a --from rebuild reads: the run seals it at its end (rundir.seal), the rebuild verifies it first
+REBUILD_READS = [EXAMPLES]
+_CELL_KEYS = ("model", "length", "setting", "labels", "methods", "scores", "n_bootstrap", "seed")
 
 
-def rebuild(src: Path, out: Path) -> str:
-    """Every table and plot of a reproduction from its ``examples.jsonl.gz`` alone (one line per cell: model,
-    length, setting, labels, methods, per-example scores of every method, ref_unit, mirrored, n_bootstrap, seed):
-    the cells' rows by :func:`cell_rows`, then :func:`write_reports`, so the outputs equal those of the run that
-    wrote it."""
+def _cell_name(c: dict) -> str:
+    return f"{c.get('model')} WikiMIA-{c.get('length')} {c.get('setting')}"
+
+
+def check_cells(cells: list, where: str) -> None:
+    """Refuse a per-example file that is not one reproduction's (``UserError`` naming the cell): every line a cell
+    with its fields; exactly one line per (model, length, setting); as many scores of every method as labels
+    (0 or 1); no example twice in a cell (same label and the same score under every method); one ``n_bootstrap`` and
+    ``seed`` for all."""
     from mia_jax.errors import UserError
-    from mia_jax.files import read_jsonl_gz
 
+    if not cells:
+        raise UserError(f"{where} holds no cell")
+    seen = {}
+    for line, c in enumerate(cells, 1):
+        if not isinstance(c, dict) or any(k not in c for k in _CELL_KEYS):
+            missing = [k for k in _CELL_KEYS if not isinstance(c, dict) or k not in c]
+            raise UserError(f"{where} line {line}: not a cell of a reproduction (missing {', '.join(missing)})")
+        name = _cell_name(c)
+        labels, methods, scores = c["labels"], c["methods"], c["scores"]
+        if not (isinstance(c["model"], str) and isinstance(c["length"], int) and c["setting"] in SETTINGS):
+            raise UserError(f"{where} line {line}: cell {name}: model, length or setting is not a reproduction's")
+        key = (c["model"], c["length"], c["setting"])
+        if key in seen:
+            raise UserError(f"{where}: cell {name} appears twice (lines {seen[key]} and {line}): a rebuild would pool "
+                            "it twice; use the file the run wrote")
+        seen[key] = line
+        if not isinstance(labels, list) or not labels or any(y not in (0, 1) or isinstance(y, bool) for y in labels):
+            raise UserError(f"{where}: cell {name}: labels must be a non-empty list of 0 and 1")
+        if (not isinstance(methods, list) or not methods or len(set(map(str, methods))) != len(methods)
+                or not isinstance(scores, dict) or any(m not in scores for m in methods)):
+            raise UserError(f"{where}: cell {name}: methods must be distinct names, each with its scores")
+        for m in methods:
+            v = scores[m]
+            if not isinstance(v, list) or len(v) != len(labels):
+                raise UserError(f"{where}: cell {name}: {m} has {len(v) if isinstance(v, list) else 'no list of'} "
+                                f"scores for {len(labels)} labels")
+            if any(x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))) for x in v):
+                raise UserError(f"{where}: cell {name}: {m} holds a score that is not a number or null")
+        rows = {}
+        for i, y in enumerate(labels):
+            row = (y, *(scores[m][i] for m in methods))
+            if any(x is not None for x in row[1:]):
+                if row in rows:
+                    raise UserError(f"{where}: cell {name}: examples {rows[row]} and {i} are the same example (same "
+                                    "label and the same score under every method); use the file the run wrote")
+                rows[row] = i
+        for k in ("n_bootstrap", "seed"):
+            if isinstance(c[k], bool) or not isinstance(c[k], int) or c[k] < 0:
+                raise UserError(f"{where}: cell {name}: {k} must be a whole number >= 0, got {c[k]!r}")
+            if c[k] != cells[0][k]:
+                raise UserError(f"{where}: cell {name} has {k} {c[k]}, the first cell {cells[0][k]}: not one run")
+
+
+def read_examples(src: Path) -> list[dict]:
+    """The cells of a reproduction's ``examples.jsonl.gz``, checked against the folder's ``manifest.json``
+    (``rundir.verify``: byte for byte as the run wrote it) and for content (:func:`check_cells`)."""
+    import gzip
+    import zlib
+
+    from mia_jax.errors import UserError
+
+    rundir.verify(src, REBUILD_READS)
     path = Path(src) / EXAMPLES
-    if not path.exists():
-        raise UserError(f"{path} not found: --from takes the folder of a reproduction (its {EXAMPLES})")
+    cells = []
     try:
-        cells = read_jsonl_gz(path)
-        results, examples = [], {}
-        for c in cells:
-            key = (c["model"], c["length"], c["setting"])
-            examples[key] = {k: c[k] for k in ("labels", "methods", "scores", "ref_unit")}
-            results += [dict(r, model=key[0], length=key[1], setting=key[2])
-                        for r in cell_rows(c, n_bootstrap=c["n_bootstrap"], seed=c["seed"])]
-        mirrored = sorted({c["model"] for c in cells if c.get("mirrored")})
-        n_bootstrap, seed = max(1, cells[0]["n_bootstrap"]), cells[0]["seed"]
-    except (OSError, EOFError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise UserError(f"{path}: not a reproduction's per-example file ({type(e).__name__}: {e})") from None
-    Path(out).mkdir(parents=True, exist_ok=True)
-    return write_reports(Path(out), results, examples=examples, mirrored=mirrored, n_bootstrap=n_bootstrap,
-                         seed=seed)
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    cells.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise UserError(f"{path} line {n}: not JSON ({e.msg}); the file is damaged") from None
+    except (EOFError, OSError, zlib.error, UnicodeDecodeError) as e:
+        if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
+            raise
+        raise UserError(f"{path}: not a complete gzip file of JSON lines ({e}); the file is damaged") from None
+    check_cells(cells, str(path))
+    return cells
+
+
+def rebuild_outputs(src: Path) -> tuple[str, dict[str, str | bytes]]:
+    """Every table and plot of a reproduction from its ``examples.jsonl.gz`` alone (one line per cell: model,
+    length, setting, labels, methods, per-example scores of every method, ref_unit, mirrored, n_bootstrap, seed),
+    computed in memory: the cells' rows by :func:`cell_rows`, then :func:`report_outputs`, so the outputs equal those
+    of the run that wrote it. Returns (the tables' markdown, {file name: content}); nothing is written."""
+    cells = read_examples(Path(src))
+    results, examples = [], {}
+    for c in cells:
+        key = (c["model"], c["length"], c["setting"])
+        examples[key] = {k: c.get(k) for k in ("labels", "methods", "scores", "ref_unit")}
+        results += [dict(r, model=key[0], length=key[1], setting=key[2])
+                    for r in cell_rows(c, n_bootstrap=c["n_bootstrap"], seed=c["seed"])]
+    mirrored = sorted({c["model"] for c in cells if c.get("mirrored")})
+    return report_outputs(results, examples=examples, mirrored=mirrored, n_bootstrap=max(1, cells[0]["n_bootstrap"]),
+                          seed=cells[0]["seed"])
 
 
 def neighbor_kwargs(loaded, n: int, seed: int) -> dict:
@@ -272,12 +346,33 @@ def _average_cells(out: list[list], names, cols: list, key: str, *, n_bootstrap:
         out[i][-1] = report.with_ci(r[key], r[f"{key}_ci"])
 
 
-def write_table(out: Path, stem: str, title: str, header, body, note: str = "", cells=None) -> str:
-    report.write_csv(out / f"{stem}.csv", header, body)
+def csv_text(header, body) -> str:
+    """A CSV file's text as ``report.write_csv`` writes it (UTF-8, None as an empty cell, CRLF line ends)."""
+    import csv
+    import io
+
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(body)
+    return buf.getvalue()
+
+
+def write_table(outputs: dict, stem: str, title: str, header, body, note: str = "", cells=None) -> str:
+    """Table ``stem`` (.csv and .md) into ``outputs`` ({file name: content}); returns its markdown."""
+    outputs[f"{stem}.csv"] = csv_text(header, body).encode("utf-8")
     md = report.markdown(header, cells) if cells is not None else markdown(header, body)
     text = f"### {title}\n\n{md}" + (f"\n{note}\n" if note else "")
-    (out / f"{stem}.md").write_text(text)
+    outputs[f"{stem}.md"] = text.encode("utf-8")
     return text
+
+
+def _figure_bytes(fig) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    report.save_figure(fig, buf)
+    return buf.getvalue()
 
 
 def k_sweep(results: list[dict]) -> tuple[list[str], list[list]]:
@@ -317,28 +412,34 @@ def k_sweep_cells(models: list[str], body: list[list], examples: dict, *, n_boot
     return out
 
 
-def plot_lengths(path: Path, results: list[dict], rows: Sequence[tuple[str, str]]) -> None:
-    """Figure 2b: AUROC against text length, one panel per model, original setting."""
+def plot_lengths(results: list[dict], rows: Sequence[tuple[str, str]]) -> bytes:
+    """Figure 2b: AUROC against text length, one panel per model, original setting (PNG bytes)."""
     plt = report.pyplot()
     models = list(dict.fromkeys(r["model"] for r in results))
     lengths = sorted({r["length"] for r in results})
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
+        drawn = False
         for name, method in list(rows) + [(BLIND_ROW, blind.NAME)]:
             ys = [_mean(r["auroc"] for r in results if r["model"] == model and r["length"] == n
                         and r["setting"] == SETTINGS[0] and r["method"] == method) for n in lengths]
             style = dict(linestyle=":", color="gray") if method == blind.NAME else {}
             ax.plot(lengths, [np.nan if y is None else y for y in ys], marker="o", label=name, **style)
+            drawn = drawn or any(y is not None for y in ys)
+        if not drawn:  # every AUROC n/a (too few examples): no data to place the log axis
+            ax.set_xlim(min(lengths) / 1.25, max(lengths) * 1.25)
+            ax.set_ylim(0, 1)
+            ax.text(0.5, 0.5, "n/a: too few examples", transform=ax.transAxes, ha="center", color="gray")
         ax.axhline(0.5, color="k", linewidth=0.5)
         ax.set(title=model, xlabel="WikiMIA text length (words)", ylabel="AUROC", xscale="log", xticks=lengths)
         ax.set_xticklabels([str(n) for n in lengths])
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8)
-    report.save_figure(fig, path)
+    return _figure_bytes(fig)
 
 
-def plot_k_sweep(path: Path, header, body) -> None:
-    """AUROC against k, one line per (model, method)."""
+def plot_k_sweep(header, body) -> bytes:
+    """AUROC against k, one line per (model, method) (PNG bytes)."""
     fig, ax = report.pyplot().subplots(figsize=(6, 4))
     ks = [row[0] for row in body]
     for j, name in enumerate(header[1:], 1):
@@ -347,16 +448,50 @@ def plot_k_sweep(path: Path, header, body) -> None:
     ax.set(xlabel="k (fraction of tokens)", ylabel="AUROC", title="k sweep (original setting, mean over lengths)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    report.save_figure(fig, path)
+    return _figure_bytes(fig)
 
 
 def write_reports(out: Path, results: list[dict], rows: Sequence[tuple[str, str]] = PAPER_METHODS,
                   examples: dict | None = None, mirrored: Sequence[str] = (), *, n_bootstrap: int = 1000,
                   seed: int = 0) -> str:
-    """All tables and plots from the long-format results; returns the markdown of the tables. With ``examples``
-    ({(model, length, setting): {"labels", "scores"}}) every Table 1 / 6 cell carries its 95% interval and bold
-    follows the paired bootstrap (:func:`table_cells`); ``mirrored``: models whose Smaller-Ref pair is mirrored."""
-    (out / "results_long.json").write_text(json.dumps(results, indent=1))
+    """:func:`report_outputs` written into ``out`` (all files or none); returns the markdown of the tables."""
+    from mia_jax import files
+
+    text, outputs = report_outputs(results, rows, examples, mirrored, n_bootstrap=n_bootstrap, seed=seed)
+    files.write_all(out, outputs)
+    return text
+
+
+def _missing_note(results: list[dict], key: str, methods: set) -> str:
+    """The reason of every n/a value of ``key`` among ``methods`` (a table's rows) and the count of excluded
+    (NaN/inf) scores, or ''."""
+    parts = []
+    why = {}
+    for r in results:
+        if r.get(key) is None and r["method"] in methods:
+            why.setdefault(r.get("note") or "no value", []).append(f"{r['model']} {r['setting']} {r['length']}")
+    for reason, where in why.items():
+        cells = list(dict.fromkeys(where))
+        parts.append(f"n/a ({', '.join(cells[:6])}{' ...' if len(cells) > 6 else ''}): {reason}")
+    nan = {}
+    for r in results:
+        if r.get("n_nan") and r["method"] in methods:
+            nan[f"{r['model']} {r['setting']} {r['length']} {r['method']}"] = r["n_nan"]
+    if nan:
+        shown = ", ".join(f"{k}: {v}" for k, v in list(nan.items())[:12])
+        parts.append(f"Scores that are NaN/inf, excluded from the metrics: {shown}{' ...' if len(nan) > 12 else ''}.")
+    return " ".join(parts)
+
+
+def report_outputs(results: list[dict], rows: Sequence[tuple[str, str]] = PAPER_METHODS,
+                   examples: dict | None = None, mirrored: Sequence[str] = (), *, n_bootstrap: int = 1000,
+                   seed: int = 0) -> tuple[str, dict[str, str | bytes]]:
+    """All tables and plots from the long-format results, in memory: (the markdown of the tables, {file name:
+    content}). With ``examples`` ({(model, length, setting): {"labels", "scores"}}) every Table 1 / 6 cell carries
+    its 95% interval and bold follows the paired bootstrap (:func:`table_cells`); ``mirrored``: models whose
+    Smaller-Ref pair is mirrored. A cell without a value (too few examples of a class) is n/a, its reason in the
+    table's note, never bold; NaN/inf scores are counted in the note."""
+    outputs: dict[str, str | bytes] = {"results_long.json": json.dumps(results, indent=1).encode("utf-8")}
     lengths = ", ".join(map(str, sorted({r["length"] for r in results})))
     note = (f"Mean over WikiMIA lengths {lengths}. The blind row is a bag-of-words classifier that never sees a "
             f"model (Das et al. 2024); above {blind.WARN_AUROC} it means the benchmark's members and non-members "
@@ -374,19 +509,24 @@ def write_reports(out: Path, results: list[dict], rows: Sequence[tuple[str, str]
         note += (" ‡ Mirrored Smaller-Ref pair (" + ", ".join(mirrored) + " are each other's reference): the two "
                  "cells are one score negated (AUROCs sum to 1), not independent evidence; never bolded.")
     kw = dict(n_bootstrap=n_bootstrap, seed=seed)
-    parts = [write_table(out, "table1_auroc", "Table 1: AUROC", *pivot(results, "auroc", rows), note,
-                         cells=table_cells(results, "auroc", rows, examples, mirrored, **kw)[1]
-                         if examples or mirrored else None),
-             write_table(out, "table6_tpr_at_5pct_fpr", "Table 6: TPR@5%FPR", *pivot(results, "tpr_at_5pct_fpr", rows),
-                         note, cells=table_cells(results, "tpr_at_5pct_fpr", rows, examples, mirrored, **kw)[1]
-                         if examples or mirrored else None)]
+    parts = []
+    for stem, title, key in (("table1_auroc", "Table 1: AUROC", "auroc"),
+                             ("table6_tpr_at_5pct_fpr", "Table 6: TPR@5%FPR", "tpr_at_5pct_fpr")):
+        extra = _missing_note(results, key, {m for _, m in rows} | {blind.NAME})
+        parts.append(write_table(outputs, stem, title, *pivot(results, key, rows),
+                                 note + (f" {extra}" if extra else ""),
+                                 cells=table_cells(results, key, rows, examples, mirrored, **kw)[1]
+                                 if examples or mirrored else None))
     header, body = k_sweep(results)
     models = list(dict.fromkeys(r["model"] for r in results))
     cells = k_sweep_cells(models, body, examples, **kw) if examples else None
-    parts.append(write_table(out, "k_sweep", "k sweep: AUROC of Min-K% and Min-K%++", header, body,
-                             "Original setting, mean over lengths [95% bootstrap CI, resampled within each length]; "
-                             "not bolded (every k is scored on the same texts: compare the intervals with care)."
-                             if cells else "", cells=cells))
-    plot_lengths(out / "fig2b_auroc_by_length.png", results, rows)
-    plot_k_sweep(out / "k_sweep.png", header, body)
-    return "\n".join(parts)
+    sweep_note = ("Original setting, mean over lengths [95% bootstrap CI, resampled within each length]; not bolded "
+                  "(every k is scored on the same texts: compare the intervals with care)." if cells else "")
+    extra = _missing_note([r for r in results if r["setting"] == SETTINGS[0]], "auroc",
+                          {f"{base}@{k:g}" for base in ("min_k", "min_k_pp") for k in K_SWEEP})
+    sweep_note = " ".join(x for x in (sweep_note, extra) if x)
+    parts.append(write_table(outputs, "k_sweep", "k sweep: AUROC of Min-K% and Min-K%++", header, body, sweep_note,
+                             cells=cells))
+    outputs["fig2b_auroc_by_length.png"] = plot_lengths(results, rows)
+    outputs["k_sweep.png"] = plot_k_sweep(header, body)
+    return "\n".join(parts), outputs

@@ -1,11 +1,24 @@
-"""The WikiMIA reproduction's tables and plots from long-format results."""
+"""The WikiMIA reproduction's tables and plots from long-format results; its --from rebuild checks what it reads
+(the run's manifest, one line per cell, no example twice) and writes only into a folder of its own."""
 import csv
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_clean_error, snapshot
 
-from mia_jax import metrics, reproduce
+from mia_jax import files, metrics, reproduce, rundir
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "reproduce_wikimia.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("reproduce_wikimia", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def fake_results():
@@ -48,7 +61,7 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys):
     import importlib.util
     from pathlib import Path
 
-    from helpers import ctrl_c_at_batch, write_tiny_llama
+    from helpers import assert_clean_error, ctrl_c_at_batch, write_tiny_llama
 
     ref_dir = tmp_path / "ref"
     write_tiny_llama(ref_dir, seed=3, vocab_size=400)
@@ -85,11 +98,10 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys):
         assert (rebuilt / name).read_bytes() == (out / name).read_bytes(), name
     ref_rows = [r for r in json.loads((out / "results_long.json").read_text()) if r["method"] == "ref"]
     assert ref_rows and {r["ref_unit"] for r in ref_rows} == {"byte"}  # the reference has another vocabulary
-    # --from a folder without the per-example file: exit 2, one line, nothing written
+    # --from a folder that is not there: exit 2, one line, nothing written
     capsys.readouterr()
     assert mod.main(["--from", str(tmp_path / "nothing"), "--out", str(tmp_path / "r2")]) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "examples.jsonl.gz not found" in err and "Traceback" not in err
+    assert_clean_error(2, capsys.readouterr().err, "nothing: no such folder")
     assert not (tmp_path / "r2").exists()
     # a cell folder holding a run of other settings is refused, not mixed
     assert mod.main(argv[:-6] + ["--n-neighbors", "3", "--n-bootstrap", "10", "--out", str(out)]) == 2
@@ -112,7 +124,7 @@ def test_mirrored_run_is_flagged_and_rebuilt_from_its_examples(tiny_llama_dir, t
     spec.loader.exec_module(mod)
     out = tmp_path / "repro"
     assert mod.main(["--models", str(tiny_llama_dir), str(other), "--ref-models", str(other), str(tiny_llama_dir),
-                     "--allow-mirrored", "--lengths", "32", "--limit", "16", "--n-neighbors", "1",
+                     "--allow-mirrored", "--lengths", "32", "--limit", "24", "--n-neighbors", "1",
                      "--n-bootstrap", "10", "--out", str(out)]) == 0
     table = (out / "table1_auroc.md").read_text()
     assert "‡" in table.split("| Smaller Ref |")[1].splitlines()[0]
@@ -200,3 +212,127 @@ def test_tables_with_intervals_paired_bold_and_mirrored_flags(tmp_path):
     want = metrics.evaluate_mean(labels, mk, [32] * 80 + [64] * 80, n_bootstrap=100)
     assert k02.split(" | ")[1] == f"{want['auroc']:.3f} [{want['auroc_ci'][0]:.3f}, {want['auroc_ci'][1]:.3f}]"
     assert "**" not in sweep
+
+
+# ----------------------------------------------------------------------------- --from: what the rebuild reads
+
+
+def fake_cells(n: int = 12, seed: int = 0) -> list[dict]:
+    """Two cells (lengths 32, 64) of a reproduction's examples.jsonl.gz with ``n`` members and ``n`` non-members."""
+    rng = np.random.default_rng(seed)
+    methods = reproduce.methods_for(reproduce.PAPER_METHODS) + ["blind_bow"]
+    labels = [1] * n + [0] * n
+    return [{"model": "m", "length": length, "setting": "Ori.", "labels": list(labels), "methods": list(methods),
+             "scores": {m: [float(x) for x in rng.normal(size=2 * n) + np.array(labels)] for m in methods},
+             "ref_unit": "token", "ref_model": "r", "mirrored": False, "n_bootstrap": 4, "seed": 0}
+            for length in (32, 64)]
+
+
+def fake_source(folder: Path, cells: list[dict] | None = None) -> Path:
+    """A reproduction folder as a run leaves it for its rebuilds: examples.jsonl.gz, sealed."""
+    folder.mkdir(parents=True)
+    files.write_jsonl_gz(folder / reproduce.EXAMPLES, cells or fake_cells())
+    rundir.seal(folder, reproduce.REBUILD_READS)
+    return folder
+
+
+def duplicated_cell(cells):
+    return cells + [cells[0]]
+
+
+def duplicated_example(cells):
+    c = cells[1]
+    c["labels"].append(c["labels"][3])
+    for m in c["methods"]:
+        c["scores"][m].append(c["scores"][m][3])
+    return cells
+
+
+@pytest.mark.parametrize("corrupt, needles", [
+    (duplicated_cell, ["cell m WikiMIA-32 Ori. appears twice (lines 1 and 3)"]),
+    (duplicated_example, ["cell m WikiMIA-64 Ori.: examples 3 and 24 are the same example"]),
+    ("truncate", ["examples.jsonl.gz was changed or cut after the run"]),
+    ("delete", ["examples.jsonl.gz is missing"]),
+    ("unsealed", ["no manifest.json"]),
+])
+def test_rebuild_refuses_a_source_it_cannot_trust(tmp_path, capsys, corrupt, needles):
+    mod = load_script()
+    src = fake_source(tmp_path / "src", corrupt(fake_cells()) if callable(corrupt) else None)
+    if corrupt == "truncate":
+        data = (src / reproduce.EXAMPLES).read_bytes()
+        (src / reproduce.EXAMPLES).write_bytes(data[: len(data) // 2])
+    elif corrupt == "delete":
+        (src / reproduce.EXAMPLES).unlink()
+    elif corrupt == "unsealed":
+        (src / rundir.MANIFEST).unlink()
+    before = snapshot(src)
+    out = tmp_path / "out"
+    rc = mod.main(["--from", str(src), "--out", str(out)])
+    assert_clean_error(rc, capsys.readouterr().err, *needles)
+    assert snapshot(src) == before and not out.exists()
+    rc = mod.main(["--from", str(src), "--out", str(src)])  # in place: refused before anything is written
+    assert_clean_error(rc, capsys.readouterr().err, *needles)
+    assert snapshot(src) == before
+
+
+def test_rebuild_into_its_own_earlier_rebuild_or_in_place(tmp_path, capsys):
+    mod = load_script()
+    src = fake_source(tmp_path / "src")
+    out = tmp_path / "out"
+    assert mod.main(["--from", str(src), "--out", str(out)]) == 0
+    first = snapshot(out)
+    assert {"table1_auroc.md", "table1_auroc.csv", "k_sweep.png", "results_long.json"} <= set(first)
+    assert mod.main(["--from", str(src), "--out", str(out)]) == 0  # its own earlier rebuild: accepted
+    assert snapshot(out) == first
+    assert mod.main(["--from", str(src), "--out", str(src)]) == 0  # in place
+    for name in ("table1_auroc.md", "table6_tpr_at_5pct_fpr.csv", "k_sweep.csv", "results_long.json"):
+        assert (src / name).read_bytes() == first[name], name
+    rundir.verify(src, reproduce.REBUILD_READS)  # the examples it reads are untouched
+
+
+def test_rebuild_refuses_an_out_holding_another_run(tmp_path, capsys):
+    mod = load_script()
+    src = fake_source(tmp_path / "src")
+    other = fake_source(tmp_path / "other", fake_cells(seed=1))  # another reproduction (not a rebuild)
+    (other / "table1_auroc.md").write_text("the other run's table\n")
+    elsewhere = tmp_path / "elsewhere"  # the rebuild of another source
+    assert mod.main(["--from", str(other), "--out", str(elsewhere)]) == 0
+    for out, needle in ((other, "holds no run description"), (elsewhere, "holds a different run")):
+        before = snapshot(out)
+        capsys.readouterr()
+        rc = mod.main(["--from", str(src), "--out", str(out)])
+        assert_clean_error(rc, capsys.readouterr().err, str(out), needle)
+        assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--n-bootstrap", "-5"], "argument --n-bootstrap: must be"),
+    (["--lengths", "0"], "argument --lengths: must be"),
+    (["--lengths", "48"], "WikiMIA has lengths 32, 64, 128, 256"),
+    (["--lengths", "32", "32"], "--lengths names 32 twice"),
+    (["--models", "a", "a", "--ref-models", "b", "b"], "--models names a twice"),
+    (["--para-dir", "no/such/folder"], "no such folder"),
+    (["--from", "no/such/folder"], "no such folder"),
+])
+def test_script_refuses_bad_arguments_before_writing(tmp_path, capsys, argv, needle):
+    mod = load_script()
+    out = tmp_path / "out"
+    rc = mod.main([*argv, "--out", str(out)])
+    assert_clean_error(rc, capsys.readouterr().err, needle)
+    assert not out.exists()
+
+
+def test_cell_with_too_few_examples_is_na_with_its_reason_never_bold(tmp_path):
+    cells = fake_cells(n=12)
+    c = cells[0]  # length 32: 5 members left
+    keep = list(range(5)) + list(range(12, 24))
+    c["labels"] = [c["labels"][i] for i in keep]
+    c["scores"] = {m: [v[i] for i in keep] for m, v in c["scores"].items()}
+    c["scores"]["loss"][13] = None  # a non-finite score: counted in the note
+    src = fake_source(tmp_path / "src", cells)
+    text, outputs = reproduce.rebuild_outputs(src)
+    table = outputs["table1_auroc.md"].decode()
+    ppl = next(line for line in table.splitlines() if line.startswith("| PPL |"))
+    assert "n/a" in ppl and "**" not in ppl
+    assert "n/a (m Ori. 32): " in table and str(metrics.MIN_PER_CLASS) in table
+    assert "NaN/inf, excluded from the metrics: m Ori. 32 loss: 1" in table
