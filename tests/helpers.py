@@ -277,12 +277,13 @@ def assert_chunked_gradient_matches_full(q, k, v, **opts) -> None:
 
 
 def snapshot(folder) -> dict:
-    """Every file under ``folder`` (relative path -> bytes) and every sub-folder (-> None): compare two snapshots to
-    prove that nothing in a folder changed."""
+    """Every file under ``folder`` (relative path -> bytes), every sub-folder (-> None) and every link (-> its
+    target): compare two snapshots to prove that nothing in a folder changed."""
     folder = Path(folder)
     if not folder.exists():
         return {}
-    return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
+    return {str(p.relative_to(folder)): (("link", os.readlink(p)) if p.is_symlink() else None if p.is_dir()
+                                         else p.read_bytes()) for p in sorted(folder.rglob("*"))}
 
 
 def assert_clean_error(rc: int, stderr: str, *needles: str) -> None:
