@@ -11,37 +11,104 @@ A few texts of each (dataset, label) are held out as the prefix shots of ReCaLL 
 and every method is evaluated on the rest, so all methods are compared on the same examples and no shot is an
 evaluated text. DC-PDD's frequency table is counted with the model's tokenizer on the bundled Pile sample. The
 single-pass methods share one forward pass (one group, one time); each multi-pass method is timed alone
-(its main pass included). Each group's run folder is resumable: rerun the same command to continue.
+(its main pass included).
+
+``--out`` is claimed with the run's description (`config.json`: the model's and the eval data's files by SHA-256,
+the evaluated texts, seed, shots, every option that can change a score) and a lock: the same command again resumes
+the run, one with other options is refused with the differences (``--overwrite`` replaces the folder), a second
+process on the same folder is refused with the first one's PID. Every input is checked before anything is loaded
+or written. The run ends by sealing what a rebuild reads (`manifest.json`); ``--from`` checks each folder's files
+against it before reading them, and writes ``--md`` only once every section is computed.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, data, files, metrics, models, runner
+from mia_jax import blind, data, entry, files, metrics, models, rundir, runner
 from mia_jax.errors import UserError
 from mia_jax.report import markdown
 from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
 from mia_jax.scorers import recall as rc
 
+PROG = "python scripts/detectors.py"
+RESUME_HINT = "run the same command again to resume"
 BASELINE = "min_k_pp@0.2"
 EXAMPLES = "examples.jsonl.gz"
+SEALED = ["info.json", "cost.json", EXAMPLES]  # what a --from rebuild reads
 NEEDS_REF = ("ref",)
 BACKWARD = ("gradnorm",)  # pass kinds with a backward pass
+EVAL_FIELDS = ("text", "label", "dataset")
+
+# Options left out of the run's fingerprint, and why (every other option is in it).
+NOT_IN_FINGERPRINT = {
+    "model": "identified by its files' SHA-256 (model_files): a name and a path to the same files agree",
+    "ref_model": "identified by its files' SHA-256 (ref_model_files)",
+    "wikimia": "chooses the data file (data_files) and the texts (texts_sha256)",
+    "eval": "the file by resolved path and SHA-256 (data_files), its texts (texts_sha256)",
+    "src": "--from: a rebuild, not a run",
+    "n_bootstrap": "the report only: recomputed from the per-example scores",
+    "out": "the folder itself",
+    "overwrite": "decides what happens to the folder, not what it holds",
+    "md": "where the report goes",
+    "header": "the report only",
+    "no_progress": "display only",
+}
 
 
-def load_eval(args) -> tuple[list[str], list[int], list[str], str]:
+def _eval_rows(path: Path) -> tuple[list[str], list[int], list[str]]:
+    """The texts, labels and datasets of an eval JSONL (one {"text", "label", "dataset"} object a line); a
+    UserError naming the line for anything else."""
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"--eval {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    texts, labels, groups = [], [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise UserError(f"--eval {path}, line {n}: not valid JSON ({e})") from None
+        if not isinstance(row, dict):
+            raise UserError(f"--eval {path}, line {n}: a JSON {type(row).__name__}, expected an object with "
+                            f"{', '.join(EVAL_FIELDS)}")
+        missing = [f for f in EVAL_FIELDS if f not in row]
+        if missing:
+            raise UserError(f"--eval {path}, line {n}: no {', '.join(repr(f) for f in missing)} field (each line "
+                            f"needs {', '.join(EVAL_FIELDS)})")
+        text, label, group = row["text"], row["label"], row["dataset"]
+        if not isinstance(text, str):
+            raise UserError(f"--eval {path}, line {n}: 'text' is a {type(text).__name__}, not a string")
+        if isinstance(label, str) or not isinstance(label, (int, float)) or label not in (0, 1):
+            raise UserError(f"--eval {path}, line {n}: 'label' must be 0 (non-member) or 1 (member), got {label!r}")
+        if not isinstance(group, str) or not group:
+            raise UserError(f"--eval {path}, line {n}: 'dataset' must be a non-empty string, got {group!r}")
+        texts.append(text)
+        labels.append(int(label))
+        groups.append(group)
+    if not texts:
+        raise UserError(f"--eval {path} holds no texts (one JSON object a line: {', '.join(EVAL_FIELDS)})")
+    return texts, labels, groups
+
+
+def load_eval(args) -> tuple[list[str], list[int], list[str], str, dict]:
+    """texts, labels, datasets, the benchmark's name and its data files (path -> SHA-256)."""
     if args.wikimia:
         ds = data.wikimia(args.wikimia)
-        return ds.texts, ds.labels, [ds.name] * len(ds), ds.name
-    rows = [json.loads(line) for line in Path(args.eval).read_text().splitlines() if line.strip()]
-    return [r["text"] for r in rows], [int(r["label"]) for r in rows], [r["dataset"] for r in rows], args.name
+        return ds.texts, ds.labels, [ds.name] * len(ds), ds.name, ds.files
+    path = Path(args.eval)
+    texts, labels, groups = _eval_rows(path)
+    return texts, labels, groups, args.name, {str(path.resolve()): files.sha256(path)}
 
 
 def hold_out(labels, groups, per_cell: int, seed: int) -> np.ndarray:
@@ -52,6 +119,18 @@ def hold_out(labels, groups, per_cell: int, seed: int) -> np.ndarray:
         idx = [i for i, c in enumerate(zip(groups, labels)) if c == cell]
         shot[rng.permutation(idx)[:per_cell]] = True
     return shot
+
+
+def _check_cells(labels, groups, shots: int, where: str) -> None:
+    """Every dataset has members and non-members, and more of each than the shots held out of them."""
+    for group in sorted(set(groups)):
+        for label, what in ((1, "members (label 1)"), (0, "non-members (label 0)")):
+            n = sum(1 for g, y in zip(groups, labels) if g == group and y == label)
+            if n == 0:
+                raise UserError(f"{where}: dataset {group!r} has no {what}; every dataset needs both")
+            if n <= shots:
+                raise UserError(f"{where}: dataset {group!r} has {n} {what}, and --shots {shots} holds that many "
+                                "out as ReCaLL shots, leaving none to evaluate; lower --shots")
 
 
 def _all_methods() -> list[str]:
@@ -85,65 +164,97 @@ def cost_of(out_dir: Path, n_texts: int, seconds: float, report: dict, methods: 
             "computed": {k: v.get("computed", 0) for k, v in report.items()}}
 
 
-def run(args) -> Path:
-    from mia_jax import freq
+def _check_skip(skip: list[str]) -> None:
+    known = _all_methods()
+    for m in skip:
+        if m not in known:
+            raise UserError(f"--skip {m}: not a method of this benchmark; the methods are {', '.join(known)}")
+    if BASELINE in skip:
+        raise UserError(f"--skip {BASELINE}: every method is compared with it; it cannot be left out")
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    texts, labels, groups, name = load_eval(args)
+
+def run(args, command: str) -> Path:
+    """Score every method into ``args.out`` (validated and claimed first); returns the folder."""
+    from mia_jax import freq
+    from mia_jax import neighbors as nb
+
+    _check_skip(args.skip)
+    models.resolve_model(args.model)  # a missing model: one line before any data is read
+    if args.ref_model:
+        models.resolve_model(args.ref_model)
+    texts, labels, groups, name, data_files = load_eval(args)
+    _check_cells(labels, groups, args.shots, f"--eval {args.eval}" if args.eval else name)
     shot = hold_out(labels, groups, args.shots, args.seed)
     ev = [i for i in range(len(texts)) if not shot[i]]
     if args.per_cell:  # a stratified sample of the rest: N of each (dataset, label), seeded; shots as without it
         sub = hold_out([labels[i] for i in ev], [groups[i] for i in ev], args.per_cell, args.seed + 1)
         ev = [i for i, keep in zip(ev, sub) if keep]
     e_texts, e_labels, e_groups = [texts[i] for i in ev], [labels[i] for i in ev], [groups[i] for i in ev]
-    from mia_jax import neighbors as nb
+    prefixes = rc.prefix_shots([texts[i] for i in np.flatnonzero(shot)], [labels[i] for i in np.flatnonzero(shot)],
+                               e_texts, n_shots=args.n_shots, seed=args.seed)
+    out = entry.check_out(args.out)
 
     loaded = models.load(args.model)
     ref = models.load(args.ref_model) if args.ref_model else None
     gen = nb.SelfNeighbors(loaded, n=args.n_neighbors, seed=0, batch_size=args.batch_size)
-    table_path = out / "freq_table.npz"
-    if not table_path.exists():
-        corpus = data.load_records(freq.default_corpus(), "text", None)
-        freq.FreqTable.from_texts(loaded.tokenizer, corpus.texts, name=loaded.name,
-                                  corpus_files=corpus.files).save(table_path)
-    resources = {"freq_table": freq.for_model(table_path, loaded)}
-    prefixes = rc.prefix_shots([texts[i] for i in np.flatnonzero(shot)], [labels[i] for i in np.flatnonzero(shot)],
-                               e_texts, n_shots=args.n_shots, seed=args.seed)
     methods = [m for m in _all_methods() if m not in args.skip and (ref is not None or m not in NEEDS_REF)]
-    cost_path = out / "cost.json"
-    cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
-    records: dict[str, dict] = {}
-    for group, ms in method_groups(methods):
-        folder = out / "runs" / group
-        report: dict = {}
-        t0 = time.perf_counter()
-        recs = runner.score_dataset(loaded, e_texts, ms, ref=ref, neighbors=gen, labels=e_labels, out_dir=folder,
-                                    resume=True,
-                                    batch_size=args.batch_size, progress=not args.no_progress, report=report,
-                                    resources=resources, pass_options={"recall_prefixes": prefixes,
-                                                  "samia": {"n_samples": args.samia_samples}})
-        seconds = time.perf_counter() - t0
-        if group not in cost or any(c.get("computed") for c in report.values()):  # timed only when it ran whole
-            if all(c.get("reused", 0) == 0 for c in report.values()):
-                cost[group] = cost_of(folder, len(e_texts), seconds, report, ms)
-                cost_path.write_text(json.dumps(cost, indent=2) + "\n")
-        for m in ms:
-            records[m] = {i: r["scores"][m] for i, r in enumerate(recs)}
-        print(f"{group}: {seconds:.1f} s", file=sys.stderr, flush=True)
-    blind_scores = blind.blind_bow_scores(e_texts, e_labels, seed=args.seed)
-    rows = [{"index": ev[j], "label": e_labels[j], "dataset": e_groups[j],
-             "text_sha256": hashlib.sha256(e_texts[j].encode("utf-8")).hexdigest(), "blind": float(blind_scores[j]),
-             "scores": {m: records[m][j] for m in methods}} for j in range(len(ev))]
-    files.write_jsonl_gz(out / EXAMPLES, rows)
-    info = {"name": name, "model": loaded.name, "model_files": loaded.files, "ref_model": ref.name if ref else None,
-            "n_texts": len(texts), "n_evaluated": len(ev), "n_shots_held_out": int(shot.sum()),
-            "per_cell": args.per_cell,
-            "shots_per_prefix": args.n_shots, "seed": args.seed,
-            "n_neighbors": args.n_neighbors, "samia_samples": args.samia_samples, "methods": methods,
-            "command": " ".join(sys.argv),
-            "recall_prefixes": rc.prefix_digest(prefixes)}
-    (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+    # everything that can change a score or info.json (see NOT_IN_FINGERPRINT for the rest); --batch-size sets the
+    # rows per step of the gradient pass and of the neighbour generation: other shapes, other float rounding
+    fingerprint = runner.run_fingerprint(
+        loaded, e_texts, e_labels, methods, ref=ref, neighbors=gen, data_files=data_files,
+        name=name, datasets_sha256=hashlib.sha256(json.dumps(e_groups).encode("utf-8")).hexdigest(),
+        seed=args.seed, shots=args.shots, n_shots=args.n_shots, per_cell=args.per_cell,
+        skip=sorted(args.skip), n_neighbors=args.n_neighbors, samia_samples=args.samia_samples,
+        batch_size=args.batch_size, tokens_per_batch=runner.default_tokens_per_batch(), dtype=loaded.dtype,
+        recall_prefixes=rc.prefix_digest(prefixes))
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite) as resume:
+        if resume:
+            print(f"resuming the run in {out}", file=sys.stderr, flush=True)
+        table_path = out / "freq_table.npz"
+        if not table_path.exists():
+            corpus = data.load_records(freq.default_corpus(), "text", None)
+            freq.FreqTable.from_texts(loaded.tokenizer, corpus.texts, name=loaded.name,
+                                      corpus_files=corpus.files).save(table_path)
+        resources = {"freq_table": freq.for_model(table_path, loaded)}
+        cost_path = out / "cost.json"
+        cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
+        records: dict[str, dict] = {}
+        for group, ms in method_groups(methods):
+            folder = out / "runs" / group
+            report: dict = {}
+            t0 = time.perf_counter()
+            recs = runner.score_dataset(loaded, e_texts, ms, ref=ref, neighbors=gen, labels=e_labels, out_dir=folder,
+                                        resume=True,
+                                        batch_size=args.batch_size, progress=not args.no_progress, report=report,
+                                        resources=resources, pass_options={"recall_prefixes": prefixes,
+                                                      "samia": {"n_samples": args.samia_samples}})
+            seconds = time.perf_counter() - t0
+            if group not in cost or any(c.get("computed") for c in report.values()):  # timed only when it ran whole
+                if all(c.get("reused", 0) == 0 for c in report.values()):
+                    cost[group] = cost_of(folder, len(e_texts), seconds, report, ms)
+                    cost_path.write_text(json.dumps(cost, indent=2) + "\n")
+            for m in ms:
+                records[m] = {i: r["scores"][m] for i, r in enumerate(recs)}
+            print(f"{group}: {seconds:.1f} s", file=sys.stderr, flush=True)
+            rundir.check_interrupted()
+        blind_scores = blind.blind_bow_scores(e_texts, e_labels, seed=args.seed)
+        rows = [{"index": ev[j], "label": e_labels[j], "dataset": e_groups[j],
+                 "text_sha256": hashlib.sha256(e_texts[j].encode("utf-8")).hexdigest(),
+                 "blind": float(blind_scores[j]), "scores": {m: records[m][j] for m in methods}}
+                for j in range(len(ev))]
+        files.write_jsonl_gz(out / EXAMPLES, rows)
+        info = {"name": name, "model": loaded.name, "model_files": loaded.files,
+                "ref_model": ref.name if ref else None,
+                "n_texts": len(texts), "n_evaluated": len(ev), "n_shots_held_out": int(shot.sum()),
+                "per_cell": args.per_cell,
+                "shots_per_prefix": args.n_shots, "seed": args.seed,
+                "n_neighbors": args.n_neighbors, "samia_samples": args.samia_samples, "methods": methods,
+                "command": command,
+                "recall_prefixes": rc.prefix_digest(prefixes)}
+        (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+        if not cost_path.exists():  # no group to time (all reused from an earlier run that had none): still sealed
+            cost_path.write_text(json.dumps(cost, indent=2) + "\n")
+        rundir.seal(out, SEALED)
     return out
 
 
@@ -166,17 +277,71 @@ def _model_label(info) -> str:
     return info["model"]
 
 
+def _is_score(x) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+
+def _damaged(folder: Path, name: str, what: str) -> UserError:
+    return UserError(f"--from {folder}: {name} is damaged ({what}); rebuild from an intact copy of the folder")
+
+
+def read_run(folder: Path) -> tuple[dict, dict, list[dict]]:
+    """info.json, cost.json and the per-example rows of a run folder, checked against its manifest.json and for
+    the fields the report reads (a UserError naming the file otherwise)."""
+    rundir.verify(folder, SEALED)
+    loaded = {}
+    for name in ("info.json", "cost.json"):
+        try:
+            loaded[name] = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _damaged(folder, name, f"not valid JSON: {e}") from None
+        if not isinstance(loaded[name], dict):
+            raise _damaged(folder, name, "not a JSON object")
+    info, cost = loaded["info.json"], loaded["cost.json"]
+    keys = {"name": str, "model": str, "n_evaluated": int, "n_shots_held_out": int, "shots_per_prefix": int,
+            "seed": int, "methods": list, "command": str}
+    for key, kind in keys.items():
+        if not isinstance(info.get(key), kind):
+            raise _damaged(folder, "info.json", f"no {kind.__name__} {key!r}")
+    if not all(isinstance(m, str) for m in info["methods"]) or BASELINE not in info["methods"]:
+        raise _damaged(folder, "info.json", f"'methods' is not a list of method names with {BASELINE}")
+    for group, c in cost.items():
+        if not (isinstance(c, dict) and isinstance(c.get("methods"), list) and all(
+                isinstance(c.get(k), (int, float)) for k in ("forward_per_text", "backward_per_text", "seconds",
+                                                              "tokens")) and _is_score(c.get("tokens_per_second"))):
+            raise _damaged(folder, "cost.json", f"group {group!r} lacks its methods, passes, seconds or tokens")
+    try:
+        rows = files.read_jsonl_gz(folder / EXAMPLES)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as e:
+        raise _damaged(folder, EXAMPLES, f"{type(e).__name__}: {e}") from None
+    for n, r in enumerate(rows, 1):
+        ok = (isinstance(r, dict) and r.get("label") in (0, 1) and isinstance(r.get("dataset"), str)
+              and _is_score(r.get("blind")) and isinstance(r.get("scores"), dict)
+              and all(_is_score(r["scores"].get(m)) for m in info["methods"]))
+        if not ok:
+            raise _damaged(folder, EXAMPLES, f"row {n} lacks its label, dataset, blind score or a method's score")
+    if len(rows) != info["n_evaluated"]:
+        raise _damaged(folder, EXAMPLES, f"{len(rows)} rows where info.json records {info['n_evaluated']}")
+    return info, cost, rows
+
+
+def _na(res: dict) -> str:
+    """The cell of a metric that was not computed: n/a with the reason (metrics' note)."""
+    note = (res.get("note") or "no AUROC").replace("n/a: ", "")
+    return f"n/a ({note})"
+
+
 def section(folder: Path, n_bootstrap: int = 1000) -> str:
-    info = json.loads((folder / "info.json").read_text())
-    cost = json.loads((folder / "cost.json").read_text())
-    rows = files.read_jsonl_gz(folder / EXAMPLES)
+    info, cost, rows = read_run(folder)
     labels = np.array([r["label"] for r in rows])
     groups = [r["dataset"] for r in rows]
     several = len(set(groups)) > 1
     seed = info["seed"]
     table = []
     for m in [*info["methods"], "blind"]:
-        v = np.array([r["blind"] for r in rows]) if m == "blind" else _vec(rows, m)
+        v = (np.array([np.nan if r["blind"] is None else r["blind"] for r in rows], np.float64) if m == "blind"
+             else _vec(rows, m))
+        name = "Blind BoW (no model)" if m == "blind" else m + (" (oracle)" if m == "ref" else "")
         try:
             if several:
                 res = metrics.evaluate_mean(labels, v, groups, n_bootstrap=n_bootstrap, seed=seed)
@@ -184,6 +349,10 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
                 res = metrics.evaluate(labels, v, n_bootstrap=n_bootstrap, seed=seed)
         except ValueError as e:  # e.g. every text skipped (Lowercase on lower-case texts): a row saying so
             table.append([m, f"n/a ({e})", "n/a", "n/a", str(int(np.isnan(v).sum()))])
+            continue
+        n_nan = str(res.get("n_nan", int(np.isnan(v).sum())))
+        if res.get("auroc") is None:  # too few examples of a class (metrics.MIN_PER_CLASS), or one class left
+            table.append([name, _na(res), "n/a", "n/a", n_nan])
             continue
         if m == "blind" or m == BASELINE:
             vs = "—"
@@ -194,11 +363,11 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
                 vs = f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] {c['verdict'].replace('A', m)}"
                 vs = vs.replace("B", "Min-K%++")
             except ValueError as e:
-                vs = f"n/a ({e})"
-        name = "Blind BoW (no model)" if m == "blind" else m + (" (oracle)" if m == "ref" else "")
+                vs = f"n/a ({str(e).replace('n/a: ', '')})"
         table.append([name, _ci(res["auroc"], res.get("auroc_ci")),
-                      _ci(res["tpr_at_5pct_fpr"], res.get("tpr_at_5pct_fpr_ci")), vs, str(res.get("n_nan", 0))])
+                      _ci(res["tpr_at_5pct_fpr"], res.get("tpr_at_5pct_fpr_ci")), vs, n_nan])
     avg = " (mean over datasets, resampled within each)" if several else ""
+    tps = lambda c: "n/a" if c["tokens_per_second"] is None else f"{c['tokens_per_second']:.0f}"  # noqa: E731
     text = [f"## {info['name']}" + (" (sample)" if info.get("per_cell") else "") + f": {_model_label(info)}\n",
             f"{info['n_evaluated']} texts evaluated"
             + (f" (a seeded sample of {info['per_cell']} per dataset and label)" if info.get("per_cell") else "")
@@ -213,9 +382,9 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
             "\nCost on this machine (each group timed alone, its main pass included, compilation included; the "
             "single-pass methods share one pass, methods reading the same passes are one group):\n",
             markdown(["Methods", "Forward / text", "Backward / text", "Seconds", "Tokens", "Tokens/s"],
-                     [[", ".join(c["methods"]), f"{c['forward_per_text']:g}",
+                     [[", ".join(map(str, c["methods"])), f"{c['forward_per_text']:g}",
                        f"{c['backward_per_text']:g}", f"{c['seconds']:.1f}", str(c["tokens"]),
-                       f"{c['tokens_per_second']:.0f}"] for g, c in cost.items()]),
+                       tps(c)] for g, c in cost.items()]),
             di_section(rows, info["methods"], seed),
             f"\nRebuild: `python scripts/detectors.py --from {folder}`; made by `{info['command']}`.\n"]
     return "\n".join(text)
@@ -253,42 +422,91 @@ def di_section(rows, methods, seed: int) -> str:
         markdown(["Dataset", "Suspect vs validation", "Held-out texts", "t", "p-value", "At 0.05"], table)])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2")
+# ----------------------------------------------------------------------------- the command
+
+
+def md_file(text: str) -> Path:
+    """argparse type of ``--md``: a file that can be written (not a folder, not under a file)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file path")
+    if path.is_symlink() and not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} is a link to a missing {os.readlink(path)}")
+    try:
+        entry.check_out(path.absolute().parent, "--md")
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return path
+
+
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2", help="a model folder, a .gguf file or a packaged name (smollm2)")
     ap.add_argument("--ref-model", help="reference model for 'ref' (left out without one)")
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--wikimia", type=int, help="WikiMIA length")
-    src.add_argument("--eval", help="a contamination run's corpus/eval.jsonl (text, label, dataset)")
-    src.add_argument("--from", dest="src", nargs="+", type=Path, help="rebuild the report from these folders")
+    src.add_argument("--wikimia", type=entry.positive_int, help="WikiMIA length (32, 64, 128 or 256)")
+    src.add_argument("--eval", type=entry.input_file,
+                     help="a contamination run's corpus/eval.jsonl (text, label, dataset)")
+    src.add_argument("--from", dest="src", nargs="+",
+                     type=entry.source_dir("detectors", example="results/detectors/wikimia32"),
+                     help="rebuild the report from these folders")
     ap.add_argument("--name", default="contamination", help="the benchmark's name with --eval")
-    ap.add_argument("--shots", type=int, default=5, help="texts held out per (dataset, label) as ReCaLL shots")
-    ap.add_argument("--n-shots", type=int, default=5, help="shots per ReCaLL prefix")
+    ap.add_argument("--shots", type=entry.positive_int, default=5,
+                    help="texts held out per (dataset, label) as ReCaLL shots")
+    ap.add_argument("--n-shots", type=entry.positive_int, default=5, help="shots per ReCaLL prefix")
     ap.add_argument("--skip", nargs="*", default=[], help="methods to leave out")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--n-neighbors", type=int, default=10, help="neighbours per text of 'neighbor' (default 10)")
-    ap.add_argument("--samia-samples", type=int, default=10, help="sampled continuations per text of SaMIA (10)")
-    ap.add_argument("--per-cell", type=int, help="evaluate only N texts of each (dataset, label), a seeded sample "
-                                                 "(the shots are held out first, as without it)")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--n-bootstrap", type=int, default=1000)
-    ap.add_argument("--out", help="output folder")
-    ap.add_argument("--md", type=Path, help="with --from: write the report there")
-    ap.add_argument("--header", type=Path, help="with --from: a markdown file put before the sections")
+    ap.add_argument("--seed", type=entry.nonneg_int, default=0)
+    ap.add_argument("--n-neighbors", type=entry.positive_int, default=10,
+                    help="neighbours per text of 'neighbor' (default 10)")
+    ap.add_argument("--samia-samples", type=entry.positive_int, default=10,
+                    help="sampled continuations per text of SaMIA (10)")
+    ap.add_argument("--per-cell", type=entry.positive_int,
+                    help="evaluate only N texts of each (dataset, label), a seeded sample (the shots are held out "
+                         "first, as without it)")
+    ap.add_argument("--batch-size", type=entry.positive_int, default=8)
+    ap.add_argument("--n-bootstrap", type=entry.positive_int, default=1000)
+    ap.add_argument("--out", type=entry.out_dir, help="output folder (the same command again resumes the run)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="empty an --out that holds a run with other options instead of refusing it")
+    ap.add_argument("--md", type=md_file, help="also write the report there (once all of it is computed)")
+    ap.add_argument("--header", type=entry.input_file, help="a markdown file put before the sections")
     ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _write_report(args, text: str) -> None:
+    if args.header:
+        try:
+            head = args.header.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"--header {args.header} is not UTF-8 text") from None
+        text = head.rstrip() + "\n\n" + text
+    if args.md:
+        files.write_all(args.md.absolute().parent, {args.md.name: text})
+    print(text)
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
     if args.src:
-        text = "\n".join(section(f, args.n_bootstrap) for f in args.src)
-        if args.header:
-            text = args.header.read_text(encoding="utf-8").rstrip() + "\n\n" + text
-        if args.md:
-            args.md.write_text(text)
-        print(text)
+        if args.out:
+            raise UserError("--out goes with a run (--wikimia or --eval), not with --from; use --md for the report")
+        if args.md and any(args.md.resolve() == (f / n).resolve() for f in args.src
+                           for n in (*SEALED, rundir.MANIFEST)):
+            raise UserError(f"--md {args.md} is a file the rebuild reads; give another path")
+        text = "\n".join(section(f, args.n_bootstrap) for f in args.src)  # all computed before anything is written
+        _write_report(args, text)
         return 0
     if not args.out or not (args.wikimia or args.eval):
-        ap.error("give --wikimia N or --eval FILE, and --out DIR (or --from DIR ...)")
-    print(section(run(args), args.n_bootstrap))
+        raise UserError("give --wikimia N or --eval FILE, and --out DIR (or --from DIR ...)")
+    command = " ".join(["scripts/detectors.py", *(sys.argv[1:] if argv is None else argv)])
+    out = run(args, command)
+    _write_report(args, section(out, args.n_bootstrap))
     return 0
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv, resume_hint=RESUME_HINT)
 
 
 if __name__ == "__main__":
