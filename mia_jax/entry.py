@@ -153,9 +153,10 @@ def check_xla_flags() -> None:
 
 
 def describe_os_error(e: OSError) -> str:
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
     where = f" {e.filename}" if e.filename else ""
-    text = f"cannot use{where}: {e.strerror or e}"
-    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    text = f"cannot {'write' if full else 'use'}{where}: {e.strerror or e}"
+    if full:
         text += "; free some space (or raise the limit) and run the same command again: finished work is kept"
     return text
 
