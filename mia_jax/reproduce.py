@@ -223,12 +223,13 @@ def read_examples(src: Path) -> list[dict]:
     return cells
 
 
-def rebuild_outputs(src: Path) -> tuple[str, dict[str, str | bytes]]:
+def rebuild_outputs(src: Path, cells: list[dict] | None = None) -> tuple[str, dict[str, str | bytes]]:
     """Every table and plot of a reproduction from its ``examples.jsonl.gz`` alone (one line per cell: model,
     length, setting, labels, methods, per-example scores of every method, ref_unit, mirrored, n_bootstrap, seed),
     computed in memory: the cells' rows by :func:`cell_rows`, then :func:`report_outputs`, so the outputs equal those
-    of the run that wrote it. Returns (the tables' markdown, {file name: content}); nothing is written."""
-    cells = read_examples(Path(src))
+    of the run that wrote it. Returns (the tables' markdown, {file name: content}); nothing is written. ``cells``:
+    those :func:`read_examples` already read from ``src``."""
+    cells = read_examples(Path(src)) if cells is None else cells
     results, examples = [], {}
     for c in cells:
         key = (c["model"], c["length"], c["setting"])

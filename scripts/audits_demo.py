@@ -16,7 +16,6 @@ Every step is a resumable command of the toolkit (printed as it runs); rerun the
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,6 +24,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from mia_jax import entry, rundir  # noqa: E402
+from mia_jax.errors import UserError  # noqa: E402
+
+PROG = "python scripts/audits_demo.py"
+RESUME_HINT = "every finished step is kept: run the same command again to continue"
 
 DOMAINS = ("wikipedia_en", "pile_cc", "openwebtext2")
 
@@ -38,11 +43,12 @@ def make_books(pile_dir: Path, out: Path, *, per_domain: int, book_words: int, n
     for domain in DOMAINS:
         path = pile_dir / f"{domain}.jsonl"
         if not path.exists():
-            raise SystemExit(f"audits_demo: {path} not found (the Pile test documents of ../shared/data/pile)")
+            raise UserError(f"{path} not found (the Pile test documents of ../shared/data/pile; see --pile)")
         docs = [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         long = [i for i, d in enumerate(docs) if len(d.split()) >= book_words]
         if len(long) < per_domain:
-            raise SystemExit(f"audits_demo: only {len(long)} {domain} documents of >= {book_words} words")
+            raise UserError(f"only {len(long)} {domain} documents of >= {book_words} words in {path}; lower "
+                            "--books-per-domain or --book-words")
         pick = rng.permutation(long)[:per_domain]
         for j, i in enumerate(pick):
             text = " ".join(docs[i].split()[:book_words])  # whitespace normalised: the snippets are whole words
@@ -67,41 +73,77 @@ def make_books(pile_dir: Path, out: Path, *, per_domain: int, book_words: int, n
     return manifest
 
 
+class StepFailed(Exception):
+    """A step's command failed; it has reported why (its own one line): the demo stops with its exit status."""
+
+    def __init__(self, rc: int):
+        super().__init__(rc)
+        self.rc = rc
+
+
 def step(name: str, argv: list[str], fn) -> None:
     print(f"== {name}: {' '.join(argv)}", file=sys.stderr, flush=True)
     rc = fn(argv)
     if rc:
-        raise SystemExit(f"audits_demo: {name} failed (exit {rc})")
+        raise StepFailed(rc)
+
+
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--pile", type=entry.input_dir, default=ROOT.parent / "shared" / "data" / "pile")
+    ap.add_argument("--out", type=entry.out_dir, required=True)
+    ap.add_argument("--books-per-domain", type=entry.positive_int, default=10)
+    ap.add_argument("--validation-per-cell", type=entry.positive_int, default=2,
+                    help="validation books per domain and label")
+    ap.add_argument("--book-words", type=entry.positive_int, default=2048)
+    ap.add_argument("--snippet-words", type=entry.positive_int, default=512)
+    ap.add_argument("--forget", type=entry.positive_int, default=2, help="seen audited books forming the forget set")
+    ap.add_argument("--epochs", type=entry.positive_int, default=2, help="epochs over the seen books")
+    ap.add_argument("--lr", type=entry.positive_float, default=1e-4)
+    ap.add_argument("--ascent-lr", type=entry.positive_float, default=2e-5)
+    ap.add_argument("--ascent-epochs", type=entry.positive_int, default=4)
+    ap.add_argument("--seq-len", type=entry.positive_int, default=512)
+    ap.add_argument("--n-samples", type=entry.positive_int, default=20, help="story-completion samples per chunk")
+    ap.add_argument("--prompt-words", type=entry.positive_int, default=200, help="story-completion prompt words")
+    ap.add_argument("--embed-model", type=entry.input_dir,
+                    help="all-MiniLM-L6-v2 folder for embedding similarity (optional)")
+    ap.add_argument("--seed", type=entry.nonneg_int, default=0)
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--pile", type=Path, default=ROOT.parent / "shared" / "data" / "pile")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--books-per-domain", type=int, default=10)
-    ap.add_argument("--validation-per-cell", type=int, default=2, help="validation books per domain and label")
-    ap.add_argument("--book-words", type=int, default=2048)
-    ap.add_argument("--snippet-words", type=int, default=512)
-    ap.add_argument("--forget", type=int, default=2, help="seen audited books forming the forget set")
-    ap.add_argument("--epochs", type=int, default=2, help="epochs over the seen books")
-    ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--ascent-lr", type=float, default=2e-5)
-    ap.add_argument("--ascent-epochs", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--n-samples", type=int, default=20, help="story-completion samples per chunk")
-    ap.add_argument("--prompt-words", type=int, default=200, help="story-completion prompt words")
-    ap.add_argument("--embed-model", help="all-MiniLM-L6-v2 folder for embedding similarity (optional)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
+    return entry.run(PROG, _main, argv, resume_hint=RESUME_HINT)
 
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    seen = args.books_per_domain // 2
+    if seen - args.validation_per_cell < 1 or args.books_per_domain - seen - args.validation_per_cell < 1:
+        raise UserError(f"--books-per-domain {args.books_per_domain} leaves no book to audit after "
+                        f"{args.validation_per_cell} validation books per domain and label; give more books or "
+                        "fewer --validation-per-cell")
+    if args.forget > 3 * (seen - args.validation_per_cell):
+        raise UserError(f"--forget {args.forget}: only {3 * (seen - args.validation_per_cell)} seen books are "
+                        "audited")
+    try:
+        return _demo(args)
+    except StepFailed as e:  # the step said why
+        return e.rc
+
+
+def _demo(args) -> int:
     from mia_jax import cli
     from train import finetune
 
     data = args.out / "data"
-    make_books(args.pile, data, per_domain=args.books_per_domain, book_words=args.book_words,
-               n_forget=args.forget, seed=args.seed, n_validation=args.validation_per_cell)
+    books = dict(per_domain=args.books_per_domain, book_words=args.book_words, n_forget=args.forget, seed=args.seed,
+                 n_validation=args.validation_per_cell)
+    # the books of an earlier run of other settings are refused, not replaced under the models trained on them
+    fingerprint = {"audits_demo_books": books, "pile": str(Path(args.pile).resolve())}
+    with rundir.claim(data, fingerprint, hint="use another --out"):
+        make_books(args.pile, data, **books)
     quiet = ["--no-progress"] if args.no_progress else []
     train_over = [f"train.seq_len={args.seq_len}", "train.batch_size=8", "train.checkpoint_every=10"]
     step("train on the seen books", ["--model", args.model, "--texts", str(data / "train.jsonl"),

@@ -1,12 +1,32 @@
 """Measuring helpers of the benchmark scripts: peak resident memory sampled while a block runs, XLA compilation
-counts and seconds (JAX monitoring events), and the machine's float32 matmul rate (XLA and NumPy)."""
+counts and seconds (JAX monitoring events), and the machine's float32 matmul rate (XLA and NumPy); ``out_file``,
+the argparse type of their ``--json`` / ``--out`` files."""
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
+
+from mia_jax import entry
+
+
+def out_file(text: str) -> Path:
+    """argparse type of an output file (``--json``, ``--out``): not a folder, in an existing, writable folder;
+    checked at parse time, before anything runs."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file path")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: its folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: its folder {parent} is not writable")
+    return path
 
 
 class PeakRSS:
@@ -121,7 +141,7 @@ def add_accelerator_args(ap, torch_what: str = "torch") -> None:
     ap.add_argument("--torch-device", default="cpu", help=f"torch device of {torch_what}, e.g. cuda (default cpu)")
     ap.add_argument("--matmul-precision", default="default", choices=PRECISIONS,
                     help="float32 matmul precision of JAX and torch (default: each framework's own)")
-    ap.add_argument("--peak-tflops", type=float,
+    ap.add_argument("--peak-tflops", type=entry.positive_float,
                     help="also give MFU against this rate (TFLOP/s), e.g. an accelerator's datasheet peak")
 
 

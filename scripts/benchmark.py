@@ -43,9 +43,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_tools import (Compiles, PeakRSS, _timed, add_accelerator_args, matmul_rate, runnable,
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
+from bench_tools import (Compiles, PeakRSS, _timed, add_accelerator_args, matmul_rate, out_file, runnable,  # noqa: E402
                          set_matmul_precision, torch_env)
 
+from mia_jax import entry  # noqa: E402
+
+PROG = "python scripts/benchmark.py"
 METHODS = ["loss", "min_k@0.2", "min_k_pp@0.2"]
 K = 0.2
 
@@ -303,23 +308,32 @@ def run_worker(args):
 # ----------------------------------------------------------------------------- the driver
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--length", type=int, default=32, help="WikiMIA length: 32, 64, 128 or 256")
-    ap.add_argument("--limit", type=int, help="first N texts only")
-    ap.add_argument("--tokens-per-batch", type=int, help="(a)'s token budget per step (default: the backend's)")
-    ap.add_argument("--chunk-size", type=int, default=8192)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--length", type=entry.positive_int, default=32, help="WikiMIA length: 32, 64, 128 or 256")
+    ap.add_argument("--limit", type=entry.positive_int, help="first N texts only")
+    ap.add_argument("--tokens-per-batch", type=entry.positive_int,
+                    help="(a)'s token budget per step (default: the backend's)")
+    ap.add_argument("--chunk-size", type=entry.positive_int, default=8192)
+    ap.add_argument("--repeats", type=entry.positive_int, default=3)
     ap.add_argument("--approaches", nargs="+", default=["a", "b", "c"], choices=["a", "b", "c"])
-    ap.add_argument("--json", help="write every figure here (default: print only)")
+    ap.add_argument("--json", type=out_file, help="write every figure here (default: print only)")
     ap.add_argument("--omp-wait-policy", default="PASSIVE",
                     help="OMP_WAIT_POLICY for (c)'s torch (default PASSIVE: on a machine shared with other jobs, "
                          "OpenMP's spinning threads make small torch matmuls over 10x slower; 'default' keeps "
                          "torch's own setting)")
     add_accelerator_args(ap, "(c)")
     ap.add_argument("--worker", choices=["a", "b", "c", "matmul"], help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
     if args.worker:
         return run_worker(args)
     approaches = runnable(args.approaches, "c")
@@ -342,7 +356,8 @@ def main():
             results[name] = json.loads(out.read_text())
     report(args, results)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1, default=str))
+    return 0
 
 
 def report(args, results):

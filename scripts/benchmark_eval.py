@@ -7,25 +7,35 @@ second pass is timed as steady state. Padding: token slots of the steps not hold
 """
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 
 import jax
 
-from mia_jax import batching, compilation, models, runner
+from mia_jax import batching, compilation, entry, models, runner
 from mia_jax.data import wikimia
 from mia_jax.scorers import DEFAULT_METHODS, expand_methods
 
+PROG = "python scripts/benchmark_eval.py"
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--length", type=int, default=32)
-    ap.add_argument("--tokens-per-batch", nargs="+", type=int, default=[1024, 2048, 4096])
-    ap.add_argument("--limit", type=int, help="first N texts only")
-    args = ap.parse_args()
+    ap.add_argument("--length", type=entry.positive_int, default=32)
+    ap.add_argument("--tokens-per-batch", nargs="+", type=entry.positive_int, default=[1024, 2048, 4096])
+    ap.add_argument("--limit", type=entry.positive_int, help="first N texts only")
+    return ap
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    texts = wikimia(args.length).texts[: args.limit]  # a bad length before the model loads
     loaded = models.load(args.model)
-    texts = wikimia(args.length).texts[: args.limit]
     methods = expand_methods(DEFAULT_METHODS, [0.2])
     n_tokens = sum(len(e.ids) for e in batching.encode(loaded, texts))
     print(f"device: {jax.devices()[0]}; model {loaded.name}; WikiMIA-{args.length}: {len(texts)} texts, "
@@ -48,7 +58,8 @@ def main():
         print(f"| {budget} | {report['scoring_programs']} ({', '.join(f'{r}x{t}' for r, t, _ in shapes)}) | "
               f"{1 - report['tokens'] / report['slots']:.1%} | {first:.1f} s | {compiled['seconds']:.1f} s | "
               f"{steady:.1f} s | {n_tokens / steady:.0f} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -36,7 +36,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_tools import runnable, torch_env
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
+from bench_tools import out_file, runnable, torch_env  # noqa: E402
+
+from mia_jax import entry  # noqa: E402
+
+PROG = "python scripts/benchmark_long.py"
 
 PILE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pile" / "wikipedia_en.jsonl"
 APPROACHES = ["full", "auto", "torch"]
@@ -79,7 +85,9 @@ def token_ids(loaded, n: int, source: Path) -> np.ndarray:
                     break
     ids = loaded.tokenizer.encode("\n\n".join(texts)).ids
     if len(ids) < n:
-        raise SystemExit(f"{source} holds only {len(ids)} tokens, fewer than {n}")
+        from mia_jax.errors import UserError
+
+        raise UserError(f"{source} holds only {len(ids)} tokens, fewer than {n}")
     return np.asarray(ids[:n], np.int32)[None]
 
 
@@ -147,18 +155,28 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 128])
+    ap.add_argument("--tokens", type=entry.positive_int, nargs="+", default=[8192, 128])
     ap.add_argument("--approaches", nargs="+", default=APPROACHES, choices=APPROACHES)
-    ap.add_argument("--repeats", type=int, help="steady-state calls (default: 2 from 4096 tokens, else 10)")
-    ap.add_argument("--source", default=str(PILE), help="JSONL of documents with a `text` field")
-    ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--repeats", type=entry.positive_int,
+                    help="steady-state calls (default: 2 from 4096 tokens, else 10)")
+    ap.add_argument("--source", type=entry.input_file, default=str(PILE),
+                    help="JSONL of documents with a `text` field")
+    ap.add_argument("--json", type=out_file, help="write every figure here")
     ap.add_argument("--omp-wait-policy", default="PASSIVE", help="OMP_WAIT_POLICY for torch (as scripts/benchmark.py)")
     ap.add_argument("--worker", choices=APPROACHES, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-tokens", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap.add_argument("--worker-tokens", type=entry.positive_int, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
     if args.worker:
         return run_worker(args)
     approaches = runnable(args.approaches, "torch")
@@ -171,7 +189,7 @@ def main():
                 out = str(Path(tmp, f"{name}-{n}.json"))
                 repeats = args.repeats or (2 if n >= 4096 else 10)
                 cmd = [sys.executable, __file__, "--worker", name, "--worker-tokens", str(n), "--json", out,
-                       "--model", args.model, "--repeats", str(repeats), "--source", args.source]
+                       "--model", args.model, "--repeats", str(repeats), "--source", str(args.source)]
                 env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
                 env.pop("MIA_JAX_ATTENTION", None)
                 if name == "full":
@@ -195,11 +213,12 @@ def main():
                     r["max_abs_diff_vs_torch"] = float(np.abs(h - ref).max())
                     r["max_abs_hidden"] = float(np.abs(ref).max())
             if len({r.get("ids_sha256") for r in results if r["tokens"] == n and "ids_sha256" in r}) > 1:
-                raise SystemExit("the approaches did not see the same token ids")
+                raise RuntimeError("the approaches did not see the same token ids")
     print(f"load average after: {load_average()}", file=sys.stderr)
     report(results)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1, default=str))
+    return 0
 
 
 def report(results):
@@ -224,4 +243,4 @@ def report(results):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,13 +9,25 @@ a few steady-state runs after compilation.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mia_jax import entry
 from mia_jax.stats import TokenStats, token_stats_from_hidden
+
+PROG = "python scripts/benchmark_stats.py"
+
+
+def shape(text: str) -> tuple[int, int, int]:
+    """argparse type of a ``B,T,V`` shape: three whole numbers > 0."""
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"{text!r}: give B,T,V (batch, tokens, vocabulary), e.g. 8,128,49152")
+    return tuple(entry.positive_int(p.strip()) for p in parts)
 
 
 def full_log_softmax(hidden, w, targets):
@@ -43,19 +55,27 @@ def measure(fn, args, repeats=3):
     return peak, mem.temp_size_in_bytes, float(np.median(times))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=["8,128,49152", "8,128,262144"], help="B,T,V")
-    ap.add_argument("--dim", type=int, default=576, help="hidden size D (SmolLM2: 576, Gemma-3-270m: 640)")
-    ap.add_argument("--chunk-size", type=int, default=8192)
-    args = ap.parse_args()
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", type=shape, default=[(8, 128, 49152), (8, 128, 262144)], help="B,T,V")
+    ap.add_argument("--dim", type=entry.positive_int, default=576,
+                    help="hidden size D (SmolLM2: 576, Gemma-3-270m: 640)")
+    ap.add_argument("--chunk-size", type=entry.positive_int, default=8192)
+    return ap
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
     print(f"device: {jax.devices()[0]}, hidden size {args.dim}, chunk {args.chunk_size}")
     print("| [B, T, V] | float32 logits | full log_softmax: peak / temp / time "
           "| chunked from hidden: peak / temp / time | chunked / logits |")
     print("|---|---:|---:|---:|---:|")
     mib = 2**20
-    for shape in args.shapes:
-        b, t, v = map(int, shape.split(","))
+    for b, t, v in args.shapes:
         rng = np.random.default_rng(0)
         hidden = jnp.asarray(rng.standard_normal((b, t, args.dim)), jnp.float32)
         w = jnp.asarray(rng.standard_normal((v, args.dim)) / np.sqrt(args.dim), jnp.float32)
@@ -69,7 +89,8 @@ def main():
               f"{full[2] * 1e3:.0f} ms | {chunked[0] / mib:.0f} / {chunked[1] / mib:.1f} MiB / "
               f"{chunked[2] * 1e3:.0f} ms"
               f" | temp {chunked[1] / logits_bytes:.1%} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

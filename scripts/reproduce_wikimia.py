@@ -68,9 +68,11 @@ def main(argv=None) -> int:
 
 def rebuild(src: Path, out: Path) -> None:
     """Tables and plots of the reproduction in ``src`` into ``out``: the input checked against the run's
-    manifest and for content, every output computed, and only then ``out`` claimed and written (all or none)."""
-    text, outputs = reproduce.rebuild_outputs(src)
+    manifest and for content before anything is written, then ``out`` claimed (refused untouched when it holds
+    anything but an earlier rebuild of ``src``), every output computed, and only then all written together."""
+    cells = reproduce.read_examples(src)
     with rundir.rebuild_into(out, [src], "reproduce_wikimia"):
+        text, outputs = reproduce.rebuild_outputs(src, cells)
         files.write_all(out, outputs)
     print(text)
     print(f"wrote {out}/", file=sys.stderr)
