@@ -103,7 +103,7 @@ def test_gguf_tensor_type_unknown(tiny_gguf, tmp_path):
 @pytest.mark.parametrize("content, expected", [
     ("[1, 2]", "expected a JSON object, found a list"),
     ('{"model_type": "llama"', "cannot read"),
-    (b"\xff\xfe\x00garbage", "cannot read"),
+    (b"\xff\xfe\x00garbage", r"not UTF-8 text \(byte 0xff at file offset 0\)"),
 ])
 def test_config_not_an_object_or_not_json(hf_copy, content, expected):
     config = hf_copy / "config.json"
@@ -222,3 +222,199 @@ def test_hub_is_consulted_only_when_asked(monkeypatch, tiny_llama_dir, tmp_path)
     (tmp_path / "org").mkdir()
     (tmp_path / "org" / "cached").mkdir()  # an existing local path wins over the Hub
     assert resolve_model("org/cached", allow_download=True) == str((tmp_path / "org" / "cached").resolve())
+
+
+# ----------------------------------------------------------------------------- config.json values (issue 30)
+
+
+def edit_config(folder, **change):
+    """Set (or, for a value of `DELETE`, remove) keys of a model folder's config.json."""
+    config = folder / "config.json"
+    raw = {k: v for k, v in dict(json.loads(config.read_text()), **change).items() if v is not DELETE}
+    config.write_text(json.dumps(raw))
+    return config
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(hidden_size="32"), "'hidden_size' is \"32\", expected a positive integer"),
+    (dict(num_hidden_layers=2.0), "'num_hidden_layers' is 2.0, expected a positive integer"),
+    (dict(rope_theta=None), "'rope_theta' is null, expected a positive number"),
+    (dict(max_position_embeddings=-1), "'max_position_embeddings' is -1, expected a positive integer"),
+    (dict(num_attention_heads=0), "'num_attention_heads' is 0, expected a positive integer"),
+    (dict(vocab_size=-320), "'vocab_size' is -320, expected a positive integer"),
+    (dict(intermediate_size=None), "'intermediate_size' is null, expected a positive integer"),
+    (dict(num_key_value_heads=True), "'num_key_value_heads' is true, expected a positive integer"),
+    (dict(rms_norm_eps="1e-5"), "'rms_norm_eps' is \"1e-5\", expected a number >= 0"),
+    (dict(rms_norm_eps=-1e-5), "'rms_norm_eps' is -1e-05, expected a number >= 0"),
+    (dict(tie_word_embeddings="yes"), "'tie_word_embeddings' is \"yes\", expected true or false"),
+    (dict(eos_token_id="0"), "'eos_token_id' is \"0\", expected a token id"),
+    (dict(hidden_act=5), "'hidden_act' is 5, expected a string"),
+    (dict(rope_scaling=[2]), "'rope_scaling' is [2], expected a JSON object"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": "2"}), "'rope_scaling.factor' is \"2\", expected a positive"),
+    (dict(rope_scaling={"rope_type": "linear"}), "rope_scaling of type 'linear' has no 'factor'"),
+    (dict(num_attention_heads=3), "num_attention_heads=3 is not a multiple of num_key_value_heads=2"),  # the family
+    (dict(num_hidden_layers=DELETE), "required key 'num_hidden_layers' is missing"),
+])
+def test_config_value_of_the_wrong_type_or_range(hf_copy, change, expected):
+    config = edit_config(hf_copy, **change)
+    msg = user_error(hf_copy, config)
+    assert msg.startswith(f"{config}: ") and expected in msg, msg
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"", "the file is empty, expected a JSON object"),
+    (b"  \n", "the file is empty, expected a JSON object"),
+    (b'"llama"', "expected a JSON object, found a string"),
+    (b"null", "expected a JSON object, found null"),
+    (b'{"model_type": "llama", "hidden_size": caf\xc3\xa9}', "cannot read it as JSON"),
+    (b'{"model_type": "caf\xe9"}', r"not UTF-8 text \(byte 0xe9 at file offset 19\)"),
+])
+def test_config_empty_or_not_json(hf_copy, content, expected):
+    (hf_copy / "config.json").write_bytes(content)
+    with pytest.raises(UserError, match=expected):
+        load(str(hf_copy))
+
+
+def test_config_with_a_byte_order_mark_is_read(hf_copy):
+    config = hf_copy / "config.json"
+    config.write_bytes(b"\xef\xbb\xbf" + config.read_bytes())
+    assert load(str(hf_copy)).config.hidden_size == 32
+
+
+def test_config_json_that_is_a_folder(hf_copy):
+    (hf_copy / "config.json").unlink()
+    (hf_copy / "config.json").mkdir()
+    assert "config.json: cannot read it" in user_error(hf_copy, hf_copy / "config.json")
+
+
+@pytest.mark.parametrize("family, raw, expected", [
+    ("gpt2", {"model_type": "gpt2", "n_embd": "768"}, "'n_embd' is \"768\", expected a positive integer"),
+    ("gpt2", {"model_type": "gpt2", "n_embd": None, "n_layer": 2, "n_head": 4, "vocab_size": 9},
+     "required key 'hidden_size' is missing"),  # neither spelling
+    ("gpt_neox", {"model_type": "gpt_neox", "rotary_pct": 1.5}, "'rotary_pct' is 1.5, expected a number in (0, 1]"),
+    ("gpt_neox", {"model_type": "gpt_neox", "use_parallel_residual": 1}, "'use_parallel_residual' is 1, expected true"),
+    ("opt", {"model_type": "opt", "ffn_dim": 0}, "'ffn_dim' is 0, expected a positive integer"),
+    ("gemma3", {"model_type": "gemma3", "text_config": {"sliding_window": "512"}},
+     "'text_config.sliding_window' is \"512\", expected a positive integer"),
+    ("gemma3", {"model_type": "gemma3", "text_config": [1]}, "'text_config' is [1], expected a JSON object"),
+    ("gemma3_text", {"model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_theta": "1e6"}}},
+     "'rope_parameters.full_attention.rope_theta' is \"1e6\", expected a positive number"),
+    ("gemma3_text", {"model_type": "gemma3_text", "num_hidden_layers": 2.5}, "'num_hidden_layers' is 2.5"),
+    ("phi3", {"model_type": "phi3", "rope_theta": "10000"}, "'rope_theta' is \"10000\", expected a positive number"),
+    ("qwen2", {"model_type": "qwen2", "max_window_layers": -1}, "'max_window_layers' is -1, expected an integer >= 0"),
+    ("mistral", {"model_type": "mistral", "sliding_window": 0}, "'sliding_window' is 0, expected a positive integer"),
+    ("llama", {"model_type": "llama", "layer_types": "full_attention"}, "'layer_types' is \"full_attention\", "
+                                                                         "expected a list of strings"),
+])
+def test_config_checks_of_every_family(tmp_path, family, raw, expected):
+    from mia_jax.models import architecture, hf
+
+    path = tmp_path / "config.json"
+    with pytest.raises(UserError) as e:
+        hf.parse_config(architecture(family)[1], raw, path)
+    assert str(e.value).startswith(f"{path}: ") and expected in str(e.value), str(e.value)
+
+
+def test_config_checks_of_bert(tmp_path):
+    from mia_jax.models import bert, hf
+
+    path = tmp_path / "config.json"
+    with pytest.raises(UserError, match="'type_vocab_size' is \"2\", expected a positive integer"):
+        hf.parse_config(bert.BertConfig, {"model_type": "bert", "type_vocab_size": "2"}, path)
+    with pytest.raises(UserError, match="'layer_norm_eps' is null, expected a number >= 0"):
+        hf.parse_config(bert.BertConfig, {"model_type": "roberta", "layer_norm_eps": None}, path)
+
+
+def test_gguf_metadata_values_are_checked(tiny_gguf, tmp_path):
+    """A GGUF whose metadata gives a size of 0 is refused when its config is built, naming the file."""
+    reader = gguf.GGUFReader(str(tiny_gguf))
+    field = reader.fields["llama.block_count"]
+    data = bytearray(tiny_gguf.read_bytes())
+    offset = field.offset + sum(part.nbytes for part in field.parts[:-1])
+    assert struct.unpack_from("<I", data, offset)[0] == 2
+    data[offset:offset + 4] = struct.pack("<I", 0)
+    path = corrupt(tmp_path, bytes(data))
+    assert "GGUF metadata gives num_hidden_layers=0, expected a positive integer" in user_error(path)
+
+
+# ----------------------------------------------------------------------------- integer weights (issue 30)
+
+
+def resave(folder, dtype, names=None):
+    """Re-save the tensors `names` (all when None) of a folder's model.safetensors as `dtype`."""
+    from safetensors.numpy import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    tensors = load_file(str(weights))
+    for name in names if names is not None else list(tensors):
+        tensors[name] = (tensors[name] * 100).astype(dtype)
+    save_file(tensors, str(weights))
+    return weights
+
+
+@pytest.mark.parametrize("dtype, shown", [(np.int32, "I32"), (np.int8, "I8"), (np.uint8, "U8"), (bool, "BOOL")])
+def test_integer_safetensors_weight_is_refused(hf_copy, dtype, shown):
+    name = "model.layers.1.mlp.up_proj.weight"
+    weights = resave(hf_copy, dtype, [name])
+    msg = user_error(hf_copy, weights)
+    assert msg.startswith(f"{weights}: tensor {name!r} has dtype {shown} (an integer type), expected floating-point "
+                          "weights"), msg
+
+
+def test_float_safetensors_of_any_width_load_and_unused_integer_buffers_are_ignored(hf_copy):
+    from safetensors.numpy import load_file, save_file
+
+    reference = load(str(hf_copy)).model.embed[...]
+    weights = hf_copy / "model.safetensors"
+    tensors = {k: v.astype(np.float64 if "embed" in k else np.float16) for k, v in load_file(str(weights)).items()}
+    tensors["model.layers.0.self_attn.masked_bias"] = np.zeros((4, 4), np.int32)  # a buffer no weight reads
+    save_file(tensors, str(weights))
+    loaded = load(str(hf_copy))
+    np.testing.assert_allclose(np.asarray(loaded.model.embed[...]), np.asarray(reference), rtol=1e-6)
+
+
+def test_integer_gguf_tensor_is_refused(hf_copy, tmp_path):
+    resave(hf_copy, np.int32, ["model.layers.0.mlp.down_proj.weight"])
+    path = write_tiny_gguf(tmp_path / "int.gguf", hf_copy)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert types["blk.0.ffn_down.weight"] == "I32" and types["blk.1.ffn_down.weight"] == "F32"
+    msg = user_error(path)
+    assert "tensor 'blk.0.ffn_down.weight' has GGML type I32, an integer type, not floating-point or quantized" in msg
+
+
+def test_float64_gguf_loads(hf_copy, tmp_path):
+    resave(hf_copy, np.float64)  # (x 100: the values change; the dtype is what matters)
+    path = write_tiny_gguf(tmp_path / "f64.gguf", hf_copy)
+    assert {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors} == {"F64"}
+    loaded = load(str(path))
+    assert np.isfinite(np.asarray(loaded.model.embed[...])).all()
+    np.testing.assert_allclose(np.asarray(loaded.model.embed[...]), np.asarray(load(str(hf_copy)).model.embed[...]),
+                               rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- through the CLI: exit 2, one line
+
+
+@pytest.mark.parametrize("spoil, needle", [
+    (lambda folder: edit_config(folder, hidden_size="32"), "config.json: 'hidden_size' is \"32\", expected a positive"),
+    (lambda folder: edit_config(folder, max_position_embeddings=-1), "'max_position_embeddings' is -1"),
+    (lambda folder: resave(folder, np.int32, ["model.norm.weight"]), "tensor 'model.norm.weight' has dtype I32"),
+], ids=["hidden-size-string", "negative-context", "int32-weight"])
+def test_eval_with_a_broken_model_exits_2_and_leaves_out_as_it_was(hf_copy, tmp_path, capsys, spoil, needle):
+    from helpers import assert_clean_error, snapshot
+
+    from mia_jax.cli import main
+
+    spoil(hf_copy)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    capsys.readouterr()
+    rc = main(["eval", "--model", str(hf_copy), "--limit", "2", "--methods", "loss", "--no-progress",
+               "--out", str(out)])
+    assert_clean_error(rc, capsys.readouterr().err, needle)
+    assert snapshot(out) == before

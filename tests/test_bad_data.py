@@ -25,7 +25,7 @@ def raises(fn, *args, **kwargs) -> str:
 
 def one_error_line(err: str, prog: str) -> str:
     lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), err
+    assert len(lines) == 1 and ": error: " in lines[0] and prog in lines[0].split(": error: ")[0], err
     return lines[0]
 
 
@@ -233,13 +233,13 @@ def test_contaminate_bad_override_exits_2_before_writing(tmp_path, capsys, args,
 
     out = tmp_path / "run"
     assert main(["--config", str(TINY_CONFIG), "--out", str(out), *args]) == 2
-    assert expected in one_error_line(capsys.readouterr().err, "contaminate")
+    assert expected in one_error_line(capsys.readouterr().err, "python train/contaminate.py")
     assert not out.exists()
     out.mkdir()  # an existing folder is left as it was
     (out / "keep.txt").write_text("x")
     assert main(["--config", str(TINY_CONFIG), "--out", str(out), *args]) == 2
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
-    one_error_line(capsys.readouterr().err, "contaminate")
+    one_error_line(capsys.readouterr().err, "python train/contaminate.py")
 
 
 def test_contaminate_bad_config_file_exits_2(tmp_path, capsys):
@@ -248,7 +248,119 @@ def test_contaminate_bad_config_file_exits_2(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text('train:\n  lr: "fast"\n')
     out = tmp_path / "run"
     assert main(["--config", str(tmp_path / "bad.yaml"), "--out", str(out)]) == 2
-    assert "train.lr is 'fast', expected a float" in one_error_line(capsys.readouterr().err, "contaminate")
+    line = one_error_line(capsys.readouterr().err, "python train/contaminate.py")
+    assert "train.lr is 'fast', expected a float" in line
     assert main(["--config", str(tmp_path / "missing.yaml"), "--out", str(out)]) == 2
-    assert "config file not found" in one_error_line(capsys.readouterr().err, "contaminate")
+    line = one_error_line(capsys.readouterr().err, "python train/contaminate.py")
+    assert "missing.yaml" in line and ("not found" in line or "no such file" in line), line
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- data files (issue 30)
+
+
+def test_a_folder_is_not_a_data_file(tmp_path):
+    (tmp_path / "b.jsonl").write_text('{"input": "x", "label": 1}\n')
+    (tmp_path / "a.csv").write_text("input,label\nx,1\n")
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "sub.csv").mkdir()
+    assert raises(data.load_records, tmp_path) == (
+        f"{tmp_path} is a folder, not a data file; pass one file (data files in it: a.csv, b.jsonl)")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert raises(data.load_records, empty) == (
+        f"{empty} is a folder, not a data file; pass one file (it holds no .jsonl, .csv, .tsv or .parquet file)")
+    assert raises(data.load_records, tmp_path / "nope.jsonl") == f"data file not found: {tmp_path / 'nope.jsonl'}"
+
+
+@pytest.mark.parametrize("name, content", [
+    ("empty.jsonl", b""),
+    ("blank.jsonl", b"\n  \n\n"),
+    ("empty.csv", b""),
+    ("header.csv", b"input,label\n"),
+    ("bom-header.tsv", b"\xef\xbb\xbfinput\tlabel\r\n"),
+])
+def test_no_rows(tmp_path, name, content):
+    (tmp_path / name).write_bytes(content)
+    assert raises(data.load_records, tmp_path / name).startswith(f"{tmp_path / name}: no rows (the file is empty")
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("[1, 2]", "row 2 is a list, expected an object with a 'input' field (or a string)"),
+    ("5", "row 2 is a number, expected an object"),
+    ("null", "row 2 is null, expected an object"),
+    ("true", "row 2 is true/false, expected an object"),
+    ('{"input": 5, "label": 1}', "row 2 field 'input' is int, expected a string"),
+    ('{"text": "x", "label": 1}', "row 2 has no field 'input' (fields: text, label)"),
+    ('{"input": "x"}', "row 2 has no field 'label' (fields: input)"),
+])
+def test_jsonl_row_that_is_not_a_record(tmp_path, line, expected):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"input": "fine", "label": 0}\n' + line + "\n")
+    message = raises(data.load_records, path)
+    assert message.startswith(f"{path}: ") and expected in message, message
+
+
+@pytest.mark.parametrize("label", ['2', '-1', '0.5', '"yes"', '"member"', 'null', '[1]', '"1.0"'])
+def test_label_that_is_not_0_or_1(tmp_path, label):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"input": "fine", "label": 1}\n{"input": "x", "label": ' + label + "}\n")
+    message = raises(data.load_records, path)
+    assert message.startswith(f"{path}: row 2 has label ") and "labels must be 0 (non-member) or 1 (member)" in message
+
+
+def test_labels_spelled_as_numbers_strings_or_booleans(tmp_path):
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"input": "x", "label": {v}}}\n'
+                                              for v in ("1", "0", "1.0", '"1"', '" 0 "', "true", "false")))
+    assert data.load_records(tmp_path / "a.jsonl").labels == [1, 0, 1, 1, 0, 1, 0]
+
+
+def test_csv_with_a_byte_order_mark_and_a_named_column(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "s.csv").write_bytes(bom + b"set,text,label\r\nmember,hello,1\r\n")
+    assert data.load_records(tmp_path / "s.csv", "text").labels == [1]
+    assert data.load_records(tmp_path / "s.csv", "text", extra=["set"]).extra == {"set": ["member"]}
+    assert data.load_records(tmp_path / "s.csv", "text", encoding="utf-8-sig").texts == ["hello"]
+    assert data.read_csv(tmp_path / "s.csv", ["set", "label"]) == [{"set": "member", "text": "hello", "label": "1"}]
+    (tmp_path / "s.tsv").write_bytes(bom + b"set\tlabel\nseen\t1\n")
+    assert data.read_csv(tmp_path / "s.tsv", ["set"]) == [{"set": "seen", "label": "1"}]
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"set,score\nseen,0.5\nunseen\n", "row 3 has 1 field(s), the header has 2; give every row one value per column"),
+    (b"set,score\nseen,0.5,9\n", "row 2 has 3 fields, the header has 2"),
+    (b'set,score\n"seen,0.5\nunseen,0.1\n', "line 2: a quoted field starting on this line is never closed"),
+    (b"set,score\nseen,0.5\nunseen,0.\xff\n", "line 3 is not valid utf-8 (byte 0xff at file offset 28)"),
+    (b"", "the file is empty; expected a header line (set, score)"),
+    (b"\xef\xbb\xbfname,score\nx,1\n", "no column 'set' (columns: name, score)"),
+])
+def test_read_csv_is_strict(tmp_path, content, expected):
+    path = tmp_path / "scores.csv"
+    path.write_bytes(content)
+    message = raises(data.read_csv, path, ["set", "score"])
+    assert message.startswith(f"{path}: ") and expected in message, message
+    assert raises(data.read_csv, tmp_path) == f"{tmp_path} is a folder, not a CSV file"
+    assert raises(data.read_csv, tmp_path / "none.csv") == f"file not found: {tmp_path / 'none.csv'}"
+
+
+def test_parquet_that_is_not_parquet(tmp_path):
+    pytest.importorskip("pyarrow")
+    (tmp_path / "a.parquet").write_bytes(b"PAR1 not really")
+    assert "cannot read it as Parquet" in raises(data.load_records, tmp_path / "a.parquet")
+
+
+def test_eval_data_folder_exits_2_and_leaves_out_as_it_was(tmp_path, capsys):
+    from helpers import assert_clean_error, snapshot
+
+    from mia_jax.cli import main
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"input": "x", "label": 1}\n')
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    before = snapshot(out)
+    rc = main(["eval", "--model", str(tmp_path / "unused"), "--data", str(folder), "--out", str(out)])
+    assert_clean_error(rc, capsys.readouterr().err, f"{folder} is a folder")
+    assert snapshot(out) == before

@@ -121,10 +121,10 @@ def _json_rows(path: Path, encoding: str):
                             "JSON object") from None
 
 
-def _csv_rows(path: Path, encoding: str, delimiter: str):
+def _csv_rows(path: Path, encoding: str, delimiter: str, header_out: list | None = None):
     """Rows of a CSV / TSV file as dicts, each with the line number where it starts (a quoted field may span
     lines). Unclosed quotes and rows with more or fewer fields than the header are refused, never read as a
-    silently merged or cut row."""
+    silently merged or cut row. ``header_out``: the header's field names are appended to it."""
     start = [0, None]  # the line last read, the line where the current row starts
 
     def lines():
@@ -152,6 +152,8 @@ def _csv_rows(path: Path, encoding: str, delimiter: str):
     if read(lambda: reader.fieldnames) is None:  # reads the header line; None: an empty file
         return
     n_fields = len(reader.fieldnames)
+    if header_out is not None:
+        header_out.append(list(reader.fieldnames))
     start[1] = None
     while (row := read(lambda: next(reader, None))) is not None:
         where, start[1] = start[1], None
@@ -175,12 +177,58 @@ def _rows(path: Path, encoding: str = "utf-8"):
         yield from _csv_rows(path, encoding, "\t" if suffix == ".tsv" else ",")
     elif suffix == ".parquet":
         try:
+            import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
             raise UserError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
-        yield from enumerate(pq.read_table(path).to_pylist(), 1)
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError, pa.ArrowException) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserError(f"{path}: cannot read it as Parquet ({first}); the file is corrupt or not Parquet: "
+                            "re-export it, or give a .jsonl / .csv file") from None
+        yield from enumerate(table.to_pylist(), 1)
     else:
         raise UserError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .csv, .tsv or .parquet")
+
+
+DATA_SUFFIXES = (".jsonl", ".json", ".ndjson", ".csv", ".tsv", ".parquet")
+
+
+def check_data_file(path: str | Path) -> Path:
+    """``path`` is an existing data file: a UserError saying what it is otherwise (missing; a folder, with the
+    data files in it; not a regular file)."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.is_file() and p.suffix.lower() in DATA_SUFFIXES)
+        listed = f"data files in it: {', '.join(found[:10])}{', ...' if len(found) > 10 else ''}" if found else (
+            "it holds no .jsonl, .csv, .tsv or .parquet file")
+        raise UserError(f"{path} is a folder, not a data file; pass one file ({listed})")
+    if not path.exists():
+        raise UserError(f"data file not found: {path}")
+    if not path.is_file():
+        raise UserError(f"{path} is not a regular file; pass a .jsonl, .csv, .tsv or .parquet data file")
+    return path
+
+
+def read_csv(path: str | Path, columns: Sequence[str] = (), encoding: str = "utf-8") -> list[dict[str, str]]:
+    """The rows of a CSV (or .tsv) file as dicts, read strictly: a UTF-8 byte-order mark is dropped, bytes that
+    are not valid ``encoding``, an unclosed quote or a row with more or fewer fields than the header are a
+    UserError naming the file and the line, as is an empty file or a header without one of ``columns``."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path} is a folder, not a CSV file" if path.is_dir() else f"file not found: {path}")
+    _check_encoding(encoding)
+    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+    header: list[list[str]] = []
+    rows = [row for _, row in _csv_rows(path, encoding, delimiter, header_out=header)]
+    if not header:
+        raise UserError(f"{path}: the file is empty; expected a header line ({', '.join(columns) or 'column names'})")
+    missing = [c for c in columns if c not in header[0]]
+    if missing:
+        raise UserError(f"{path}: no column {missing[0]!r} (columns: {', '.join(header[0])}); the file is not the "
+                        "one expected, or was edited")
+    return rows
 
 
 def _label(value, path: Path, where: int) -> int:
@@ -204,16 +252,16 @@ def load_records(path: str | Path, text_field: str = "input", label_field: str |
     """
     _check_encoding(encoding)
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"data file not found: {path}")
+    check_data_file(path)
     texts, labels = [], []
     kept: dict[str, list] = {f: [] for f in extra}
     for where, row in _rows(path, encoding):
         if isinstance(row, str):
             row = {text_field: row}
         if not isinstance(row, dict):
-            raise UserError(f"{path}: row {where} is a {type(row).__name__}, expected an object with a "
-                            f"{text_field!r} field")
+            kind = {list: "a list", int: "a number", float: "a number", bool: "true/false"}.get(type(row), "null")
+            raise UserError(f"{path}: row {where} is {kind}, expected an object with a {text_field!r} field (or a "
+                            "string); each line must be one JSON object")
         for fld in (text_field, label_field):
             if fld is not None and fld not in row:
                 raise UserError(f"{path}: row {where} has no field {fld!r} (fields: {', '.join(map(str, row))}); "
@@ -227,7 +275,8 @@ def load_records(path: str | Path, text_field: str = "input", label_field: str |
         for f in extra:
             kept[f].append(row.get(f))
     if not texts:
-        raise UserError(f"{path}: no rows")
+        raise UserError(f"{path}: no rows (the file is empty or holds only blank lines or a header); give a file "
+                        "with at least one row")
     return Dataset(texts, labels if label_field is not None else None, name or path.stem, {str(path): sha256(path)},
                    kept)
 

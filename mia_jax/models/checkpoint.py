@@ -25,6 +25,7 @@ from mia_jax.errors import UserError
 from mia_jax.files import sha256
 from mia_jax.models import gguf_io, hf
 from mia_jax.models.layers import DTYPES
+from mia_jax.models.tensors import WeightFileError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +221,8 @@ def _build(module: ModuleType, cfg, tensors: dict, dtype: str, place, source: Pa
     naming the checkpoint (a missing tensor, a wrong shape, or a reshape that cannot be done)."""
     try:
         return module.from_params(cfg, module.params_from_hf(cfg, tensors), dtype, place)
+    except WeightFileError:  # names its file and tensor already
+        raise
     except (UserError, TypeError) as e:
         if isinstance(e, TypeError) and not str(e).startswith("cannot reshape"):  # jax.eval_shape of a conversion
             raise

@@ -21,6 +21,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from mia_jax.errors import UserError
+from mia_jax.models import hf
 from mia_jax.models.tensors import Lazy
 
 # GGUF value types: id -> numpy dtype (arrays) and struct format (scalars)
@@ -119,6 +120,27 @@ def _parse(buf, path: str) -> tuple[dict, list[tuple[str, tuple[int, ...], int, 
     return meta, infos, -(-c.pos // align) * align
 
 
+_INTEGER_TYPES = ("I8", "I16", "I32", "I64")
+
+
+def _dequantizable(qtype) -> bool:
+    """F32, F16, F64 and the quantized types the installed gguf package dequantizes."""
+    import gguf
+
+    if qtype.name in ("F32", "F16", "F64"):
+        return True
+    traits = getattr(gguf.quants, "_type_traits", None)
+    return traits is None or qtype in traits  # (an older gguf without the table: tried when read)
+
+
+def _dequantize(raw: np.ndarray, qtype) -> np.ndarray:
+    import gguf
+
+    if qtype.name == "F64":  # stored as it is; gguf.quants has no F64 path
+        return raw.view(np.float64)
+    return gguf.quants.dequantize(raw, qtype)
+
+
 def _layout(path: str, size: int, start: int, name: str, dims: tuple, kind: int, offset: int):
     """(quantization type, bytes per row, rows) of one tensor, its byte range checked against the file size."""
     import gguf
@@ -128,6 +150,13 @@ def _layout(path: str, size: int, start: int, name: str, dims: tuple, kind: int,
     except ValueError:
         raise UserError(f"{path}: tensor {name!r} has unknown GGML type {kind}; the file is corrupt or newer than "
                         f"the installed gguf package: {_FIX}, or upgrade gguf") from None
+    if qtype.name in _INTEGER_TYPES:
+        raise UserError(f"{path}: tensor {name!r} has GGML type {qtype.name}, an integer type, not floating-point or "
+                        f"quantized weights (F32, F16, BF16, Q8_0, Q4_K, ...); the file is corrupt or not a model: "
+                        f"{_FIX}")
+    if not _dequantizable(qtype):
+        raise UserError(f"{path}: tensor {name!r} has GGML type {qtype.name}, which the installed gguf package "
+                        "cannot dequantize; upgrade gguf, or re-convert the model to F16 or Q8_0")
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     if not dims or dims[0] % block:
         raise UserError(f"{path}: tensor {name!r} has dims {list(dims)}, not whole {qtype.name} blocks of {block}; "
@@ -149,8 +178,6 @@ def read_metadata(path: str) -> dict:
 def read_arrays(path: str) -> tuple[dict, dict[str, Lazy]]:
     """(metadata, {GGUF tensor name: `Lazy` float32 tensor in the HF [out, in] order}) of a GGUF file; each
     tensor is dequantized from the memory-mapped file when it is used."""
-    import gguf
-
     data = np.memmap(path, np.uint8, mode="r")
     meta, infos, start = _parse(data, path)
 
@@ -164,7 +191,7 @@ def read_arrays(path: str) -> tuple[dict, dict[str, Lazy]]:
             lo, hi = (first * per, stop * per) if len(shape) > 1 else (0, n_rows)
             raw = data[start + offset + lo * row_bytes: start + offset + hi * row_bytes].reshape(hi - lo, row_bytes)
             try:
-                a = gguf.quants.dequantize(np.array(raw), qtype)
+                a = _dequantize(np.array(raw), qtype)
             except NotImplementedError as e:
                 raise UserError(f"{path}: tensor {name!r} has type {qtype.name}, which cannot be "
                                 f"dequantized: {e}") from e
@@ -193,7 +220,14 @@ def read_gguf(path: str, module_for: Callable[[str], Any]) -> tuple[Any, dict[st
     module = module_for(arch)
     if "token_embd.weight" not in arrays:
         raise UserError(f"{path}: no token_embd.weight tensor")
-    cfg = module.config_from_gguf(meta, arrays)
+    try:
+        cfg = module.config_from_gguf(meta, arrays)
+    except UserError as e:
+        raise UserError(str(e) if str(e).startswith(path) else f"{path}: {e}") from e
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise UserError(f"{path}: GGUF metadata cannot be read as a {arch} config ({type(e).__name__}: "
+                        f"{hf.one_line(e)}); {_FIX}") from e
+    hf.check_config(cfg, path, "GGUF metadata", _FIX)
     try:
         tensors = module.tensors_from_gguf(cfg, arrays)
     except UserError as e:

@@ -46,8 +46,7 @@ class GPT2Config(L.MultiHeadConfig):
         if hf.get("add_cross_attention"):
             raise ConfigError("add_cross_attention=True is not supported by the GPT-2 implementation")
         pick = lambda *keys, default=None: next((hf[k] for k in keys if hf.get(k) is not None), default)  # noqa: E731
-        given = {name: pick(gpt2, name) for gpt2, name in _NAMES.items()}
-        given["max_position_embeddings"] = given["max_position_embeddings"] or 1024
+        given = {name: value for gpt2, name in _NAMES.items() if (value := pick(gpt2, name)) is not None}
         return L.config_from_hf(cls, hf, **L.token_ids(hf), **given)
 
     def to_hf(self) -> dict:

@@ -30,10 +30,22 @@ SUPPORTED_ROPE_SCALING = (None, "linear", "llama3")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+# the rope_scaling keys each supported type reads (transformers' names)
+ROPE_SCALING_KEYS = {"linear": ("factor",),
+                     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
 def check_rope_scaling(rope_scaling: dict | None) -> None:
     rope_type = (rope_scaling or {}).get("rope_type")
     if rope_type not in SUPPORTED_ROPE_SCALING:
         raise ConfigError(f"unsupported rope_scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_SCALING}")
+    missing = [k for k in ROPE_SCALING_KEYS.get(rope_type, ()) if rope_scaling.get(k) is None]
+    if missing:
+        raise ConfigError(f"rope_scaling of type {rope_type!r} has no {missing[0]!r}; it needs "
+                          f"{', '.join(ROPE_SCALING_KEYS[rope_type])}")
+    if rope_type == "llama3" and not rope_scaling["high_freq_factor"] > rope_scaling["low_freq_factor"]:
+        raise ConfigError(f"rope_scaling high_freq_factor={rope_scaling['high_freq_factor']} must be greater than "
+                          f"low_freq_factor={rope_scaling['low_freq_factor']}")
 
 
 def check_layer_types(layer_types, num_layers: int) -> tuple[str, ...] | None:

@@ -18,8 +18,10 @@ class Lazy:
     allows it (a safetensors slice, the selected layers of a `stack_layers`). Checkpoint readers return these,
     so that `build_module` can place a model tensor by tensor, never holding all of it in host memory."""
 
-    def __init__(self, shape, read: Callable[[], np.ndarray], take: Callable[[tuple], np.ndarray] | None = None):
+    def __init__(self, shape, read: Callable[[], np.ndarray], take: Callable[[tuple], np.ndarray] | None = None,
+                 dtype: str | None = None, origin: str | None = None):
         self.shape, self._read, self._take = tuple(int(d) for d in shape), read, take
+        self.dtype, self.origin = dtype, origin  # as the file stores it ("F32", "I32", ...; None: float) and where
 
     @property
     def ndim(self) -> int:
@@ -38,6 +40,30 @@ class Lazy:
         shape `fn` cannot produce fails here (jax.eval_shape), before anything is read."""
         shape = jax.eval_shape(fn, jax.ShapeDtypeStruct(self.shape, jnp.float32)).shape
         return Lazy(shape, lambda: fn(np.asarray(self, np.float32)))
+
+
+class WeightFileError(UserError):
+    """A checkpoint file that cannot hold the model's weights (the message names the file and the tensor)."""
+
+
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors dtype names of floating-point tensors numpy reads
+
+
+def check_float(a, name: str) -> None:
+    """A checkpoint tensor used as a model weight must be floating point: an integer or boolean tensor (a
+    quantized export, a mask buffer saved under a weight's name, a corrupt file) would be read as numbers that
+    mean nothing, without a word."""
+    dtype = getattr(a, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        dtype = None if np.issubdtype(dtype, np.floating) else dtype.name
+    if dtype is None or str(dtype).upper() in FLOAT_DTYPES:
+        return
+    where = getattr(a, "origin", None) or "the checkpoint"
+    integer = str(dtype).upper().startswith(("I", "U", "BOOL"))
+    what = "an integer type" if integer else "a type this loader does not read"
+    raise WeightFileError(f"{where}: tensor {name!r} has dtype {dtype} ({what}), expected floating-point weights "
+                          "(F32, F16 or BF16); the file is corrupt or was saved in another format: re-download it "
+                          "or re-save the model in float32 / float16 / bfloat16")
 
 
 def lazy(a) -> Lazy:

@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from mia_jax.errors import UserError
-from mia_jax.models.tensors import apply, lazy, stack_layers
+from mia_jax.models.tensors import apply, check_float, lazy, stack_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +191,7 @@ class WeightSpec:
             key = next((prefix + n for n in w.hf_names if prefix + n in tensors), prefix + w.hf_names[0])
             if key not in tensors:
                 raise UserError(f"{self.family} checkpoint is missing tensor {key!r}")
+            check_float(tensors[key], key)
             a, shape, rows = lazy(tensors[key]), self.shape(w, cfg), self._rows(w, group, cfg)
             if rows is None and not w.layout.transpose and a.ndim == len(shape):
                 return a
