@@ -10,7 +10,7 @@ import pytest
 from helpers import complete_records, interrupt_when, start, wait_for
 from sklearn.metrics import roc_auc_score
 
-from mia_jax import metrics, models
+from mia_jax import metrics, models, rundir
 from train import contaminate, tables
 from train.config import TinyModelConfig
 from train.tiny import write_tiny_model
@@ -18,7 +18,7 @@ from train.tiny import write_tiny_model
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "contamination" / "tiny.yaml")
 # smaller than the tiny config itself, to keep the sweeps quick
-SMALL = ["corpus.background_tokens=8000", "corpus.n_positives=8", "corpus.n_negatives=8", "score.n_bootstrap=20",
+SMALL = ["corpus.background_tokens=8000", "corpus.n_positives=10", "corpus.n_negatives=10", "score.n_bootstrap=20",
          "train.epochs=1"]
 
 
@@ -190,7 +190,7 @@ def test_killed_then_interrupted_mid_scoring_resumes(tiny_run, tmp_path):
 
 SWEEP_ARGS = {"lr": ["ablation.lrs=[1e-4,3e-3]"], "occurrence": [],
               "size": ["ablation.background_tokens=[4000,8000]"],
-              "news": ["ablation.news_background=[10,30]", "corpus.news.n_positives=8", "corpus.news.n_negatives=8"]}
+              "news": ["ablation.news_background=[10,30]", "corpus.news.n_positives=10", "corpus.news.n_negatives=10"]}
 
 
 @pytest.fixture(scope="module")
@@ -307,6 +307,8 @@ def test_study_report_with_one_sweep_on_two_models(tmp_path, sweeps):
         run_info = json.loads(info.read_text())
         run_info["config"]["model"]["path"] = "other-model"
         info.write_text(json.dumps(run_info))
+        rundir.seal(info.parent, list(tables.RUN_FILES))
+    rundir.seal(b, [f"{s}/{n}" for s in ("lr_0.0001", "lr_0.003") for n in tables.RUN_FILES])
     out = tmp_path / "two.md"
     assert study.main(["--lr", str(a), str(b), "--out", str(out)]) == 0
     text = out.read_text()
@@ -332,10 +334,241 @@ def test_pooled_occurrence_auroc_rank_normalises_each_dataset():
     (AUROC < 1); pooled after per-dataset rank normalisation, 1.0 as in each dataset."""
     eval_set, records = [], []
     for dataset, shift in (("a", 0.0), ("b", 100.0)):
-        for label, score in ((1, 2.0), (1, 3.0), (1, 4.0), (0, 0.0), (0, 1.0), (0, 1.5)):
+        for label, score in [(1, 2.0 + i / 10) for i in range(10)] + [(0, i / 10) for i in range(10)]:
             eval_set.append({"dataset": dataset, "label": label, "occurrences": 1 if label else 0})
             records.append({"scores": {"loss": score + shift}})
     rows = {(g, k): r["loss"]["auroc"] for g, k, _, r in tables.occurrence_curve(records, eval_set, ["loss"])}
     assert rows[("a", 1)] == rows[("b", 1)] == rows[("all", 1)] == 1.0
     raw = metrics.auroc([e["label"] for e in eval_set], [r["scores"]["loss"] for r in records])
     assert raw < 0.8
+
+
+# ----------------------------------------------------------------------------- rebuilds and refusals, without a model
+
+
+def fake_run(folder: Path, n: int = 12, datasets=("boolq", "imdb"), lr: float = 1e-4, seed: int = 0,
+             nan: int = 0, single_class: str | None = None, occurrence: str = "fixed") -> Path:
+    """A sealed run folder as a contamination run writes it (run.json + examples.jsonl.gz), with random scores that
+    separate members a little: ``n`` members and non-members per dataset, ``nan`` null scores of min_k."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    methods = ["loss", "ppl", "min_k@0.2", "ref"]
+    rows = []
+    for d in datasets:
+        for label in (1, 0):
+            for i in range(n):
+                lab = 1 if d == single_class else label
+                sc = {m: float(rng.normal(0.8 * lab)) for m in methods}
+                rows.append({"dataset": d, "label": lab, "id": f"{d}{label}{i}", "occurrences": (1 + i % 2) * lab,
+                             "text_sha256": hashlib.sha256(f"{d}{label}{i}".encode()).hexdigest(),
+                             "blind": float(rng.normal()), "n_tokens": 10, "trained": sc,
+                             "base": {m: v - 0.5 * lab for m, v in sc.items() if m != "ref"}})
+    for r in rows[:nan]:
+        r["trained"]["min_k@0.2"] = None
+    folder.mkdir(parents=True, exist_ok=True)
+    tables.write_examples(folder / tables.EXAMPLES, rows)
+    info = {"methods": methods, "config": {"score": {"n_bootstrap": 20, "seed": 0}, "train": {"lr": lr},
+                                           "model": {"path": "tiny"}, "corpus": {"occurrence": occurrence}},
+            "corpus": {"tokens": {"total": 1000, "background": 800}, "contamination_rate": 0.2}}
+    (folder / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+    rundir.seal(folder, list(tables.RUN_FILES))
+    return folder
+
+
+def fake_sweep(folder: Path, **kw) -> Path:
+    for lr in (1e-5, 1e-4):
+        fake_run(folder / f"lr_{lr:g}", lr=lr, **kw)
+    rundir.seal(folder, [f"lr_{lr:g}/{n}" for lr in (1e-5, 1e-4) for n in tables.RUN_FILES])
+    return folder
+
+
+def test_rebuild_out_rules(tmp_path, capsys):
+    """--out: a new folder, then the same rebuild into it again; an eval run's folder (or any other) refused
+    untouched; in place rewrites the tables."""
+    from helpers import assert_clean_error, snapshot
+
+    src = fake_sweep(tmp_path / "sweep")
+    out = tmp_path / "out"
+    assert tables.main(["--from", str(src), "--out", str(out)]) == 0
+    first = snapshot(out)
+    assert {"table4.md", "table4.csv", "lr_0.0001/table3.md", "lr_1e-05/roc.png"} <= set(first)
+    assert tables.main(["--from", str(src), "--out", str(out)]) == 0  # its own earlier rebuild: accepted
+    assert snapshot(out) == first
+    other = tmp_path / "eval-run"  # a finished run of another kind
+    other.mkdir()
+    (other / "config.json").write_text('{"command": "eval"}\n')
+    (other / "roc.png").write_bytes(b"not ours")
+    before = snapshot(other)
+    capsys.readouterr()
+    assert_clean_error(tables.main(["--from", str(src), "--out", str(other)]), capsys.readouterr().err, str(other))
+    assert snapshot(other) == before
+    other_src = fake_sweep(tmp_path / "sweep2", seed=1)  # a rebuild of another source: refused too
+    assert_clean_error(tables.main(["--from", str(other_src), "--out", str(out)]), capsys.readouterr().err)
+    assert snapshot(out) == first
+    assert tables.main(["--from", str(src)]) == 0  # in place
+    assert (src / "table4.md").read_bytes() == (out / "table4.md").read_bytes()
+
+
+def test_rebuild_in_place_refused_before_any_write(tmp_path, capsys):
+    """A dataset with one class only: refused with one line before anything is written (no metrics.json
+    rewritten, no stale tables beside new ones)."""
+    from helpers import assert_clean_error, snapshot
+
+    run = fake_run(tmp_path / "run", single_class="imdb")
+    for name in ("metrics.json", "table3.md", "table3.csv", "table7.md", "roc.png"):
+        (run / name).write_text("earlier\n")
+    before = snapshot(run)
+    capsys.readouterr()
+    assert_clean_error(tables.main(["--from", str(run)]), capsys.readouterr().err, "imdb", "one class")
+    assert snapshot(run) == before
+
+
+def _corrupt(run: Path, how: str) -> None:
+    ex = run / tables.EXAMPLES
+    reseal = True
+    if how == "truncated":
+        ex.write_bytes(ex.read_bytes()[:-40])
+        reseal = False
+    elif how == "changed":
+        (run / "run.json").write_text((run / "run.json").read_text().replace('"tiny"', '"other"'))
+        reseal = False
+    elif how == "cut-gzip":
+        ex.write_bytes(ex.read_bytes()[:-40])
+    elif how == "not-gzip":
+        ex.write_text('{"dataset": "boolq"}\n')
+    elif how == "empty":
+        ex.write_bytes(b"")
+    elif how == "garbage-gzip":
+        import gzip
+
+        ex.write_bytes(gzip.compress(b"not json\n"))
+    elif how == "no-field":
+        import gzip
+
+        rows = tables.read_examples(ex)
+        del rows[3]["label"]
+        ex.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    elif how == "bad-run-json":
+        (run / "run.json").write_text("{not json")
+    elif how == "run-json-schema":
+        (run / "run.json").write_text('{"methods": []}')
+    elif how == "no-manifest":
+        (run / "manifest.json").unlink()
+        reseal = False
+    if reseal:  # as if the run had written the bad file (rundir.seal cannot count the rows of some of them)
+        from mia_jax.files import sha256
+
+        (run / "manifest.json").write_text(json.dumps({"files": {n: {"sha256": sha256(run / n), "bytes": (
+            run / n).stat().st_size, "rows": None} for n in tables.RUN_FILES}}))
+
+
+@pytest.mark.parametrize("how, needle", [
+    ("truncated", "examples.jsonl.gz was changed or cut"), ("changed", "run.json was changed"),
+    ("cut-gzip", "not a readable gzip"), ("not-gzip", "not a readable gzip"), ("empty", "holds no example"),
+    ("garbage-gzip", "line 1"), ("no-field", "line 4: no 'label' field"), ("bad-run-json", "run.json is not valid"),
+    ("run-json-schema", "methods"), ("no-manifest", "no manifest.json"),
+])
+def test_rebuild_bad_inputs_are_one_line(tmp_path, capsys, how, needle):
+    from helpers import assert_clean_error, snapshot
+
+    from train import study
+
+    run = fake_run(tmp_path / "run")
+    assert tables.main(["--from", str(run)]) == 0
+    _corrupt(run, how)
+    before = snapshot(run)
+    capsys.readouterr()
+    assert_clean_error(tables.main(["--from", str(run)]), capsys.readouterr().err, needle)
+    assert snapshot(run) == before
+    sweep = fake_sweep(tmp_path / "sweep")
+    _corrupt(sweep / "lr_0.0001", how)
+    if how not in ("truncated", "changed", "no-manifest"):  # the sweep's own record of its runs' files
+        from mia_jax.files import sha256
+
+        names = [f"lr_{lr}/{n}" for lr in ("1e-05", "0.0001") for n in tables.RUN_FILES]
+        (sweep / "manifest.json").write_text(json.dumps({"files": {n: {"sha256": sha256(sweep / n), "bytes": (
+            sweep / n).stat().st_size, "rows": None} for n in names}}))
+    if how == "no-manifest":  # the sweep's own record covers its runs' files
+        (sweep / "manifest.json").unlink()
+    before = snapshot(sweep)
+    out = tmp_path / "report.md"
+    assert_clean_error(study.main(["--lr", str(sweep), "--out", str(out)]), capsys.readouterr().err)
+    assert snapshot(sweep) == before and not out.exists()
+
+
+def test_rebuild_bad_folders(tmp_path, capsys):
+    from helpers import assert_clean_error
+
+    from train import study
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    for bad, needle in (("missing", "no such folder"), ("empty", "is empty"), ("file", "is a file"),
+                        ("other", "neither a run folder")):
+        assert_clean_error(tables.main(["--from", str(tmp_path / bad)]), capsys.readouterr().err, needle)
+        assert_clean_error(study.main(["--lr", str(tmp_path / bad)]), capsys.readouterr().err)
+    size = fake_run(tmp_path / "size" / "size_800")
+    rundir.seal(size.parent, [f"size_800/{n}" for n in tables.RUN_FILES])
+    assert_clean_error(study.main(["--lr", str(size.parent)]), capsys.readouterr().err, "a size sweep")
+    assert_clean_error(study.main(["--lr", str(size)]), capsys.readouterr().err, "one run's folder")
+
+
+def test_too_few_examples_are_na_with_the_reason_never_bold(tmp_path, capsys):
+    """8 members and 8 non-members per dataset (fewer than metrics.MIN_PER_CLASS): every cell, gain, comparison
+    and claim n/a with the reason, nothing bold; NaN scores counted in the table."""
+    from train import study
+
+    sweep = fake_sweep(tmp_path / "few", n=8)
+    assert tables.main(["--from", str(sweep)]) == 0
+    table3 = (sweep / "lr_0.0001" / "table3.md").read_text()
+    assert "**" not in table3 and "1.000" not in table3
+    assert "n/a (fewer than 10 examples per class (8 members, 8 non-members))" in table3
+    assert "trained model, average over datasets: n/a (" in table3
+    table4 = (sweep / "table4.md").read_text()
+    assert "**" not in table4 and "- IMDB: n/a (fewer than 10" in table4
+    out = tmp_path / "report.md"
+    assert study.main(["--lr", str(sweep), "--out", str(out)]) == 0
+    claims = json.loads(out.with_suffix(".claims.json").read_text())
+    assert claims and all(c["verdict"] == "n/a" and "fewer than 10" in c["note"] for c in claims)
+    assert "**n/a" not in out.read_text() and "| n/a (" in out.read_text()
+    # enough examples, some NaN scores: counted in the markdown table
+    run = fake_run(tmp_path / "nan", n=12, nan=3)
+    assert tables.main(["--from", str(run)]) == 0
+    table3 = (run / "table3.md").read_text()
+    header = next(line for line in table3.splitlines() if line.startswith("| Method |"))
+    row = next(line for line in table3.splitlines() if line.startswith("| Min-K% Prob (k=20%) |"))
+    assert header.endswith("| n (NaN) |") and row.endswith("| 45 (3) |")
+
+
+CONTAM_REFUSALS = [
+    (["model.path=/no/such/model"], {}, "no such local path"),
+    (["corpus.n_positives=100000"], {}, "requested but only"),
+    ([], {"MIA_JAX_DEVICE_MEMORY_GIB": "abc"}, "MIA_JAX_DEVICE_MEMORY_GIB"),
+    (["corpus.n_positives=1", "corpus.n_negatives=1"], {}, "at least 10 members"),
+    (["train.lr=abc"], {}, "expected a float"),
+    (["train.steps=-1"], {}, "unknown key 'train.steps'"),
+    (["train.epochs=-1"], {}, "train.epochs must be at least 1"),
+    (["train.seq_len=4096"], {}, "exceeds the context"),
+    (["--ablation", "lr", "ablation.lrs=[1e-4,-1]"], {}, "ablation.lrs"),
+]
+
+
+@pytest.mark.parametrize("args, env, needle", CONTAM_REFUSALS)
+def test_contaminate_refused_before_claiming(tmp_path, capsys, monkeypatch, args, env, needle):
+    """Refused with one line before --out is claimed: a new folder is not made, an existing one is unchanged (so the
+    corrected command is not refused as 'a different run')."""
+    from helpers import assert_clean_error, snapshot
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "run"
+    assert_clean_error(run(out, *args), capsys.readouterr().err, needle)
+    assert not out.exists()
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    before = snapshot(out)
+    assert_clean_error(run(out, *args), capsys.readouterr().err, needle)
+    assert snapshot(out) == before

@@ -39,3 +39,26 @@ def test_finetune_then_ascent(tiny_llama_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "only train.* and model.dtype overrides" in err and "Traceback" not in err
     assert sorted(p.name for p in (tmp_path / "lm").iterdir()) == before
+
+
+def test_finetune_refusals_before_writing(tiny_llama_dir, tmp_path, capsys, monkeypatch):
+    """A seq_len beyond the model's context (64 tokens), a bad override value, a missing model or texts file, a bad
+    memory setting: one line, exit 2, the --out folder not made."""
+    from helpers import assert_clean_error
+
+    _texts(tmp_path / "t.jsonl")
+    out = tmp_path / "out"
+    common = ["--texts", str(tmp_path / "t.jsonl"), "--out", str(out), "--no-progress"]
+    for args, needle in ((["--model", str(tiny_llama_dir), "train.seq_len=4096"], "exceeds the context"),
+                         (["--model", str(tiny_llama_dir), "train.lr=abc"], "expected a float"),
+                         (["--model", str(tiny_llama_dir), "train.steps=-1"], "unknown key 'train.steps'"),
+                         (["--model", str(tiny_llama_dir), "train.epochs=0"], "train.epochs must be at least 1"),
+                         (["--model", str(tmp_path / "nope")], "no such local path")):
+        assert_clean_error(finetune.main([*args, *common]), capsys.readouterr().err, needle)
+        assert not out.exists()
+    assert_clean_error(finetune.main(["--model", str(tiny_llama_dir), "--texts", str(tmp_path / "none.jsonl"),
+                                      "--out", str(out)]), capsys.readouterr().err, "no such file")
+    monkeypatch.setenv("MIA_JAX_DEVICE_MEMORY_GIB", "abc")
+    assert_clean_error(finetune.main(["--model", str(tiny_llama_dir), *common]), capsys.readouterr().err,
+                       "MIA_JAX_DEVICE_MEMORY_GIB")
+    assert not out.exists()

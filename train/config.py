@@ -350,9 +350,45 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Exper
 
 
 def validate(cfg: ExperimentConfig) -> None:
-    t, c = cfg.train, cfg.corpus
+    """UserError (one line) for a value of the right type that cannot work: every check of a config that needs no
+    data nor model. Members and non-members per dataset must be at least ``metrics.MIN_PER_CLASS``: with fewer,
+    every table cell would be n/a (an AUROC of 3 members against 3 non-members is 1.000 by chance far too often)."""
+    from mia_jax.metrics import MIN_PER_CLASS
+
+    t, c, s, a = cfg.train, cfg.corpus, cfg.score, cfg.ablation
     n_pos = c.news.n_positives if c.variant == "news" else c.n_positives
+    sizes = [("corpus.n_positives", c.n_positives), ("corpus.n_negatives", c.n_negatives)]
+    if c.variant == "news":
+        sizes = [("corpus.news.n_positives", c.news.n_positives), ("corpus.news.n_negatives", c.news.n_negatives)]
+    few = next(((k, v) for k, v in sizes if v < MIN_PER_CLASS), None)
     checks = [
+        (t.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {t.warmup_steps}"),
+        (0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}"),
+        (t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}"),
+        (0 <= t.b1 < 1 and 0 <= t.b2 < 1, f"train.b1 and train.b2 must be in [0, 1), got {t.b1}, {t.b2}"),
+        (t.eps > 0, f"train.eps must be positive, got {t.eps}"),
+        (t.max_grad_norm is None or t.max_grad_norm > 0,
+         f"train.max_grad_norm must be positive or null (no clipping), got {t.max_grad_norm}"),
+        (t.keep_checkpoints >= 1, f"train.keep_checkpoints must be at least 1, got {t.keep_checkpoints}"),
+        (min(t.seed, c.seed, s.seed, cfg.model.tiny.seed) >= 0,
+         f"seeds must be >= 0, got train.seed={t.seed}, corpus.seed={c.seed}, score.seed={s.seed}, "
+         f"model.tiny.seed={cfg.model.tiny.seed}"),
+        (s.batch_size >= 1, f"score.batch_size must be at least 1, got {s.batch_size}"),
+        (s.n_bootstrap >= 1, f"score.n_bootstrap must be at least 1, got {s.n_bootstrap}"),
+        (bool(s.methods), "score.methods is empty: name at least one method"),
+        (bool(s.k) and all(0 < k <= 1 for k in s.k), f"score.k must be fractions in (0, 1], got {s.k}"),
+        (c.max_doc_chars is None or c.max_doc_chars >= 1,
+         f"corpus.max_doc_chars must be at least 1 or null, got {c.max_doc_chars}"),
+        (c.news.n_background >= 0, f"corpus.news.n_background must be >= 0, got {c.news.n_background}"),
+        (bool(c.datasets), "corpus.datasets is empty: name at least one downstream dataset"),
+        (all(v > 0 for v in a.lrs) and bool(a.lrs), f"ablation.lrs must be positive learning rates, got {a.lrs}"),
+        (all(v >= 0 for v in a.background_tokens) and bool(a.background_tokens),
+         f"ablation.background_tokens must be token counts >= 0, got {a.background_tokens}"),
+        (all(v >= 0 for v in a.news_background) and bool(a.news_background),
+         f"ablation.news_background must be article counts >= 0, got {a.news_background}"),
+        (all(v >= 1 for v in dataclasses.astuple(cfg.model.tiny)[:7]),
+         "model.tiny sizes (vocab_size ... max_position_embeddings) must be at least 1"),
+        (cfg.model.tiny.init_std > 0, f"model.tiny.init_std must be positive, got {cfg.model.tiny.init_std}"),
         (t.seq_len >= 2, f"train.seq_len must be at least 2, got {t.seq_len}"),
         (t.batch_size >= 1, f"train.batch_size must be at least 1, got {t.batch_size}"),
         (t.grad_accum >= 1 and t.batch_size % t.grad_accum == 0,
@@ -382,6 +418,8 @@ def validate(cfg: ExperimentConfig) -> None:
          f"corpus.n_positives and corpus.n_negatives must be at least 1, got {c.n_positives}, {c.n_negatives}"),
         (c.background_tokens >= 0, f"corpus.background_tokens must be >= 0, got {c.background_tokens}"),
         (all(d in DOWNSTREAM for d in c.datasets), f"corpus.datasets must be among {DOWNSTREAM}, got {c.datasets}"),
+        (few is None, f"{few[0]}={few[1]}: at least {MIN_PER_CLASS} members and {MIN_PER_CLASS} non-members per "
+         "dataset are needed for an AUROC (metrics.MIN_PER_CLASS); with fewer every cell would be n/a" if few else ""),
     ]
     for ok, message in checks:
         if not ok:

@@ -22,18 +22,22 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mia_jax import rundir
-from mia_jax.errors import UserError
+from mia_jax import entry, rundir
 from train.config import ExperimentConfig, load_config
 
+PROG = "python train/contaminate.py"
 ABLATIONS = ("lr", "size", "occurrence", "news")
+RESUME_HINT = ("run the same command again to resume (training from its last checkpoint, scoring from its last "
+               "finished batch)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python train/contaminate.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML config (configs/contamination/{tiny,cpu,paper}.yaml); defaults if omitted")
-    p.add_argument("--out", required=True, help="output folder (an interrupted run in it resumes)")
+def build_parser() -> entry.ArgumentParser:
+    p = entry.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=entry.input_file,
+                   help="YAML config (configs/contamination/{tiny,cpu,paper}.yaml); defaults if omitted")
+    p.add_argument("--out", required=True, type=entry.out_dir,
+                   help="output folder (an interrupted run in it resumes)")
     p.add_argument("--ablation", choices=ABLATIONS, help="run a sweep instead of a single run")
     p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -76,21 +80,17 @@ def plan(cfg: ExperimentConfig, ablation: str | None) -> list[tuple[str, Experim
     return [("occurrence", _with(cfg, corpus__occurrence="buckets"))]
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        from mia_jax import sharding
+    from mia_jax import sharding
 
-        sharding.initialize_distributed(args.distributed)  # before anything touches a device
-        run(args)
-    except UserError as e:
-        print(f"contaminate: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("contaminate: interrupted; run the same command again to resume (training from its last checkpoint, "
-              "scoring from its last finished batch)", file=sys.stderr)
-        return 130
+    sharding.initialize_distributed(args.distributed)  # before anything touches a device
+    run(args)
     return 0
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv, resume_hint=RESUME_HINT)
 
 
 def enable_compilation_cache() -> None:
@@ -122,6 +122,7 @@ def run(args) -> Path:
     from train.placement import check_batch
 
     check_batch(sharding.make_mesh(cfg.train.mesh), cfg.train.batch_size, cfg.train.grad_accum)  # before any write
+    check_before_writing(cfg, args.ablation)
     out = rundir.check_path(args.out)
     # what defines the sweep: the config (less display-only keys) and, for a sweep, its ablation settings
     fingerprint = {"ablation": args.ablation, "config": comparable(cfg)}
@@ -132,7 +133,22 @@ def run(args) -> Path:
         return _sweep(args, cfg, methods, out)
 
 
+def check_before_writing(cfg: ExperimentConfig, ablation: str | None) -> None:
+    """Everything a run can be refused for without loading a model, checked before ``--out`` is claimed (a refused
+    command leaves the folder as it was): the model resolvable, its context long enough for train.seq_len, the
+    corpus of every run of the sweep possible with the data at hand, the environment parsed."""
+    from train.corpus import check_sizes
+    from train.experiment import check_model
+    from train.placement import memory_from_env
+
+    memory_from_env()
+    check_model(cfg)
+    for _, run_cfg in plan(cfg, ablation):
+        check_sizes(run_cfg.corpus)
+
+
 def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
+    from mia_jax import sharding
     from train import tables
     from train.experiment import run_experiment
 
@@ -144,7 +160,10 @@ def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
         runs.append((sub, run_cfg, folder, run_experiment(run_cfg, folder, cache=out)))
 
     if args.ablation:  # the sweep's table / figure, from the runs' per-example scores (as `python -m train.tables`)
-        text = tables.rebuild(out)
+        text = ""
+        if sharding.is_main_process():
+            rundir.seal(out, [f"{sub}/{name}" for sub, *_ in runs for name in tables.RUN_FILES])
+            text = tables.rebuild(out)
     else:
         text = (out / "table3.md").read_text()
         if (out / "fig5c.md").exists():

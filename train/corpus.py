@@ -383,6 +383,32 @@ def _split_record(name: str, cands: list[Example], pos: list[Example], neg: list
     return rec
 
 
+def _data_root(cfg: CorpusConfig, data_dir: str | Path | None = None) -> Path:
+    return (BUNDLED / "downstream" if (data_dir or cfg.data_dir) == "bundled"
+            else resolve_path(str(data_dir or cfg.data_dir)))
+
+
+def check_sizes(cfg: CorpusConfig, data_dir: str | Path | None = None) -> None:
+    """UserError when the data cannot give the members and non-members asked for (every dataset's usable examples
+    after de-duplication; the news background too), or the background files are missing or empty: checked from
+    the data files alone, before a run folder is claimed (the n-gram isolation, which needs the tokenizer-free
+    background scan, is checked again when the corpus is built)."""
+    if cfg.variant == "news":
+        pool, _ = load_pool("news", resolve_path(cfg.news.path))
+        _need(pool, pool, cfg.news.n_positives, cfg.news.n_negatives, "news", extra=cfg.news.n_background)
+        return
+    if not cfg.datasets:
+        raise UserError("corpus.datasets is empty: name at least one downstream dataset")
+    root = _data_root(cfg, data_dir)
+    for d in cfg.datasets:
+        pool, _ = load_pool(d, root / DOWNSTREAM_FILES[d])
+        _need(pool, pool, cfg.n_positives, cfg.n_negatives, f"dataset {d}")
+    for p in cfg.background:
+        path = resolve_path(p)
+        if not path.is_file():
+            raise UserError(f"background corpus: file not found: {path}")
+
+
 def build_corpus(cfg: CorpusConfig, tokenizer, data_dir: str | Path | None = None) -> Corpus:
     """Build the contaminated corpus described by ``cfg`` (see the module docstring)."""
     if cfg.occurrence not in ("fixed", "poisson", "buckets"):
@@ -392,11 +418,7 @@ def build_corpus(cfg: CorpusConfig, tokenizer, data_dir: str | Path | None = Non
         pools = {"news": load_pool("news", resolve_path(cfg.news.path))}
         n_pos, n_neg = cfg.news.n_positives, cfg.news.n_negatives
     else:
-        root = (
-            BUNDLED / "downstream"
-            if (data_dir or cfg.data_dir) == "bundled"
-            else resolve_path(str(data_dir or cfg.data_dir))
-        )
+        root = _data_root(cfg, data_dir)
         pools = {d: load_pool(d, root / DOWNSTREAM_FILES[d]) for d in cfg.datasets}
         n_pos, n_neg = cfg.n_positives, cfg.n_negatives
     if not pools:

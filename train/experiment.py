@@ -70,6 +70,44 @@ def base_model_path(cfg: ExperimentConfig, cache: Path) -> str:
 
 
 
+def model_context(path: str | Path) -> int | None:
+    """The context length a Hugging Face model folder declares (config.json: max_position_embeddings, n_positions,
+    also under text_config); None when it is not a folder or declares none (checked once the model is loaded)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        raw = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, OSError):
+        return None  # reported by the loader
+    for section in (raw, raw.get("text_config") if isinstance(raw, dict) else None):
+        if isinstance(section, dict):
+            for key in ("max_position_embeddings", "n_positions"):
+                if isinstance(section.get(key), int) and not isinstance(section.get(key), bool):
+                    return section[key]
+    return None
+
+
+def check_seq_len(seq_len: int, context: int | None, what: str) -> None:
+    """UserError when train.seq_len exceeds the model's context (positions beyond it were never trained)."""
+    if context is not None and seq_len > context:
+        raise UserError(f"train.seq_len={seq_len} exceeds the context of {what} ({context} tokens); set "
+                        f"train.seq_len={context} or lower")
+
+
+def check_model(cfg: ExperimentConfig) -> None:
+    """The base model resolvable (a packaged name, an existing folder or .gguf file) and train.seq_len within its
+    context, without loading it: checked before the run folder is claimed."""
+    if cfg.model.path == "tiny":
+        check_seq_len(cfg.train.seq_len, cfg.model.tiny.max_position_embeddings, "the tiny model "
+                      "(model.tiny.max_position_embeddings)")
+        return
+    from mia_jax import models
+
+    path = models.resolve_model(cfg.model.path)
+    check_seq_len(cfg.train.seq_len, model_context(path), f"model {cfg.model.path}")
+
+
 def neighbor_generator(base, methods: list[str], cfg: ExperimentConfig):
     """The `neighbor` method's generator when it is configured: the base model proposes the word replacements
     (``neighbors.SelfNeighbors``; no offline mask-filling model is available), the same neighbours for the base and
@@ -201,6 +239,7 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
         return sharding.load_sharded(path, mesh, dtype=cfg.model.dtype)
 
     base = load(base_model_path(cfg, cache))
+    check_seq_len(cfg.train.seq_len, base.max_length, f"model {cfg.model.path}")
     from train.placement import check
 
     check(base.model, mesh, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.seq_len, cfg.train.remat,
@@ -255,6 +294,7 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
         tables.write_examples(out / tables.EXAMPLES, examples)
         (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
         results = tables.write_run(out, examples, info)
+        rundir.seal(out, list(tables.RUN_FILES))  # the record `python -m train.tables --from` checks its inputs against
     else:
         results = tables.run_results(examples, methods, base_methods, n_bootstrap=cfg.score.n_bootstrap,
                                      seed=cfg.score.seed)

@@ -22,20 +22,22 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mia_jax import rundir
+from mia_jax import entry, rundir
 from mia_jax.errors import UserError
 from train.config import load_config
 
+PROG = "python -m train.finetune"
 ALLOWED = ("train.", "model.dtype=")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m train.finetune", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> entry.ArgumentParser:
+    p = entry.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="the model to train (a Hugging Face folder, a .gguf, smollm2, ...)")
-    p.add_argument("--texts", required=True, help="the training texts (JSONL / CSV / Parquet)")
+    p.add_argument("--texts", required=True, type=entry.input_file,
+                   help="the training texts (JSONL / CSV / Parquet)")
     p.add_argument("--text-field", default="text")
-    p.add_argument("--out", required=True, help="output folder (an interrupted run in it resumes)")
+    p.add_argument("--out", required=True, type=entry.out_dir, help="output folder (an interrupted run in it resumes)")
     p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", help="train.key=value (and model.dtype=...) overrides")
@@ -47,7 +49,8 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
     """Train ``model`` on ``texts`` with the ``train.*`` ``overrides``; returns OUT/train.json's content."""
     from mia_jax import models
     from train.data import pack, separator_id
-    from train.experiment import train_and_export
+    from train.experiment import check_seq_len, model_context, train_and_export
+    from train.placement import memory_from_env
 
     bad = [o for o in overrides if not o.startswith(ALLOWED)]
     if bad:
@@ -58,8 +61,12 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise UserError(f"{texts_name}: no non-empty text to train on")
-    out = rundir.check_path(out)
+    out = entry.check_out(out)
+    memory_from_env()
+    source = models.resolve_model(model)
+    check_seq_len(cfg.train.seq_len, model_context(source), f"model {model}")  # before loading it
     loaded = models.load(model, dtype=cfg.model.dtype)
+    check_seq_len(cfg.train.seq_len, loaded.max_length, f"model {model}")
     sep = separator_id(loaded.tokenizer, loaded.eos_token_id, cfg.train.separator)
     data = pack(texts, loaded.tokenizer, cfg.train.seq_len, sep)
     fp = {"model_files": loaded.files, "data": data.digest(), "train": json.loads(json.dumps(vars(cfg.train)))}
@@ -75,22 +82,18 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
     return info
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        from mia_jax import data
+    from mia_jax import data
 
-        ds = data.load_records(args.texts, args.text_field, None)
-        finetune(args.model, list(ds.texts), args.out, args.overrides, progress=not args.no_progress,
-                 overwrite=args.overwrite, texts_name=str(args.texts))
-    except UserError as e:
-        print(f"finetune: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("finetune: interrupted; run the same command again to resume from the last checkpoint",
-              file=sys.stderr)
-        return 130
+    ds = data.load_records(str(args.texts), args.text_field, None)
+    finetune(args.model, list(ds.texts), args.out, args.overrides, progress=not args.no_progress,
+             overwrite=args.overwrite, texts_name=str(args.texts))
     return 0
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv, resume_hint="run the same command again to resume from the last checkpoint")
 
 
 if __name__ == "__main__":

@@ -147,15 +147,28 @@ def estimate_bytes(model: nnx.Module, mesh: Mesh, micro: int, seq_len: int, rema
 MEMORY_ENV = "MIA_JAX_DEVICE_MEMORY_GIB"
 
 
+def memory_from_env() -> float | None:
+    """``$MIA_JAX_DEVICE_MEMORY_GIB`` in bytes (``inf`` turns the memory check off), None when unset; a value that
+    is not a positive number of GiB is a UserError (checked before a run folder is claimed)."""
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = float("nan")
+    if not gib > 0:  # NaN, zero or negative
+        raise UserError(f"${MEMORY_ENV}={os.environ[MEMORY_ENV]!r}: expected a positive number of GiB (or inf to "
+                        "skip the memory check)")
+    return gib * 2**30
+
+
 def available_bytes() -> float | None:
     """Memory of one device: ``$MIA_JAX_DEVICE_MEMORY_GIB`` when set (``inf`` turns the check off), else the
     allocator limit on an accelerator, or on CPU the host's available memory divided by the local CPU devices
     (they share it). None when unknown."""
-    if os.environ.get(MEMORY_ENV):
-        try:
-            return float(os.environ[MEMORY_ENV]) * 2**30
-        except ValueError:
-            raise UserError(f"${MEMORY_ENV}={os.environ[MEMORY_ENV]!r}: expected a number of GiB (or inf)") from None
+    if (env := memory_from_env()) is not None:
+        return env
     dev = jax.local_devices()[0]
     stats = dev.memory_stats() if dev.platform != "cpu" else None
     if stats and stats.get("bytes_limit"):

@@ -26,27 +26,29 @@ A claim "A > B" is *reproduced* when the 95% interval of A - B lies above 0, *no
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from mia_jax import metrics
+from mia_jax import entry, files, metrics, rundir
+from mia_jax.errors import UserError
 from mia_jax.report import with_ci
 from train import tables
 
+PROG = "python -m train.study"
 KINDS = ("lr", "size", "news", "occurrence")
 VERDICT = {"A > B": "reproduced", "B > A": "not reproduced", "not distinguishable": "not distinguishable"}
+NA = "n/a"  # the verdict of a claim with no comparison (a class with fewer than metrics.MIN_PER_CLASS examples)
 
 
-def _runs(folder: Path) -> list[tuple[str, dict]]:
-    subs = sorted(p for p in Path(folder).iterdir() if p.is_dir() and (p / tables.EXAMPLES).exists())
-    return [(p.name, json.loads((p / "run.json").read_text()) | {"examples": tables.read_examples(p / tables.EXAMPLES)})
-            for p in subs]
-
-
-def _claim(name: str, paper: str, comp: dict, a: str, b: str) -> dict:
+def _claim(name: str, paper: str, comp: dict | str, a: str, b: str) -> dict:
+    if isinstance(comp, str):  # the reason there is no comparison
+        return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": None, "auroc_a_ci": None, "auroc_b": None,
+                "auroc_b_ci": None, "diff": None, "ci": None, "verdict": NA, "note": comp}
     c = comp["auroc"]
     return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": c["a"], "auroc_a_ci": c["a_ci"],
             "auroc_b": c["b"], "auroc_b_ci": c["b_ci"], "diff": c["diff"], "ci": c["ci"],
@@ -59,13 +61,18 @@ def _cfg(run: dict) -> tuple[int, int]:
     return int(score.get("n_bootstrap", 1000)) or 1000, int(score.get("seed", 0))
 
 
-def _paired(rows_a, rows_b, model_a, model_b, m_a, m_b, n_bootstrap, seed, dataset=None) -> dict:
+def _paired(rows_a, rows_b, model_a, model_b, m_a, m_b, n_bootstrap, seed, dataset=None) -> dict | str:
+    """The paired bootstrap of A - B, or the reason it is n/a (a class with fewer than metrics.MIN_PER_CLASS
+    examples, in a dataset for the average)."""
     idx = [i for i, r in enumerate(rows_a) if dataset is None or r["dataset"] == dataset]
     lab = np.array([rows_a[i]["label"] for i in idx])
     a = tables._vec([rows_a[i] for i in idx], model_a, m_a)
     b = tables._vec([rows_b[i] for i in idx], model_b, m_b)
     groups = None if dataset is not None else [rows_a[i]["dataset"] for i in idx]
-    return metrics.paired_bootstrap(lab, a, b, groups=groups, n_bootstrap=n_bootstrap, seed=seed)
+    try:
+        return metrics.paired_bootstrap(lab, a, b, groups=groups, n_bootstrap=n_bootstrap, seed=seed)
+    except ValueError as e:
+        return str(e).replace("n/a: ", "")
 
 
 def table3_claims(run: dict, tag: str = "") -> list[dict]:
@@ -120,39 +127,60 @@ def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
     ks = sorted(set(occ[lab == 1].tolist()))
     if len(ks) < 2:
         return []
-    comp = metrics.subset_bootstrap(sc[mk], lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
-                                    n_bootstrap=_cfg(run)[0], seed=_cfg(run)[1])
-    comp["n_used"] = int(((lab == 0) | (occ == ks[-1]) | (occ == 1)).sum())
+    try:
+        comp = metrics.subset_bootstrap(sc[mk], lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
+                                        n_bootstrap=_cfg(run)[0], seed=_cfg(run)[1])
+        comp["n_used"] = int(((lab == 0) | (occ == ks[-1]) | (occ == 1)).sum())
+    except ValueError as e:
+        comp = str(e).replace("n/a: ", "")
     return [_claim(f"Figure 5c{tag}: Min-K% AUROC, k = {ks[-1]} > k = 1 (pooled after rank normalisation)",
                    "more occurrences easier", comp, f"k={ks[-1]}", "k=1")]
 
 
 def claims_markdown(claims: list[dict]) -> str:
     header = ["Claim", "A", "B", "AUROC A [95% CI]", "AUROC B [95% CI]", "A - B [95% CI]", "Verdict"]
-    rows = [[c["claim"], c["a"], c["b"], with_ci(c["auroc_a"], c["auroc_a_ci"]),
-             with_ci(c["auroc_b"], c["auroc_b_ci"]),
-             f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"**{c['verdict']}**"] for c in claims]
+    rows = []
+    for c in claims:
+        if c["verdict"] == NA:  # no comparison: n/a with the reason, never bold
+            rows.append([c["claim"], c["a"], c["b"], "n/a", "n/a", "n/a", f"n/a ({c['note']})"])
+            continue
+        rows.append([c["claim"], c["a"], c["b"], with_ci(c["auroc_a"], c["auroc_a_ci"]),
+                     with_ci(c["auroc_b"], c["auroc_b_ci"]),
+                     f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"**{c['verdict']}**"])
     return tables.markdown(header, rows)
 
 
-def build(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str, list[dict]]:
-    """The report's markdown and its claims from the sweep folders ({"lr": DIR or [DIR, ...], ...}; any subset).
-    Every sweep's tables and figures are rebuilt in place first (``tables.rebuild``). Where a kind names several
+def _folders(value) -> list[Path]:
+    return [Path(value)] if isinstance(value, (str, Path)) else [Path(f) for f in value or []]
+
+
+def compute(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str, list[dict], dict]:
+    """(the report's markdown, its claims, {sweep folder: {path: content}} of every table and figure rebuilt) from
+    the sweep folders ({"lr": DIR or [DIR, ...], ...}; any subset). Every input is checked (``tables.load_source``:
+    the manifest, then the fields) and every output computed; nothing is written. Where a kind names several
     folders (one per model), each gets a heading with its model and its claims the model's name."""
-    parts, claims = [], []
+    loaded = {}
+    for kind in KINDS:  # every folder read and checked before anything is computed
+        for folder in _folders(sweeps.get(kind)):
+            got = tables.load_source(folder, f"--{kind}")
+            if got[0] != kind:
+                what = "one run's folder" if got[0] is None else f"a {got[0]} sweep"
+                raise UserError(f"--{kind} {folder} is {what}; give the folder of a {kind} sweep "
+                                f"(python train/contaminate.py --ablation {kind})")
+            loaded[(kind, folder)] = got
+    parts, claims, outputs = [], [], {}
     for kind in KINDS:
-        folders = sweeps.get(kind) or []
-        folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
+        folders = _folders(sweeps.get(kind))
         for folder in folders:
-            text = tables.rebuild(Path(folder))
-            runs = _runs(folder)
+            text, outputs[folder] = tables.rebuild_outputs(folder, loaded[(kind, folder)])
+            runs = loaded[(kind, folder)][1]
             model = runs[0][1]["config"]["model"]["path"]
             tag = f" ({model})" if len(folders) > 1 else ""
             if tag:
-                parts.append(f"# Model {model}: the {kind} sweep (`{Path(folder).as_posix()}`)")
+                parts.append(f"# Model {model}: the {kind} sweep (`{folder.as_posix()}`)")
             if kind == "lr":
                 main = max(runs, key=lambda r: r[1]["config"]["train"]["lr"])
-                parts.append((Path(folder) / main[0] / "table3.md").read_text())
+                parts.append(outputs[folder][f"{main[0]}/table3.md"])
                 claims += table3_claims(main[1], tag) + lr_claims(runs, tag)
             elif kind == "size":
                 claims += size_claim(runs, "Figure 5a", larger_is_easier=True, tag=tag)
@@ -164,29 +192,78 @@ def build(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str, 
     body = ("## The paper's claims\n\nEach claim as a paired bootstrap of A - B on the same examples (95% "
             "interval): reproduced when the interval lies above 0, not reproduced when below, not distinguishable "
             "when it contains 0.\n\n" + claims_markdown(claims) + "\n\n" + "\n\n".join(parts))
-    return (header + "\n\n" if header else "") + body, claims
+    return (header + "\n\n" if header else "") + body, claims, outputs
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.study", description="The contamination study's report: every "
-                                "sweep's tables and the paper's claims with verdicts, from per-example scores.")
+def _write_sweeps(outputs: dict) -> None:
+    """Each sweep's rebuilt tables in place, every folder locked while it is written."""
+    with contextlib.ExitStack() as stack:
+        for folder in outputs:
+            stack.enter_context(rundir.rebuild_into(folder, [folder], "train.study"))
+        for folder, outs in outputs.items():
+            files.write_all(folder, outs)
+
+
+def build(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str, list[dict]]:
+    """:func:`compute`, then every sweep's tables and figures written in place; returns (markdown, claims)."""
+    text, claims, outputs = compute(sweeps, header)
+    _write_sweeps(outputs)
+    return text, claims
+
+
+def report_file(text: str) -> Path:
+    """argparse type of ``--out``: a file path whose folder exists and is writable (not a folder itself)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give the path of the markdown file to write")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: the folder {parent} is not writable")
+    return path
+
+
+def build_parser() -> entry.ArgumentParser:
+    p = entry.ArgumentParser(prog=PROG, description="The contamination study's report: every sweep's tables and the "
+                             "paper's claims with verdicts, from per-example scores.")
     for kind in KINDS:
-        p.add_argument(f"--{kind}", type=Path, nargs="+", metavar="DIR",
+        p.add_argument(f"--{kind}", nargs="+", metavar="DIR",
+                       type=entry.source_dir("contamination", example=f"results/contamination/{kind}"),
                        help=f"the {kind} sweep folder (several: the same sweep on several models)")
-    p.add_argument("--header", type=Path, help="a markdown file to put first (set-up, commands, times)")
-    p.add_argument("--out", type=Path, help="write the report here (and <out>.claims.json) instead of stdout")
+    p.add_argument("--header", type=entry.input_file, help="a markdown file to put first (set-up, commands, times)")
+    p.add_argument("--out", type=report_file,
+                   help="write the report here (and <out>.claims.json) instead of stdout")
+    return p
+
+
+def _main(argv) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     sweeps = {k: getattr(args, k) for k in KINDS if getattr(args, k)}
     if not sweeps:
         p.error("give at least one sweep folder")
-    text, claims = build(sweeps, args.header.read_text().strip() if args.header else "")
+    if args.header:
+        try:
+            header = args.header.read_text(encoding="utf-8-sig").strip()
+        except UnicodeDecodeError:
+            raise UserError(f"--header {args.header} is not UTF-8 text") from None
+    else:
+        header = ""
+    text, claims, outputs = compute(sweeps, header)
+    _write_sweeps(outputs)
     if args.out:
-        args.out.write_text(text + "\n")
-        args.out.with_suffix(".claims.json").write_text(json.dumps(claims, indent=2) + "\n")
+        files.write_all(args.out.absolute().parent, {
+            args.out.name: text + "\n", args.out.with_suffix(".claims.json").name: json.dumps(claims, indent=2) + "\n"})
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         print(text)
     return 0
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv, resume_hint="run the same command again (each folder's tables are written "
+                     "all or none)")
 
 
 if __name__ == "__main__":

@@ -20,19 +20,27 @@ Every run writes ``examples.jsonl.gz`` (one JSON object per eval example: the co
 """
 from __future__ import annotations
 
-import argparse
+import csv
+import gzip
 import hashlib
+import io
 import json
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import rankdata
 
-from mia_jax import blind, files, metrics
-from mia_jax.report import markdown, pyplot, save_figure, with_ci, write_csv
+from mia_jax import blind, entry, files, metrics, rundir
+from mia_jax.errors import UserError
+from mia_jax.report import markdown, pyplot, with_ci
+
+PROG = "python -m train.tables"
 
 EXAMPLES = "examples.jsonl.gz"
+RUN = "run.json"
+RUN_FILES = (RUN, EXAMPLES)  # what a rebuild reads of a run: sealed at the run's end (rundir.seal)
 DATASET_NAMES = {"boolq": "BoolQ", "commonsenseqa": "CommonsenseQA", "imdb": "IMDB", "truthfulqa": "TruthfulQA",
                  "news": "News 2023"}
 BASE_NAMES = {"loss": "Loss", "ppl": "PPL", "zlib": "Zlib", "lowercase": "Lowercase", "entropy": "Entropy",
@@ -68,8 +76,56 @@ def _avg(values) -> float | None:
     return float(np.mean(vals)) if vals and len(vals) == len(values) else None
 
 
+def reason(r: dict | None) -> str | None:
+    """Why a cell is n/a (a class with fewer than metrics.MIN_PER_CLASS examples, one class left, ...), from its
+    ``note``; None when it has no note."""
+    return r["note"].replace("n/a: ", "") if r and r.get("note") else None
+
+
+def _na(why: str | None) -> str:
+    return f"n/a ({why})" if why else "n/a"
+
+
 def _ci_cell(r: dict | None, key: str) -> str:
-    return "n/a" if r is None else with_ci(r.get(key), r.get(f"{key}_ci"))
+    """``value [lo, hi]``; n/a with the reason (``note``) when the metric could not be computed."""
+    if r is None:
+        return "n/a"
+    if r.get(key) is None:
+        return _na(reason(r))
+    return with_ci(r.get(key), r.get(f"{key}_ci"))
+
+
+def _nan_cell(cells: list) -> str:
+    """``n (NaN)`` over a row's cells (metrics.evaluate dicts): scored examples and NaN/inf scores excluded."""
+    cells = [c for c in cells if c and "n_scored" in c]
+    return f"{sum(c['n_scored'] for c in cells)} ({sum(c.get('n_nan') or 0 for c in cells)})"
+
+
+def _any_nan(cells) -> bool:
+    return any(c and (c.get("n_nan") or 0) > 0 for c in cells)
+
+
+def csv_text(header, rows) -> bytes:
+    """A CSV file's bytes as ``report.write_csv`` writes it (UTF-8, None as an empty cell)."""
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(rows)
+    return buf.getvalue().encode("utf-8")
+
+
+def figure_bytes(fig, dpi: int = 120, tight: bool = True) -> bytes:
+    """A figure's PNG bytes as ``report.save_figure`` writes them (the file is written with the other outputs)."""
+    if tight:
+        fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format="png")
+    pyplot().close(fig)
+    return buf.getvalue()
+
+
+def _num(v) -> float:
+    return np.nan if v is None else v
 
 
 # ----------------------------------------------------------------------------- per-example records
@@ -181,23 +237,30 @@ def _column(res: dict, model: str, col: str, m: str) -> dict | None:
 
 def metric_table(results: dict, methods: list[str], key: str, model: str = "trained") -> tuple[list[str], list]:
     """Rows [method name, cell per dataset..., average] of metric ``key`` with intervals; with the base model's
-    value and interval beside each trained cell when ``model == "trained"`` and the method has one."""
+    value and interval beside each trained cell when ``model == "trained"`` and the method has one. A cell that
+    could not be computed is n/a with its reason, never bold; when a method has NaN/inf scores, a last column
+    ``n (NaN)`` counts the examples scored and the scores excluded (over the datasets, this model)."""
     datasets = list(results[model])
     cols = [*datasets, AVG]
     header = ["Method"]
     for c in cols:
         name = "Avg." if c == AVG else DATASET_NAMES.get(c, c)
         header += [name] + ([f"{name} base"] if model == "trained" else [])
+    with_nan = _any_nan(results[model][d].get(m) for d in datasets for m in methods)
+    if with_nan:
+        header.append("n (NaN)")
     rows = []
     for m in methods:
         row = [method_name(m)]
         bold = [m in _bold_set(results, model, key, c) and m not in ORACLE for c in cols]
         for c, b in zip(cols, bold):
             cell = _ci_cell(_column(results, model, c, m), key)
-            row.append(f"**{cell}**" if b and cell != "n/a" else cell)
+            row.append(f"**{cell}**" if b and not cell.startswith("n/a") else cell)
             if model == "trained":
                 base = _column(results, "base", c, m) if m in results["base"][datasets[0]] else None
                 row.append(_ci_cell(base, key))
+        if with_nan:
+            row.append(_nan_cell([results[model][d].get(m) for d in datasets]))
         rows.append(row)
     return header, rows
 
@@ -208,9 +271,13 @@ def _statements(results: dict, key: str, label: str) -> list[str]:
     for model in ("trained", "base"):
         for col in (AVG, *datasets):
             entry = results.get("best", {}).get(model, {}).get(key, {}).get(col)
-            if entry is None:
-                continue
             where = "average over datasets" if col == AVG else DATASET_NAMES.get(col, col)
+            if entry is None:
+                why = next((reason(_column(results, model, col, m)) for m in results[model][datasets[0]]
+                            if reason(_column(results, model, col, m))), None)
+                if why:  # no method has a value in this column
+                    out.append(f"{model} model, {where}: {_na(why)}")
+                continue
             ranked = sorted(((c[key]["diff"], m, c) for m, c in entry["vs"].items() if c is not None),
                             key=lambda t: t[0])
             best = method_name(entry["best"])
@@ -225,8 +292,10 @@ def _statements(results: dict, key: str, label: str) -> list[str]:
     return out
 
 
-def write_run_tables(out: Path, results: dict, methods: list[str]) -> None:
-    """table3.{md,csv} (AUROC) and table7.{md,csv} (TPR@5%FPR) of one run (``results`` from :func:`run_results`)."""
+def run_tables(results: dict, methods: list[str]) -> dict[str, str | bytes]:
+    """table3.{md,csv} (AUROC) and table7.{md,csv} (TPR@5%FPR) of one run (``results`` from :func:`run_results`):
+    {file name: content}."""
+    outputs: dict[str, str | bytes] = {}
     datasets = list(results["trained"])
     free = [m for m in methods if m not in ORACLE]
     oracle = [m for m in methods if m in ORACLE]
@@ -242,20 +311,24 @@ def write_run_tables(out: Path, results: dict, methods: list[str]) -> None:
             parts.append(f"{title}, oracle reference (needs the exact pre-contamination checkpoint, which a real "
                          "auditor does not have; not comparable with the rows above, never bolded):\n\n"
                          + markdown(header, rows))
-        blind_row = ["Blind BoW (no model)"] + [_ci_cell(results["blind"].get(d), key) for d in datasets]
+        blind_row = ["Blind BoW (no model)"] + [
+            _ci_cell(results["blind"].get(d), key) if results["blind"].get(d) is not None
+            else "n/a (too few examples for the blind baseline's cross-validation)" for d in datasets]
         parts.append(f"{title} of the model-free blind baseline ({blind.NAME}, bag-of-words, {blind.FOLDS}-fold "
                      "CV within each dataset's split): a split it separates is separable without a model.\n\n"
                      + markdown(["Baseline", *(DATASET_NAMES.get(d, d) for d in datasets)], [blind_row]))
         warns = [f"WARNING: {DATASET_NAMES.get(d, d)}: blind baseline AUROC {r['auroc']:.3f} > {blind.WARN_AUROC}: "
                  "members and non-members differ in distribution; detector AUROCs on it overstate the signal."
-                 for d, r in results["blind"].items() if r is not None and r["auroc"] > blind.WARN_AUROC]
+                 for d, r in results["blind"].items()
+                 if r is not None and r.get("auroc") is not None and r["auroc"] > blind.WARN_AUROC]
         parts += [w + "\n" for w in warns]
         gain_rows = []
         for m in [m for m in methods if m in results["base"][datasets[0]]]:
             cells = []
             for c in [*datasets, AVG]:
                 g = results.get("gain", {}).get(c, {}).get(m)
-                cells.append("n/a" if g is None else f"{g[key]['diff']:+.3f} [{g[key]['ci'][0]:+.3f}, "
+                cells.append(_na(reason(_column(results, "trained", c, m)) or reason(_column(results, "base", c, m)))
+                             if g is None else f"{g[key]['diff']:+.3f} [{g[key]['ci'][0]:+.3f}, "
                              f"{g[key]['ci'][1]:+.3f}]" + ("" if g[key]["verdict"] != "not distinguishable" else " ~"))
             gain_rows.append([method_name(m), *cells])
         parts.append(f"{title} gain over the base model (trained - base, paired bootstrap on the same examples; "
@@ -265,7 +338,7 @@ def write_run_tables(out: Path, results: dict, methods: list[str]) -> None:
                      "difference with the runner-up excludes 0):\n\n"
                      + "".join(f"- {s}\n" for s in _statements(results, key, title)))
         parts.append((NEIGHBOR_NOTE if "neighbor" in methods else NO_NEIGHBOR_NOTE) + "\n")
-        (out / f"{name}.md").write_text("\n".join(parts))
+        outputs[f"{name}.md"] = "\n".join(parts)
         ci_key = f"{key}_ci"
         csv_rows = [[model, d, m, r[key], *(r.get(ci_key) or (None, None)), r["n_members"], r["n_nonmembers"]]
                     for model in ("trained", "base") for d, by_method in results[model].items()
@@ -274,13 +347,14 @@ def write_run_tables(out: Path, results: dict, methods: list[str]) -> None:
                      for model in ("trained", "base") for m, r in results["average"][model].items() if r]
         csv_rows += [["none", d, blind.NAME, r[key], *(r.get(ci_key) or (None, None)), r["n_members"],
                       r["n_nonmembers"]] for d, r in results["blind"].items() if r]
-        write_csv(out / f"{name}.csv",
-                  ["model", "dataset", "method", key, f"{key}_ci_lo", f"{key}_ci_hi", "n_members", "n_nonmembers"],
-                  csv_rows)
+        outputs[f"{name}.csv"] = csv_text(
+            ["model", "dataset", "method", key, f"{key}_ci_lo", f"{key}_ci_hi", "n_members", "n_nonmembers"], csv_rows)
+    return outputs
 
 
-def plot_run_rocs(out: Path, rows: list[dict], methods: list[str]) -> None:
-    """roc.png: one panel per dataset, ROC curves of the headline methods for the trained model."""
+def roc_figure(rows: list[dict], methods: list[str]) -> bytes:
+    """roc.png: one panel per dataset, ROC curves of the headline methods for the trained model (a method with
+    fewer than metrics.MIN_PER_CLASS scored examples of a class in a dataset is left out of its panel)."""
     shown = [m for m in methods if m.partition("@")[0] in (*HEADLINE, "zlib", "lowercase", "ref", "neighbor")]
     groups = _by_dataset(rows)
     plt = pyplot()
@@ -291,7 +365,7 @@ def plot_run_rocs(out: Path, rows: list[dict], methods: list[str]) -> None:
         for m in shown:
             sc = _vec(sub, "trained", m)
             keep = np.isfinite(sc)
-            if len(set(labels[keep].tolist())) < 2:
+            if metrics.too_few(int((labels[keep] == 1).sum()), int((labels[keep] == 0).sum())):
                 continue
             fpr, tpr, _ = metrics.roc_curve(labels[keep], sc[keep])
             ax.plot(fpr, tpr, lw=1.2, label=f"{method_name(m)} {metrics.auroc(labels[keep], sc[keep]):.2f}")
@@ -299,24 +373,32 @@ def plot_run_rocs(out: Path, rows: list[dict], methods: list[str]) -> None:
         ax.set_title(DATASET_NAMES.get(d, d), fontsize=10)
         ax.set_xlabel("FPR", fontsize=8)
         ax.set_ylabel("TPR", fontsize=8)
-        ax.legend(fontsize=6, loc="lower right")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, loc="lower right")
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.14, top=0.9, wspace=0.3)
-    save_figure(fig, out / "roc.png", dpi=100, tight=False)
+    return figure_bytes(fig, dpi=100, tight=False)
 
 
-def write_run(out: Path, rows: list[dict], info: dict) -> dict:
-    """metrics.json, table3/table7 and roc.png of one run from its example rows and its ``run.json`` (``info``:
-    ``methods``, ``config.score``); fig5c.* too when the corpus used Poisson or bucketed occurrences. Returns the
-    results."""
+def run_outputs(rows: list[dict], info: dict) -> tuple[dict, dict[str, str | bytes]]:
+    """(results, {file name: content}) of one run from its example rows and its ``run.json`` (``info``: ``methods``,
+    ``config.score``, ``config.corpus.occurrence``): metrics.json, table3/table7 and roc.png; fig5c.* too when the
+    corpus used Poisson or bucketed occurrences. Nothing is written."""
     methods = info["methods"]
     score = info["config"]["score"]
     results = run_results(rows, methods, [m for m in methods if m not in ORACLE],
                           n_bootstrap=score["n_bootstrap"], seed=score["seed"])
-    (out / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
-    write_run_tables(out, results, methods)
-    plot_run_rocs(out, rows, methods)
+    outputs: dict[str, str | bytes] = {"metrics.json": json.dumps(results, indent=2) + "\n"}
+    outputs.update(run_tables(results, methods))
+    outputs["roc.png"] = roc_figure(rows, methods)
     if info["config"]["corpus"].get("occurrence") in ("poisson", "buckets"):
-        write_occurrence_figure(out, *_records_and_eval(rows), methods)
+        outputs.update(occurrence_figure(*_records_and_eval(rows), methods))
+    return results, outputs
+
+
+def write_run(out: Path, rows: list[dict], info: dict) -> dict:
+    """:func:`run_outputs` written into ``out`` (all or none); returns the results."""
+    results, outputs = run_outputs(rows, info)
+    files.write_all(out, outputs)
     return results
 
 
@@ -343,20 +425,31 @@ def _same_examples(a: list[dict] | None, b: list[dict] | None) -> bool:
 
 
 def _paired_models(rows_a: list[dict], rows_b: list[dict], m: str, n_bootstrap: int, seed: int) -> dict:
-    """{dataset or "avg": paired_bootstrap of method ``m``'s trained scores of run A vs run B (same examples)}."""
+    """{dataset or "avg": paired_bootstrap of method ``m``'s trained scores of run A vs run B (same examples), or
+    the reason it is n/a (a class with fewer than metrics.MIN_PER_CLASS examples)}."""
     labels = np.array([r["label"] for r in rows_a])
     a, b = _vec(rows_a, "trained", m), _vec(rows_b, "trained", m)
-    out = {}
-    for d, idx in _by_dataset(rows_a).items():
-        out[d] = metrics.paired_bootstrap(labels[idx], a[idx], b[idx], n_bootstrap=n_bootstrap, seed=seed)
-    out[AVG] = metrics.paired_bootstrap(labels, a, b, groups=[r["dataset"] for r in rows_a],
-                                        n_bootstrap=n_bootstrap, seed=seed)
+    cols = {d: (idx, None) for d, idx in _by_dataset(rows_a).items()}
+    cols[AVG] = (list(range(len(rows_a))), [r["dataset"] for r in rows_a])
+    out: dict = {}
+    for d, (idx, groups) in cols.items():
+        try:
+            out[d] = metrics.paired_bootstrap(labels[idx], a[idx], b[idx], groups=groups, n_bootstrap=n_bootstrap,
+                                              seed=seed)
+        except ValueError as e:
+            out[d] = str(e).replace("n/a: ", "")
     return out
 
 
-def write_table4(out: Path, runs: dict[float, dict], methods: list[str]) -> str:
+def _comparison_lines(comp: dict, name_a: str, name_b: str) -> str:
+    return "".join(f"- {'average' if d == AVG else DATASET_NAMES.get(d, d)}: "
+                   + (_na(c) if isinstance(c, str) else metrics.describe(c, name_a, name_b)) + "\n"
+                   for d, c in comp.items())
+
+
+def table4(runs: dict[float, dict], methods: list[str]) -> tuple[str, dict[str, str | bytes]]:
     """Table 4 from {lr: results of that run} (with ``examples``: the paired comparison of the learning rates,
-    largest vs smallest, with the runs' score.n_bootstrap and seed); returns the markdown."""
+    largest vs smallest, with the runs' score.n_bootstrap and seed): (markdown, {file name: content})."""
     n_bootstrap, seed = _bootstrap_cfg(next(iter(runs.values())))
     datasets = list(next(iter(runs.values()))["trained"])
     parts, rows_csv = [f"# Table 4: AUROC [95% CI] per learning rate\n\n{rebuild_line()}"], []
@@ -366,32 +459,42 @@ def write_table4(out: Path, runs: dict[float, dict], methods: list[str]) -> str:
         if m is None:
             continue
         rows = []
+        per_lr = {lr: [runs[lr]["trained"][d][m] for d in datasets] for lr in lrs}
+        with_nan = _any_nan(c for cells in per_lr.values() for c in cells)
         for lr in lrs:
             res = runs[lr]
-            cells = [res["trained"][d][m] for d in datasets] + [res.get("average", {}).get("trained", {}).get(m)]
-            rows.append([f"{lr:g}", *(_ci_cell(c, "auroc") for c in cells)])
+            cells = per_lr[lr] + [res.get("average", {}).get("trained", {}).get(m)]
+            rows.append([f"{lr:g}", *(_ci_cell(c, "auroc") for c in cells)]
+                        + ([_nan_cell(per_lr[lr])] if with_nan else []))
             rows_csv += [[lr, m, d, c["auroc"], *(c.get("auroc_ci") or (None, None))]
                          for d, c in zip([*datasets, AVG], cells) if c]
-        header = ["Learning rate", *(DATASET_NAMES.get(d, d) for d in datasets), "Avg."]
+        header = ["Learning rate", *(DATASET_NAMES.get(d, d) for d in datasets), "Avg."] + \
+            (["n (NaN)"] if with_nan else [])
         parts.append(f"AUROC, {method_name(m)}:\n\n" + markdown(header, rows))
         hi, lo = lrs[-1], lrs[0]
         ea, eb = _examples_of(runs[hi]), _examples_of(runs[lo])
         if len(lrs) > 1 and _same_examples(ea, eb):
             comp = _paired_models(ea, eb, m, n_bootstrap, seed)
-            parts.append(f"lr {hi:g} vs {lo:g}, {method_name(m)} (paired bootstrap, same examples):\n\n" + "".join(
-                f"- {'average' if d == AVG else DATASET_NAMES.get(d, d)}: "
-                + metrics.describe(c, f"lr {hi:g}", f"lr {lo:g}") + "\n" for d, c in comp.items()))
+            parts.append(f"lr {hi:g} vs {lo:g}, {method_name(m)} (paired bootstrap, same examples):\n\n"
+                         + _comparison_lines(comp, f"lr {hi:g}", f"lr {lo:g}"))
         elif len(lrs) > 1:
             parts.append(f"lr {hi:g} vs {lo:g}: no comparison stated (per-example scores of both runs on the same "
                          "examples are needed).\n")
     text = "\n".join(parts)
-    (out / "table4.md").write_text(text)
-    write_csv(out / "table4.csv", ["lr", "method", "dataset", "auroc", "auroc_ci_lo", "auroc_ci_hi"], rows_csv)
+    return text, {"table4.md": text, "table4.csv": csv_text(
+        ["lr", "method", "dataset", "auroc", "auroc_ci_lo", "auroc_ci_hi"], rows_csv)}
+
+
+def write_table4(out: Path, runs: dict[float, dict], methods: list[str]) -> str:
+    """:func:`table4` written into ``out``; returns the markdown."""
+    text, outputs = table4(runs, methods)
+    files.write_all(out, outputs)
     return text
 
 
-def write_size_figure(out: Path, name: str, runs: list[tuple[dict, dict]], methods: list[str], title: str) -> None:
-    """Figure 5a/5b: ``runs`` = [(manifest or run.json "corpus", results)] over corpus sizes -> <name>.png/.csv/.md."""
+def size_figure(name: str, runs: list[tuple[dict, dict]], methods: list[str], title: str) -> dict[str, str | bytes]:
+    """Figure 5a/5b: ``runs`` = [(manifest or run.json "corpus", results)] over corpus sizes -> {<name>.png/.csv/.md:
+    content}."""
     m = headline(methods) or methods[0]
     points = sorted(((man["contamination_rate"] * 100, i, man, res) for i, (man, res) in enumerate(runs)),
                     key=lambda p: (p[0], p[1]))
@@ -399,23 +502,26 @@ def write_size_figure(out: Path, name: str, runs: list[tuple[dict, dict]], metho
     rows = [[rate, man["tokens"]["total"], man["tokens"]["background"], d, res["trained"][d][m]["auroc"],
              *(res["trained"][d][m].get("auroc_ci") or (None, None)), res["base"][d][m]["auroc"]]
             for rate, _, man, res in points for d in datasets]
-    write_csv(out / f"{name}.csv", ["contamination_pct", "total_tokens", "background_tokens", "dataset",
-                                    "auroc_trained", "auroc_trained_ci_lo", "auroc_trained_ci_hi", "auroc_base"], rows)
-    header = ["Corpus tokens", "Contamination %", *(DATASET_NAMES.get(d, d) for d in datasets)]
+    outputs: dict[str, str | bytes] = {f"{name}.csv": csv_text(
+        ["contamination_pct", "total_tokens", "background_tokens", "dataset", "auroc_trained", "auroc_trained_ci_lo",
+         "auroc_trained_ci_hi", "auroc_base"], rows)}
+    with_nan = _any_nan(res["trained"][d][m] for _, _, _, res in points for d in datasets)
+    header = ["Corpus tokens", "Contamination %", *(DATASET_NAMES.get(d, d) for d in datasets)] + \
+        (["n (NaN)"] if with_nan else [])
     md = [[str(man["tokens"]["total"]), f"{rate:.2f}", *(_ci_cell(res["trained"][d][m], "auroc") for d in datasets)]
+          + ([_nan_cell([res["trained"][d][m] for d in datasets])] if with_nan else [])
           for rate, _, man, res in points]
     text = f"# {title}\n\n{rebuild_line()}{method_name(m)} AUROC [95% CI]:\n\n" + markdown(header, md)
     (hi_rate, _, _, hi), (lo_rate, _, _, lo) = points[-1], points[0]
     if len(points) > 1 and _same_examples(_examples_of(hi), _examples_of(lo)):
         comp = _paired_models(_examples_of(hi), _examples_of(lo), m, *_bootstrap_cfg(hi))
         text += (f"\nHighest ({hi_rate:.2f}%) vs lowest ({lo_rate:.2f}%) contamination rate, {method_name(m)}, "
-                 "paired bootstrap on the same examples:\n\n" + "".join(
-                     f"- {'average' if d == AVG else DATASET_NAMES.get(d, d)}: "
-                     + metrics.describe(c, f"{hi_rate:.2f}%", f"{lo_rate:.2f}%") + "\n" for d, c in comp.items()))
-    (out / f"{name}.md").write_text(text)
+                 "paired bootstrap on the same examples:\n\n"
+                 + _comparison_lines(comp, f"{hi_rate:.2f}%", f"{lo_rate:.2f}%"))
+    outputs[f"{name}.md"] = text
     fig, ax = pyplot().subplots(figsize=(5.5, 4))
     for d in datasets:
-        ax.plot([p[0] for p in points], [p[3]["trained"][d][m]["auroc"] for p in points], "o-",
+        ax.plot([p[0] for p in points], [_num(p[3]["trained"][d][m]["auroc"]) for p in points], "o-",
                 label=DATASET_NAMES.get(d, d))
     ax.set_xscale("log")
     ax.set_xlabel("contamination rate (% of corpus tokens)")
@@ -423,7 +529,8 @@ def write_size_figure(out: Path, name: str, runs: list[tuple[dict, dict]], metho
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save_figure(fig, out / f"{name}.png")
+    outputs[f"{name}.png"] = figure_bytes(fig)
+    return outputs
 
 
 def group_scores(records: list[dict], eval_set: list[dict], methods: list[str], group: str) -> tuple[list[int], dict]:
@@ -463,19 +570,22 @@ def occurrence_curve(records: list[dict], eval_set: list[dict], methods: list[st
     return rows
 
 
-def write_occurrence_figure(out: Path, records: list[dict], eval_set: list[dict], methods: list[str], *,
-                            n_bootstrap: int = 1000, seed: int = 0) -> None:
-    """Figure 5c -> fig5c.png / .csv / .md, with the largest k against k = 1 per dataset (paired in the
-    non-members: metrics.subset_bootstrap). ``records``: {"scores": {method: score}} per eval example."""
+def occurrence_figure(records: list[dict], eval_set: list[dict], methods: list[str], *, n_bootstrap: int = 1000,
+                      seed: int = 0) -> dict[str, str | bytes]:
+    """Figure 5c -> {fig5c.png / .csv / .md: content}, with the largest k against k = 1 per dataset (paired in the
+    non-members: metrics.subset_bootstrap; n/a with the reason when a side has fewer than metrics.MIN_PER_CLASS
+    examples). ``records``: {"scores": {method: score}} per eval example."""
     shown = [m for m in (headline(methods, b) for b in HEADLINE) if m]
     rows = occurrence_curve(records, eval_set, shown, n_bootstrap=n_bootstrap, seed=seed)
-    write_csv(out / "fig5c.csv", ["dataset", "occurrences", "n_members",
-                                  *(f"{m}{s}" for m in shown for s in ("", "_ci_lo", "_ci_hi"))],
-              [[g, k, n, *(v for m in shown for v in (r[m]["auroc"], *(r[m]["auroc_ci"] or (None, None))))]
-               for g, k, n, r in rows])
-    header = ["Dataset", "Occurrences", "Members", *(method_name(m) for m in shown)]
+    outputs: dict[str, str | bytes] = {"fig5c.csv": csv_text(
+        ["dataset", "occurrences", "n_members", *(f"{m}{s}" for m in shown for s in ("", "_ci_lo", "_ci_hi"))],
+        [[g, k, n, *(v for m in shown for v in (r[m]["auroc"], *(r[m]["auroc_ci"] or (None, None))))]
+         for g, k, n, r in rows])}
+    with_nan = _any_nan(r[m] for _, _, _, r in rows for m in shown)
+    header = ["Dataset", "Occurrences", "Members", *(method_name(m) for m in shown)] + \
+        ([f"n (NaN) {method_name(m)}" for m in shown] if with_nan else [])
     md = [[DATASET_NAMES.get(g, g), str(k), str(n), *(_ci_cell(r[m], "auroc") for m in shown)]
-          for g, k, n, r in rows]
+          + ([_nan_cell([r[m]]) for m in shown] if with_nan else []) for g, k, n, r in rows]
     text = (f"# Figure 5c: AUROC [95% CI] of the members inserted k times against all non-members\n\n"
             "'All' pools the datasets after rank-normalising each dataset's scores.\n\n"
             f"{rebuild_line()}" + markdown(header, md))
@@ -490,23 +600,27 @@ def write_occurrence_figure(out: Path, records: list[dict], eval_set: list[dict]
             sc = sc[m]
             occ = np.array([eval_set[i]["occurrences"] for i in idx])
             lab = np.array([eval_set[i]["label"] for i in idx])
-            c = metrics.subset_bootstrap(sc, lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
-                                         n_bootstrap=n_bootstrap, seed=seed)
-            lines.append(f"- {DATASET_NAMES.get(g, g)}, {method_name(m)}: "
-                         + metrics.describe(c, f"k={ks[-1]}", "k=1") + "\n")
+            try:
+                c = metrics.subset_bootstrap(sc, lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
+                                             n_bootstrap=n_bootstrap, seed=seed)
+                said = metrics.describe(c, f"k={ks[-1]}", "k=1")
+            except ValueError as e:
+                said = f"k={ks[-1]} vs k=1: {_na(str(e).replace('n/a: ', ''))}"
+            lines.append(f"- {DATASET_NAMES.get(g, g)}, {method_name(m)}: {said}\n")
     if lines:
         text += "\nLargest k vs k = 1 (bootstrap of the difference, the same non-members):\n\n" + "".join(lines)
-    (out / "fig5c.md").write_text(text)
+    outputs["fig5c.md"] = text
     fig, ax = pyplot().subplots(figsize=(5.5, 4))
     for g in dict.fromkeys(r[0] for r in rows):
-        pts = [(k, r[shown[0]]["auroc"]) for gg, k, n, r in rows if gg == g]
+        pts = [(k, _num(r[shown[0]]["auroc"])) for gg, k, n, r in rows if gg == g]
         ax.plot(*zip(*pts), "o-", lw=2.5 if g == "all" else 1.2, label=DATASET_NAMES.get(g, g))
     ax.set_xlabel("occurrences of the example in the corpus")
     ax.set_ylabel(f"AUROC ({method_name(shown[0])})")
     ax.set_title("Figure 5c: detection vs occurrence frequency", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save_figure(fig, out / "fig5c.png")
+    outputs["fig5c.png"] = figure_bytes(fig)
+    return outputs
 
 
 def load_metrics(run_dir: Path) -> dict:
@@ -517,57 +631,196 @@ def load_metrics(run_dir: Path) -> dict:
 
 
 SWEEPS = {"lr_": "lr", "size_": "size", "news_": "news", "occurrence": "occurrence"}
+_NEITHER = ("neither a run folder ({run} and {ex}) nor a sweep folder (sub-folders lr_*, size_*, news_* or occurrence "
+            "holding them)").format(run=RUN, ex=EXAMPLES)
 
 
-def rebuild_run(folder: Path, out: Path | None = None) -> dict:
-    """Every table and figure of one run from ``run.json`` and ``examples.jsonl.gz`` (no model); returns its results
-    with ``examples`` (the rows) added."""
+def _sweep_kind(name: str) -> str | None:
+    return next((k for prefix, k in SWEEPS.items() if name.startswith(prefix)), None)
+
+
+def source_runs(folder: Path, flag: str = "--from") -> tuple[str | None, list[str]]:
+    """(sweep kind or None for one run, [sub-folder names, "" for the run itself]) of a ``--from`` folder, after
+    checking every file a rebuild reads against the folder's manifest.json (``rundir.verify``: the files the run
+    wrote, unchanged). A sweep's runs are those its manifest records and those on disk: one missing or added is an
+    error."""
     folder = Path(folder)
-    out = Path(out) if out is not None else folder
-    out.mkdir(parents=True, exist_ok=True)
-    info = json.loads((folder / "run.json").read_text())
-    rows = read_examples(folder / EXAMPLES)
-    results = write_run(out, rows, info)
-    return dict(results, examples=rows, corpus=info["corpus"], config=info["config"])
+    if (folder / EXAMPLES).exists() or (folder / RUN).exists():
+        rundir.verify(folder, list(RUN_FILES), flag)
+        return None, [""]
+    on_disk = {p.name for p in folder.iterdir() if p.is_dir() and ((p / EXAMPLES).exists() or (p / RUN).exists())}
+    if not on_disk and not (folder / rundir.MANIFEST).is_file():
+        raise UserError(f"{flag} {folder}: {_NEITHER}")
+    entries = rundir.verify(folder, [], flag)
+    recorded = {n.split("/", 1)[0] for n in entries if "/" in n and n.split("/", 1)[1] in RUN_FILES}
+    subs = sorted(on_disk | recorded)
+    kinds = {_sweep_kind(s) for s in subs}
+    if not subs or len(kinds) != 1 or None in kinds:
+        raise UserError(f"{flag} {folder}: {_NEITHER}; found {', '.join(subs) or 'no run'}")
+    rundir.verify(folder, [f"{s}/{f}" for s in subs for f in RUN_FILES], flag)
+    return kinds.pop(), subs
+
+
+def _get(obj, path: str, kind, where: str):
+    """``obj[a][b]...`` for the dotted ``path``, checked to be of ``kind``; UserError naming ``where`` otherwise."""
+    for part in path.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            raise UserError(f"{where} lacks {path} (not the run.json of a contamination run)")
+        obj = obj[part]
+    if not isinstance(obj, kind) or isinstance(obj, bool):
+        raise UserError(f"{where}: {path} is {obj!r:.60}, not the {getattr(kind, '__name__', 'value')} a run writes")
+    return obj
+
+
+_NUMBER = (int, float)
+
+
+def _check_row(row, where: str) -> None:
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: not a JSON object")
+    for key in ("dataset", "label", "text_sha256", "trained", "base"):
+        if key not in row:
+            raise UserError(f"{where}: no {key!r} field (a record of {EXAMPLES} has dataset, label, text_sha256, "
+                            "blind, trained, base)")
+    if not isinstance(row["dataset"], str) or row["label"] not in (0, 1) or isinstance(row["label"], bool):
+        raise UserError(f"{where}: dataset must be a string and label 0 or 1, got {row['dataset']!r:.40}, "
+                        f"{row['label']!r:.20}")
+    for model in ("trained", "base"):
+        scores = row[model]
+        if not isinstance(scores, dict) or not all(
+                v is None or (isinstance(v, _NUMBER) and not isinstance(v, bool)) for v in scores.values()):
+            raise UserError(f"{where}: {model!r} must map each method to a number or null")
+    b = row.get("blind")
+    if not (b is None or (isinstance(b, _NUMBER) and not isinstance(b, bool))):
+        raise UserError(f"{where}: 'blind' must be a number or null, got {b!r:.40}")
+    if "occurrences" in row and (not isinstance(row["occurrences"], int) or isinstance(row["occurrences"], bool)):
+        raise UserError(f"{where}: 'occurrences' must be a whole number, got {row['occurrences']!r:.20}")
+
+
+def load_run(folder: Path, kind: str | None = None) -> dict:
+    """A run's ``run.json`` with its example rows under ``examples``, every field the tables read checked (a
+    ``UserError`` names the file, and the line of examples.jsonl.gz). Call after :func:`source_runs` (verified)."""
+    folder = Path(folder)
+    path = folder / RUN
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({str(e).splitlines()[0][:80]})") from None
+    if not isinstance(info, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(info).__name__}")
+    methods = _get(info, "methods", list, str(path))
+    if not methods or not all(isinstance(m, str) for m in methods):
+        raise UserError(f"{path}: methods must be a non-empty list of method names")
+    _get(info, "config.score.n_bootstrap", int, str(path))
+    _get(info, "config.score.seed", int, str(path))
+    _get(info, "config.corpus", dict, str(path))
+    _get(info, "config.model.path", str, str(path))
+    if kind == "lr":
+        _get(info, "config.train.lr", _NUMBER, str(path))
+    if kind in ("size", "news"):
+        _get(info, "corpus.contamination_rate", _NUMBER, str(path))
+        _get(info, "corpus.tokens.total", int, str(path))
+        _get(info, "corpus.tokens.background", int, str(path))
+    ex = folder / EXAMPLES
+    rows = []
+    try:
+        with gzip.open(ex, "rt", encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise UserError(f"{ex} line {n}: not valid JSON ({str(e)[:60]})") from None
+                _check_row(row, f"{ex} line {n}")
+                rows.append(row)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+        raise UserError(f"{ex} is not a readable gzip-compressed JSONL file ({str(e).splitlines()[0][:80]})") from None
+    if not rows:
+        raise UserError(f"{ex} holds no example")
+    for d, idx in _by_dataset(rows).items():
+        n_members = sum(rows[i]["label"] for i in idx)
+        if n_members in (0, len(idx)):
+            raise UserError(f"{ex}: dataset {d} has one class only ({n_members} members, {len(idx) - n_members} "
+                            "non-members): not the eval set of a contamination run")
+    if info["config"]["corpus"].get("occurrence") in ("poisson", "buckets") or kind == "occurrence":
+        missing = next((i for i, r in enumerate(rows) if "occurrences" not in r), None)
+        if missing is not None:
+            raise UserError(f"{ex}: record {missing + 1} has no 'occurrences' (needed for Figure 5c)")
+    return dict(info, examples=rows)
+
+
+def load_source(folder: Path, flag: str = "--from") -> tuple[str | None, list[tuple[str, dict]]]:
+    """(sweep kind or None, [(sub-folder name, :func:`load_run`)]) of a ``--from`` folder, verified and checked."""
+    kind, subs = source_runs(folder, flag)
+    return kind, [(s, load_run(Path(folder) / s if s else Path(folder), kind)) for s in subs]
+
+
+def rebuild_outputs(folder: Path, loaded=None) -> tuple[str, dict[str, str | bytes]]:
+    """(the main table's markdown, {path relative to the output folder: content}) of every table and figure of a
+    run or sweep folder; nothing is written. ``loaded``: :func:`load_source` of ``folder`` when already read."""
+    kind, runs = loaded if loaded is not None else load_source(folder)
+    if kind is None:
+        _, outputs = run_outputs(runs[0][1]["examples"], runs[0][1])
+        return outputs["table3.md"], outputs
+    outputs: dict[str, str | bytes] = {}
+    res = []
+    for name, info in runs:
+        results, outs = run_outputs(info["examples"], info)
+        outputs.update({f"{name}/{k}": v for k, v in outs.items()})
+        res.append(dict(results, examples=info["examples"], corpus=info.get("corpus"), config=info["config"]))
+    methods = runs[0][1]["methods"]
+    if kind == "lr":
+        text, outs = table4({r["config"]["train"]["lr"]: r for r in res}, methods)
+    elif kind in ("size", "news"):
+        name, title = (("fig5a", "Figure 5a: outlier contaminants (downstream examples) vs corpus size")
+                       if kind == "size" else
+                       ("fig5b", "Figure 5b: in-distribution contaminants (2023 news) vs corpus size"))
+        outs = size_figure(name, [(r["corpus"], r) for r in res], methods, title)
+        text = outs[f"{name}.md"]
+    else:
+        outs = occurrence_figure(*_records_and_eval(res[0]["examples"]), methods)
+        text = outs["fig5c.md"]
+    outputs.update(outs)
+    return text, outputs
 
 
 def rebuild(folder: Path, out: Path | None = None) -> str:
     """A run folder (holding examples.jsonl.gz) or a sweep folder (sub-folders lr_*, size_*, news_*, occurrence):
-    every table and figure rebuilt from the per-example scores into ``out`` (default: in place)."""
+    every table and figure rebuilt from the per-example scores into ``out`` (default: in place). Every input is
+    checked and every output computed before any is written (all or none: ``files.write_all``)."""
     folder = Path(folder)
+    text, outputs = rebuild_outputs(folder)
     out = Path(out) if out is not None else folder
-    if (folder / EXAMPLES).exists():
-        rebuild_run(folder, out)
-        return (out / "table3.md").read_text()
-    subs = sorted(p for p in folder.iterdir() if p.is_dir() and (p / EXAMPLES).exists())
-    kinds = {next((k for prefix, k in SWEEPS.items() if p.name.startswith(prefix)), None) for p in subs}
-    if not subs or len(kinds) != 1 or None in kinds:
-        raise SystemExit(f"{folder}: neither a run folder ({EXAMPLES} and run.json) nor a sweep folder (sub-folders "
-                         "lr_*, size_*, news_* or occurrence holding them)")
-    kind = kinds.pop()
-    runs = [(p.name, rebuild_run(p, out / p.name)) for p in subs]
-    methods = json.loads((subs[0] / "run.json").read_text())["methods"]
-    if kind == "lr":
-        return write_table4(out, {res["config"]["train"]["lr"]: res for _, res in runs}, methods)
-    if kind in ("size", "news"):
-        name, title = (("fig5a", "Figure 5a: outlier contaminants (downstream examples) vs corpus size")
-                       if kind == "size" else
-                       ("fig5b", "Figure 5b: in-distribution contaminants (2023 news) vs corpus size"))
-        write_size_figure(out, name, [(res["corpus"], res) for _, res in runs], methods, title)
-        return (out / f"{name}.md").read_text()
-    write_occurrence_figure(out, *_records_and_eval(runs[0][1]["examples"]), methods)
-    return (out / "fig5c.md").read_text()
+    out.mkdir(parents=True, exist_ok=True)
+    files.write_all(out, outputs)
+    return text
+
+
+def build_parser() -> entry.ArgumentParser:
+    p = entry.ArgumentParser(prog=PROG, description="Rebuild every table and figure of a contamination run or sweep "
+                             "from its per-example scores (no model needed).")
+    p.add_argument("--from", dest="src", required=True, metavar="DIR",
+                   type=entry.source_dir("contamination", example="results/contamination/lr"),
+                   help="a run folder (run.json + examples.jsonl.gz) or a sweep folder of such runs")
+    p.add_argument("--out", type=entry.out_dir, metavar="DIR",
+                   help="write there instead of in place (the same layout): a new or empty folder, or this "
+                        "command's own earlier rebuild of the same --from")
+    return p
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    out = args.out if args.out is not None else args.src
+    with rundir.rebuild_into(out, [args.src], "train.tables"):
+        text = rebuild(args.src, out)
+    print(text)
+    return 0
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.tables", description="Rebuild every table and figure of a "
-                                "contamination run or sweep from its per-example scores (no model needed).")
-    p.add_argument("--from", dest="src", required=True, metavar="DIR",
-                   help="a run folder (run.json + examples.jsonl.gz) or a sweep folder of such runs")
-    p.add_argument("--out", help="write there instead of in place (the same layout)")
-    args = p.parse_args(argv)
-    print(rebuild(Path(args.src), Path(args.out) if args.out else None))
-    return 0
+    return entry.run(PROG, _main, argv, resume_hint="run the same command again (a rebuild writes all its files or "
+                     "none)")
 
 
 if __name__ == "__main__":
