@@ -82,6 +82,15 @@ def _duplicates(values) -> list:
     return sorted({v for v in values if list(values).count(v) > 1}, key=str)
 
 
+def _check_distinct(texts, name: str) -> None:
+    """A text twice in a split would be one example counted twice (and its rebuild refuses such a cell)."""
+    first = {}
+    for i, text in enumerate(texts):
+        if text in first:
+            raise UserError(f"{name}: text {i} repeats text {first[text]}; each text once per split")
+        first[text] = i
+
+
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     if args.from_dir:
@@ -96,6 +105,10 @@ def _main(argv) -> int:
             raise UserError(f"{flag} names {', '.join(map(str, _duplicates(values)))} twice: each (model, length, "
                             "setting) is one cell")
     check_tokens_per_batch(args.tokens_per_batch)
+    for length in args.lengths:  # every split read (and a paraphrased file checked) before any model loads
+        for ds in (wikimia(length), reproduce.paraphrased(length, args.para_dir)):
+            if ds is not None:
+                _check_distinct(ds.texts[: args.limit] if args.limit else ds.texts, ds.name)
     pairs = yaml.safe_load(PAIRS.read_text())
     refs = args.ref_models or [pairs.get(m) for m in args.models]
     if len(refs) != len(args.models) or None in refs:

@@ -322,6 +322,18 @@ def test_script_refuses_bad_arguments_before_writing(tmp_path, capsys, argv, nee
     assert not out.exists()
 
 
+def test_script_refuses_a_split_with_a_text_twice_before_loading_a_model(tmp_path, capsys):
+    para = tmp_path / "para"
+    para.mkdir()
+    rows = [{"input": f"text {i % 5}", "label": i % 2} for i in range(12)]
+    (para / "WikiMIA_length32_paraphrased.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    rc = load_script().main(["--models", "no-such-model", "--ref-models", "other", "--lengths", "32",
+                             "--para-dir", str(para), "--out", str(out)])
+    assert_clean_error(rc, capsys.readouterr().err, "wikimia-32-para: text 5 repeats text 0")
+    assert not out.exists()
+
+
 def test_cell_with_too_few_examples_is_na_with_its_reason_never_bold(tmp_path):
     cells = fake_cells(n=12)
     c = cells[0]  # length 32: 5 members left
@@ -336,3 +348,14 @@ def test_cell_with_too_few_examples_is_na_with_its_reason_never_bold(tmp_path):
     assert "n/a" in ppl and "**" not in ppl
     assert "n/a (m Ori. 32): " in table and str(metrics.MIN_PER_CLASS) in table
     assert "NaN/inf, excluded from the metrics: m Ori. 32 loss: 1" in table
+
+
+def test_a_model_without_any_auroc_is_drawn_and_tabled_as_na():
+    results = fake_results()
+    for r in results:
+        if r["model"] == "m1":
+            r.update(auroc=None, tpr_at_5pct_fpr=None, note="only 5 members (fewer than 10): no metric")
+    text, outputs = reproduce.report_outputs(results)
+    assert outputs["fig2b_auroc_by_length.png"][:4] == b"\x89PNG"
+    ppl = next(line for line in text.splitlines() if line.startswith("| PPL |"))
+    assert ppl.split(" | ")[1] == "n/a" and "n/a (m1 Ori. 32, m1 Ori. 64): only 5 members" in text
