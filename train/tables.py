@@ -658,6 +658,8 @@ def source_runs(folder: Path, flag: str = "--from") -> tuple[str | None, list[st
     if not subs or len(kinds) != 1 or None in kinds:
         raise UserError(f"{flag} {folder}: {_NEITHER}; found {', '.join(subs) or 'no run'}")
     rundir.verify(folder, [f"{s}/{f}" for s in subs for f in RUN_FILES], flag)
+    for s in subs:  # and each run's own record (the same files: a damaged one is refused, not passed over)
+        rundir.verify(folder / s, list(RUN_FILES), flag)
     return kinds.pop(), subs
 
 
@@ -812,8 +814,9 @@ def build_parser() -> entry.ArgumentParser:
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     out = args.out if args.out is not None else args.src
+    text, outputs = rebuild_outputs(args.src)  # every input checked, every output computed: nothing written yet
     with rundir.rebuild_into(out, [args.src], "train.tables"):
-        text = rebuild(args.src, out)
+        files.write_all(out, outputs)
     print(text)
     return 0
 
