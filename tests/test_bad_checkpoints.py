@@ -418,3 +418,48 @@ def test_eval_with_a_broken_model_exits_2_and_leaves_out_as_it_was(hf_copy, tmp_
                "--out", str(out)])
     assert_clean_error(rc, capsys.readouterr().err, needle)
     assert snapshot(out) == before
+
+
+# ----------------------------------------------------------------------------- masked LMs and sentence encoders
+
+
+@pytest.fixture
+def mlm_dir(tmp_path):
+    from helpers import write_tiny_mlm
+
+    return write_tiny_mlm(tmp_path / "roberta", "roberta")
+
+
+def test_masked_lm_config_and_tokenizer_config_checked(mlm_dir):
+    from mia_jax.models.bert import load_mlm
+
+    config = edit_config(mlm_dir, max_position_embeddings=2)  # positions start at pad_token_id + 1 = 2
+    with pytest.raises(UserError, match=f"^{re.escape(str(config))}: max_position_embeddings=2 leaves no position"):
+        load_mlm(str(mlm_dir))
+    edit_config(mlm_dir, max_position_embeddings=72)
+    (mlm_dir / "tokenizer_config.json").write_bytes(b'{"mask_token": ')
+    with pytest.raises(UserError, match="tokenizer_config.json: cannot read it as JSON"):
+        load_mlm(str(mlm_dir))
+    (mlm_dir / "tokenizer_config.json").write_text('{"mask_token": 4, "pad_token": 1}')  # not a token: ignored
+    assert load_mlm(str(mlm_dir))[2] == 4
+
+
+def test_sentence_max_seq_length_checked(mlm_dir):
+    from mia_jax.models.sentence import SentenceEncoder
+
+    st = mlm_dir / "sentence_bert_config.json"
+    for bad in ('"128"', "0", "12.5"):
+        st.write_text('{"max_seq_length": ' + bad + "}")
+        with pytest.raises(UserError, match=f"^{re.escape(str(st))}: 'max_seq_length' is {re.escape(bad)}, expected"):
+            SentenceEncoder(str(mlm_dir))
+    st.write_text('{"max_seq_length": 16}')
+    assert SentenceEncoder(str(mlm_dir)).max_length == 16
+
+
+def test_tokenizer_config_values_that_are_not_tokens_are_ignored(hf_copy):
+    (hf_copy / "tokenizer_config.json").write_text('{"bos_token": 5, "eos_token": {"content": null}, "pad_token": []}')
+    loaded = load(str(hf_copy))
+    assert loaded.bos_token_id == loaded.eos_token_id == loaded.tokenizer.token_to_id("<|endoftext|>")
+    (hf_copy / "tokenizer_config.json").write_text("[]")
+    assert "tokenizer_config.json: expected a JSON object, found a list" in user_error(
+        hf_copy, hf_copy / "tokenizer_config.json")

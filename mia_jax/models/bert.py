@@ -10,7 +10,6 @@ The decoder is tied to the word embeddings unless ``tie_word_embeddings`` is fal
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -50,6 +49,9 @@ class BertConfig:
         L.check_activation("hidden_act", self.hidden_act)
         if self.model_type == "roberta" and self.pad_token_id is None:
             raise ConfigError("RoBERTa needs pad_token_id (its positions start at pad_token_id + 1)")
+        if self.max_length < 1:
+            raise ConfigError(f"max_position_embeddings={self.max_position_embeddings} leaves no position for a "
+                              f"token (RoBERTa's positions start at pad_token_id + 1 = {self.position_offset})")
 
     @property
     def head_dim(self) -> int:
@@ -226,7 +228,9 @@ def _mask_token_id(folder: Path, tokenizer: tokenizers.Tokenizer) -> int:
     names = list(_MASK_NAMES)
     tc = folder / "tokenizer_config.json"
     if tc.exists():
-        value = json.loads(tc.read_text(encoding="utf-8")).get("mask_token")
+        from mia_jax.models import hf
+
+        value = hf.read_json(tc).get("mask_token")
         value = value.get("content") if isinstance(value, dict) else value
         if isinstance(value, str):
             names.insert(0, value)

@@ -48,9 +48,10 @@ def read_json(path: Path) -> dict:
 # ----------------------------------------------------------------------------- config values
 #
 # What each config.json value a family reads must be. The fields of a family's config dataclass carry Hugging Face
-# names: their annotations say the type (int, float, bool, str, optional or not), and `_FIELD_KINDS` /
-# `_number_kind` the range. Keys a family reads that are no field (GPT-2's aliases, rotary settings, switches) are
-# listed in `_EXTRA_KEYS`. A missing required key is reported by `parse_config`.
+# names: their annotations say the type (int, float, bool, str; null allowed or not) and `_field_kind` the range
+# (sizes positive, eps >= 0, ...). Keys a family reads that are no field (GPT-2's aliases, rotary settings, switches)
+# are listed in `_EXTRA_KEYS`, the keys of a rope_scaling / rope_parameters object in `_ROPE_KEYS`. A missing
+# required key is reported by `parse_config`. A new family needs nothing here unless it reads a key that is no field.
 
 _POSITIVE_INT, _NONNEG_INT, _TOKEN_ID = "a positive integer", "an integer >= 0", "a token id (an integer)"
 _POSITIVE, _NONNEG, _FRACTION = "a positive number", "a number >= 0", "a number in (0, 1]"
@@ -67,7 +68,7 @@ _EXTRA_KEYS = {
 }
 # keys of `_EXTRA_KEYS` that may be null (a field may be null where its annotation allows None)
 _NULLABLE = {"n_embd", "n_layer", "n_head", "n_positions", "n_inner", "rope_scaling", "rope_parameters", "layer_types",
-             "hidden_activation", "max_window_layers", "sliding_window_pattern"}
+             "hidden_activation"}
 _ROPE_KEYS = {"rope_theta": _POSITIVE, "factor": _POSITIVE, "low_freq_factor": _POSITIVE,
               "high_freq_factor": _POSITIVE, "original_max_position_embeddings": _POSITIVE_INT,
               "partial_rotary_factor": _FRACTION, "rope_type": _STR, "type": _STR}
@@ -270,6 +271,6 @@ def special_token_ids(folder: Path | None, tokenizer, cfg) -> tuple[dict, list[P
     tc = read_json(path)
     for key in ids:
         content = _token_content(tc.get(f"{key}_token"))
-        if content is not None and tokenizer.token_to_id(content) is not None:
+        if isinstance(content, str) and tokenizer.token_to_id(content) is not None:
             ids[key] = tokenizer.token_to_id(content)
     return ids, [path]

@@ -4,6 +4,7 @@ and L2 normalisation, as sentence-transformers' ``Pooling(mean) + Normalize``. U
 embedding similarity; parity with transformers + torch in ``tests/test_audit_unlearning.py``."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -40,8 +41,13 @@ class SentenceEncoder:
             raise UserError(f"--embed-model {folder}: no tokenizer.json")
         self.tokenizer = hf.read_tokenizer(tok_file)
         st = folder / "sentence_bert_config.json"
-        self.max_length = min(cfg.max_length, int(hf.read_json(st).get("max_seq_length") or cfg.max_length)
-                              if st.exists() else cfg.max_length)
+        self.max_length = cfg.max_length
+        if st.exists():
+            max_seq = hf.read_json(st).get("max_seq_length")
+            if max_seq is not None and (isinstance(max_seq, bool) or not isinstance(max_seq, int) or max_seq < 1):
+                raise UserError(f"{st}: 'max_seq_length' is {json.dumps(max_seq)}, expected a positive integer or "
+                                "null; correct it or re-download the model")
+            self.max_length = min(cfg.max_length, max_seq or cfg.max_length)
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(self.max_length)
         tensors = dict(hf.read_safetensors(weights))

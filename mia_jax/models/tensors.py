@@ -54,8 +54,8 @@ def check_float(a, name: str) -> None:
     quantized export, a mask buffer saved under a weight's name, a corrupt file) would be read as numbers that
     mean nothing, without a word."""
     dtype = getattr(a, "dtype", None)
-    if isinstance(dtype, np.dtype):
-        dtype = None if np.issubdtype(dtype, np.floating) else dtype.name
+    if isinstance(dtype, np.dtype):  # a numpy array (ml_dtypes' bfloat16 is no np.floating: kind "V")
+        dtype = None if dtype.kind in "fV" else dtype.name
     if dtype is None or str(dtype).upper() in FLOAT_DTYPES:
         return
     where = getattr(a, "origin", None) or "the checkpoint"
