@@ -55,6 +55,7 @@ import numpy as np
 from scipy import stats
 from sklearn.linear_model import LogisticRegression
 
+from mia_jax import entry
 from mia_jax.errors import UserError
 
 MIN_PER_HALF = 10  # held-out texts per set, at least (and as many in the training halves)
@@ -240,9 +241,9 @@ def run_model(path) -> dict | None:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("dataset-inference", help="was this set of texts trained on? A p-value (Maini et al. 2024)")
-    p.add_argument("--suspect", metavar="FILE",
+    p.add_argument("--suspect", metavar="FILE", type=entry.input_file,
                    help="the suspect texts (.jsonl / .csv / .tsv / .parquet; --text-field)")
-    p.add_argument("--validation", metavar="FILE",
+    p.add_argument("--validation", metavar="FILE", type=entry.input_file,
                    help="texts of the same distribution known not to be trained on (same format)")
     p.add_argument("--suspect-scores", metavar="RESULTS",
                    help="instead of --suspect: a mia-jax run's results.jsonl (or its folder) scored by the same model")
@@ -250,7 +251,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2",
                    help="a Hugging Face folder, a .gguf file, or an offline name (smollm2). Default: smollm2")
     p.add_argument("--ref-model", help="reference model of the 'ref' method, if among --methods")
-    p.add_argument("--n-neighbors", type=int, default=10, help="neighbours per text of the 'neighbor' method")
+    p.add_argument("--n-neighbors", type=entry.positive_int, default=10,
+                   help="neighbours per text of the 'neighbor' method")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
     p.add_argument("--allow-download", action="store_true",
                    help="let a --model that is not a local path be fetched from the Hugging Face Hub")
@@ -261,15 +263,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"the per-text scores used as features (default when scoring: {' '.join(DEFAULT_METHODS)}; "
                         f"from --*-scores files: every method both files have); single-pass methods and "
                         f"{', '.join(MULTI_PASS_OK)}")
-    p.add_argument("--k", nargs="+", type=float, default=list(DEFAULT_K),
+    p.add_argument("--k", nargs="+", type=entry.fraction, default=list(DEFAULT_K),
                    help=f"fractions of Min-K%%-type methods (default, the authors': {' '.join(map(str, DEFAULT_K))})")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--chunk-size", type=int, default=8192, help="vocabulary chunk of the statistics kernel")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split into halves (default: 0)")
-    p.add_argument("--out", required=True,
+    p.add_argument("--batch-size", type=entry.positive_int, default=8)
+    p.add_argument("--chunk-size", type=entry.positive_int, default=8192,
+                   help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--seed", type=entry.nonneg_int, default=0, help="seed of the split into halves (default: 0)")
+    p.add_argument("--out", required=True, type=entry.out_dir,
                    help="output folder: the scores of each set in OUT/suspect and OUT/validation (resumable runs, as "
-                        "mia-jax score writes them), OUT/dataset_inference.json and .md")
-    p.add_argument("--overwrite", action="store_true", help="rescore OUT/suspect and OUT/validation afresh")
+                        "mia-jax score writes them), OUT/dataset_inference.json and .md; a folder of another run is "
+                        "refused")
+    p.add_argument("--overwrite", action="store_true",
+                   help="empty --out first (even a folder of another run) and rescore OUT/suspect and OUT/validation "
+                        "afresh")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -318,6 +324,26 @@ def _score(args, side: str, ds, methods: list[str], models_box: dict) -> Path:
     return out / "results.jsonl"
 
 
+# Options of `dataset-inference` that are not in the folder's fingerprint, and why (every other one is)
+NOT_IN_FINGERPRINT = ("out", "overwrite", "no_progress", "allow_download",  # not what is computed
+                      "suspect", "validation", "suspect_scores", "validation_scores",  # by their files' SHA-256
+                      "methods", "k")  # expanded into the method names
+
+
+def _fingerprint(args, methods: list[str], paths: dict, datasets: dict) -> dict:
+    """What makes a dataset-inference folder (``rundir.claim``): every input file's SHA-256 (texts or scores), the
+    methods and every other option (the models by name here; each scoring run's own fingerprint has their files)."""
+    from mia_jax import __version__
+    from mia_jax.files import sha256
+
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
+    return {"command": "dataset-inference", "methods": methods,
+            "scores_files": {side: {str(p.resolve()): sha256(p)} for side, p in sorted(paths.items())},
+            "data_files": {side: {str(Path(f).resolve()): h for f, h in ds.files.items()}
+                           for side, ds in sorted(datasets.items())},
+            **options, "package_version": __version__}
+
+
 def command(args) -> Result:
     """`mia-jax dataset-inference`: score both sets (or read their scores), run the test, write
     OUT/dataset_inference.json and .md, print the markdown and, last, ``p-value: X``. Every input is checked before
@@ -343,7 +369,8 @@ def command(args) -> Result:
     datasets = {side: data.load_records(getattr(args, side), args.text_field, None, encoding=args.encoding)
                 for side in sides if side not in paths}
     out = rundir.check_path(args.out)
-    with rundir.claim(out):  # lock only: one process per folder; each set's run is claimed on its own
+    # the folder is this command's (or refused untouched); each set's scoring run is claimed on its own inside it
+    with rundir.claim(out, _fingerprint(args, methods, paths, datasets), overwrite=args.overwrite):
         box: dict = {}
         for side, ds in datasets.items():
             paths[side] = _score(args, side, ds, methods, box)

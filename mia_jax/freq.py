@@ -245,6 +245,8 @@ def load_tokenizer(model: str, tokenizer_path: str | None = None, allow_download
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """The ``freq-table`` subcommand on ``mia-jax``'s subparsers."""
+    from mia_jax import entry
+
     p = subparsers.add_parser(
         "freq-table", help="count a reference corpus's token frequencies with a model's tokenizer (for dc_pdd)",
         description="Count how often each token of a model's tokenizer occurs in a reference corpus (the token "
@@ -252,14 +254,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2",
                    help="a Hugging Face folder, a .gguf file, or an offline name (smollm2): its tokenizer counts "
                         "(the weights are not read). Default: smollm2")
-    p.add_argument("--tokenizer", help="tokenizer.json to use instead of the model's own (as eval / score "
-                                       "--tokenizer)")
-    p.add_argument("--corpus", nargs="+", metavar="FILE",
+    p.add_argument("--tokenizer", type=entry.input_file,
+                   help="tokenizer.json to use instead of the model's own (as eval / score --tokenizer)")
+    p.add_argument("--corpus", nargs="+", metavar="FILE", type=entry.input_file,
                    help="reference corpus: .jsonl / .csv / .tsv / .parquet file(s) (default: the bundled Pile "
                         "sample, 600 Pile test-split documents)")
     p.add_argument("--text-field", default="text", help="the field holding each document's text (default: text)")
     p.add_argument("--encoding", default="utf-8", help="text encoding of --corpus (default: utf-8)")
-    p.add_argument("--max-tokens", type=int,
+    p.add_argument("--max-tokens", type=entry.positive_int,
                    help="count only each document's first N tokens (the authors: 1024). Default: every token")
     p.add_argument("--out", required=True, help="the table to write (.npz)")
     p.add_argument("--allow-download", action="store_true",

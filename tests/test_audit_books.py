@@ -2,16 +2,20 @@
 thresholds on hand-made scores and against brute force / metrics.tpr_at_fpr, Clopper-Pearson against scipy and the
 closed forms at 0/n and n/n, the book loaders, and `audit-books` end to end on a tiny random model (every output
 recomputed from snippets.csv; `--from` rebuilds the same files from the folder alone)."""
-import argparse
 import csv
 import hashlib
 import json
+import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import beta, binomtest
 
-from mia_jax import metrics
+from helpers import assert_clean_error, snapshot
+
+from mia_jax import entry, metrics
 from mia_jax.audits import books as B
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
@@ -195,10 +199,28 @@ def test_load_books(tmp_path):
 # ----------------------------------------------------------------------------- the command
 
 
+def reseal(folder):
+    """Seal ``folder`` again after a test edited a file (as if the run had written it so)."""
+    from mia_jax import rundir
+
+    rundir.seal(folder, list(B.REBUILD_READS))
+
+
 def parse(argv):
-    parser = argparse.ArgumentParser()
+    parser = entry.ArgumentParser(prog="mia-jax")
     B.add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["audit-books", *argv])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--snippets", "0"], "--snippets"), (["--snippet-words", "-3"], "--snippet-words"), (["--seed", "-1"], "--seed"),
+    (["--fpr", "nan"], "--fpr"), (["--n-bootstrap", "x"], "--n-bootstrap"), (["--batch-size", "0"], "--batch-size"),
+    (["--chunk-size", "1.5"], "--chunk-size"), (["--from", "/no/such/folder"], "--from")])
+def test_options_are_checked_when_parsed(argv, needle, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse([*argv, "--out", str(tmp_path / "o")])
+    assert_clean_error(e.value.code, capsys.readouterr().err, needle)
+    assert not (tmp_path / "o").exists()
 
 
 def read_csv(path):
@@ -221,7 +243,7 @@ def book_files(tmp_path_factory):
     return path, val
 
 
-ARGS = ["--snippet-words", "8", "--snippets", "3", "--n-bootstrap", "200", "--no-progress"]
+ARGS = ["--snippet-words", "8", "--snippets", "4", "--n-bootstrap", "200", "--no-progress"]  # 12 per class
 
 
 def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
@@ -237,20 +259,20 @@ def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
                  "validation/results.jsonl"):
         assert (out / name).is_file(), name
     info = json.loads((out / "info.json").read_text())
-    assert info["counts"]["books"] == 6 and info["counts"]["books_skipped"] == 1 and info["counts"]["snippets"] == 18
+    assert info["counts"]["books"] == 6 and info["counts"]["books_skipped"] == 1 and info["counts"]["snippets"] == 24
     assert info["skipped_books"] == [{"title": "tiny", "words": 3}]
     assert info["config"]["methods"] == list(B.METHODS)  # lowercase included: a second pass
     snip = read_csv(out / "snippets.csv")
     audit = [r for r in snip if r["set"] == "audit"]
     vrows = [r for r in snip if r["set"] == "validation"]
-    assert len(audit) == 18 and len(vrows) == 18
+    assert len(audit) == 24 and len(vrows) == 24
     for m in ("min_k@0.2", "ppl", "zlib"):  # lowercase: empty where the snippet has no capital letter
         assert np.isfinite([float(r[m]) for r in snip]).all()
     assert all(r["lowercase"] == "" or np.isfinite(float(r["lowercase"])) for r in snip)
     # the thresholds, recomputed from the validation rows
     lab = np.array([int(r["label"]) for r in vrows])
     vs = np.array([float(r["min_k@0.2"]) for r in vrows])
-    assert lab.sum() == 9
+    assert lab.sum() == 12
     th = {t["name"]: t for t in info["thresholds"]}
     assert th["accuracy"]["value"] == brute_force(lab, vs)[0]
     assert th["fpr"]["validation_tpr"] == pytest.approx(metrics.tpr_at_fpr(lab, vs, 0.05))
@@ -272,17 +294,20 @@ def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
         by_title.setdefault(r["title"], []).append(float(r["min_k@0.2"]))
     for r in rows:
         sc = np.array(by_title[r["title"]])
-        assert int(r["snippets_drawn"]) == 3 and int(r["snippets_available"]) == len(texts_words(r["title"])) // 8
+        assert int(r["snippets_drawn"]) == 4 and int(r["snippets_available"]) == len(texts_words(r["title"])) // 8
         for name, t in th.items():
             k = int((sc >= (np.inf if t["value"] is None else t["value"])).sum())
-            assert int(r[f"flagged_{name}"]) == k and float(r[f"rate_{name}"]) == k / 3
-            assert (float(r[f"ci_lo_{name}"]), float(r[f"ci_hi_{name}"])) == B.clopper_pearson(k, 3)
+            assert int(r[f"flagged_{name}"]) == k and float(r[f"rate_{name}"]) == k / 4
+            assert (float(r[f"ci_lo_{name}"]), float(r[f"ci_hi_{name}"])) == B.clopper_pearson(k, 4)
     acc = [float(r["rate_accuracy"]) for r in rows]
     assert acc == sorted(acc, reverse=True)  # ranked
-    # the rates separate labeled books? (a random model: any value, but computed over the 6 books)
+    # the rates separate labeled books? 3 seen and 3 unseen books are too few (metrics.MIN_PER_CLASS): n/a, with
+    # the reason, in the JSON and in the table
     sep = info["book_separation"]
     assert sep["rate @ accuracy"]["n_members"] == 3 and sep["rate @ accuracy"]["n_nonmembers"] == 3
+    assert sep["rate @ accuracy"]["auroc"] is None and "fewer than 10" in sep["rate @ accuracy"]["note"]
     md = (out / "books.md").read_text()
+    assert "| rate @ accuracy | n/a | 3 | 3 | n/a: fewer than 10" in md and "**" not in md
     assert "### Contamination rate per book (Table 2), ranked" in md and "| 1 | " in md and "Figure 3" in md
     assert "intervals resample the 6 validation books, each with all its snippets" in md
     print(md)  # the README example (pytest -s)
@@ -309,7 +334,6 @@ def test_command_without_validation_and_bad_input(tiny_llama_dir, book_files, tm
              (["--validation", str(one)], "every kept validation book is seen"),
              (["--threshold", "0", "--books", str(short)], "no book has 8 words"),
              (["--threshold", "0", "--fpr", "1"], "--fpr must be in"),
-             (["--threshold", "0", "--snippets", "0"], "--snippets and --snippet-words must be >= 1"),
              (["--threshold", "0", "--method-for-rate", "nope"], "unknown method 'nope'"),
              (["--threshold", "0", "--model", str(tmp_path / "missing")], "missing")]
     for extra, match in cases:
@@ -378,17 +402,19 @@ def test_rebuild_from_folder(tiny_llama_dir, book_files, tmp_path, capsys):
     # the scoring facts come from info.json: truncation, books also in validation (an older folder: its note)
     info = dict(a, counts={**a["counts"], "truncated_books": 2, "books_also_validation": 1})
     (src / "info.json").write_text(json.dumps(info))
+    reseal(src)  # as if the run had written it
     notes = B.rebuild(src).notes
     assert notes[0].startswith("Note: 1 audited books are also validation") and "2 books snippets are longer than "\
         f"the model's context of {a['model']['max_length']} tokens" in notes[1]
     del info["counts"]["books_also_validation"]
     (src / "info.json").write_text(json.dumps(dict(info, notes=notes)))
+    reseal(src)
     assert B.rebuild(src).notes == notes
     # refusals: one line, exit 2, nothing written
     (src / "snippets.csv").unlink()
     bad = tmp_path / "bad"
-    cases = [(["--from", str(src), "--out", str(bad)], "snippets.csv not found"),
-             (["--from", str(out), "--out", str(out)], "is the --from folder"),
+    cases = [(["--from", str(src), "--out", str(bad)], "snippets.csv is missing"),
+             (["--from", str(out), "--out", str(out / "inner")], "inside a --from folder"),
              (["--from", str(out), "--out", str(bad), "--model", "m", "--threshold", "0"],
               "leave out --model, --threshold"),
              (["--out", str(bad), "--model", "m"], "needs --books and --model")]
@@ -398,3 +424,160 @@ def test_rebuild_from_folder(tiny_llama_dir, book_files, tmp_path, capsys):
         assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err and match in err, (argv, err)
     assert not bad.exists()
     assert (out / "books.md").read_bytes() == before["books.md"]
+
+
+# ----------------------------------------------------------------------------- --from: what it reads is checked
+
+COMMITTED = Path(__file__).resolve().parents[1] / "results" / "audits" / "books"
+
+
+@pytest.fixture
+def sealed(tmp_path):
+    """A copy of the committed audit (sealed: manifest.json)."""
+    src = tmp_path / "src"
+    shutil.copytree(COMMITTED, src)
+    return src
+
+
+def rebuild_cli(src, out, capsys):
+    from mia_jax.cli import main
+
+    capsys.readouterr()
+    rc = main(["audit-books", "--from", str(src), "--out", str(out)])
+    return rc, capsys.readouterr().err
+
+
+def cut_mid_row(path):
+    """The file cut in the middle of its last row (as a full disk or a killed copy leaves it)."""
+    data = path.read_bytes()
+    start = data.rindex(b"\n", 0, len(data) - 1) + 1
+    path.write_bytes(data[: start + max(1, (len(data) - start) // 2)])
+
+
+def drop_line(path, n=5):
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:n] + lines[n + 1:]))
+
+
+DAMAGE = {"cut mid-row": cut_mid_row, "a missing line": drop_line, "empty": lambda p: p.write_bytes(b""),
+          "missing": lambda p: p.unlink()}
+
+
+@pytest.mark.parametrize("name", B.REBUILD_READS)
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_from_damaged_file_is_refused(sealed, name, damage, tmp_path, capsys):
+    DAMAGE[damage](sealed / name)
+    before = snapshot(sealed)
+    out = tmp_path / "out"
+    rc, err = rebuild_cli(sealed, out, capsys)
+    assert_clean_error(rc, err, name, "manifest.json" if damage == "missing" else "changed or cut")
+    assert snapshot(sealed) == before and not out.exists()
+
+
+def test_from_without_manifest_is_refused(sealed, tmp_path, capsys):
+    (sealed / "manifest.json").unlink()
+    rc, err = rebuild_cli(sealed, tmp_path / "out", capsys)
+    assert_clean_error(rc, err, "no manifest.json")
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (cut_mid_row, "snippets.csv line "),  # a torn row: too few fields, or a cut number / flag
+    (drop_line, "info.json counts"),  # a whole row gone: the counts disagree
+    (lambda p: p.write_text(p.read_text().replace("\naudit,", "\naudits,", 1)), "not audit or validation"),
+    (lambda p: p.write_text(re.sub(r"(\naudit,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,)[^,]*,", r"\1abc,", p.read_text(), 1)),
+     "not a number"),
+    (lambda p: p.write_text(re.sub(r"(\naudit,[^,]*,)[^,]*,", r"\g<1>2,", p.read_text(), 1)), "not 1 (seen)"),
+    (lambda p: p.write_text(p.read_text().replace(",True", ",Tru", 1)), "not True or False"),
+])
+def test_from_reads_snippets_strictly(sealed, edit, needle, tmp_path, capsys):
+    """A damaged file that its manifest records as written (a run that wrote it so) is still refused: every cell,
+    and the files against each other."""
+    edit(sealed / "snippets.csv")
+    reseal(sealed)
+    rc, err = rebuild_cli(sealed, tmp_path / "out", capsys)
+    assert_clean_error(rc, err, needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_from_books_csv_against_snippets(sealed, tmp_path, capsys):
+    with open(sealed / "books.csv", newline="") as fh:
+        rows = list(csv.reader(fh))
+    rows[1][4] = str(int(rows[1][4]) + 1)  # snippets_drawn
+    with open(sealed / "books.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    reseal(sealed)
+    rc, err = rebuild_cli(sealed, tmp_path / "out", capsys)
+    assert_clean_error(rc, err, "books.csv says", "were drawn")
+
+
+def test_from_into_another_runs_folder_is_refused(sealed, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(COMMITTED.parent / "unlearning", other)
+    before, src_before = snapshot(other), snapshot(sealed)
+    rc, err = rebuild_cli(sealed, other, capsys)
+    assert_clean_error(rc, err, str(other), "refusing to write into it")
+    assert snapshot(other) == before and snapshot(sealed) == src_before
+
+
+def test_from_committed_folder_reproduces_it(sealed, tmp_path, capsys):
+    """The committed audit rebuilds from its folder: the same books.csv, snippets.csv and figure (books.md: the same
+    but for the book-level separation rows, n/a since metrics.MIN_PER_CLASS: 9 seen and 9 unseen books); a byte-order
+    mark is read; the rebuild again into its own earlier output, and in place."""
+    for name in ("snippets.csv", "books.csv"):
+        (sealed / name).write_bytes(b"\xef\xbb\xbf" + (sealed / name).read_bytes())
+    reseal(sealed)
+    out = tmp_path / "out"
+    rc, err = rebuild_cli(sealed, out, capsys)
+    assert rc == 0, err
+    for name in ("books.csv", "snippets.csv", "histogram.png"):
+        assert (out / name).read_bytes() == (COMMITTED / name).read_bytes(), name
+    new, old = ((d / "books.md").read_text().splitlines() for d in (out, COMMITTED))
+    assert len(new) == len(old)
+    assert all(a == b or a.startswith(("| rate @ ", "| mean score ")) for a, b in zip(new, old))
+    first = snapshot(out)
+    rc, err = rebuild_cli(sealed, out, capsys)  # its own earlier rebuild of the same source
+    assert rc == 0, err
+    assert snapshot(out) == first
+    rc, err = rebuild_cli(out, out, capsys)  # in place
+    assert rc == 0, err
+    assert {k: v for k, v in snapshot(out).items() if k not in ("info.json", "manifest.json")} == \
+        {k: v for k, v in first.items() if k not in ("info.json", "manifest.json")}
+    B.rebuild(out)  # sealed again: verifies
+
+
+def test_read_csv_rows_is_strict(tmp_path):
+    from mia_jax.audits.unlearning import read_csv_rows
+
+    path = tmp_path / "x.csv"
+    for data, needle in [(b"a,b\r\n1,\xff\r\n", "not UTF-8"), (b"", "is empty"), (b"a,c\r\n1,2\r\n", "no column 'b'"),
+                         (b"a,b\r\n1,2\r\n\r\n3,4\r\n", "line 3: 0 fields"), (b'a,b\r\n1,"2\r\n', "line 2"),
+                         (b"a,b\r\n1,2,3\r\n", "line 2: 3 fields where the header has 2")]:
+        path.write_bytes(data)
+        with pytest.raises(UserError, match=needle):
+            read_csv_rows(path, ["a", "b"], "test")
+    path.write_bytes(b"\xef\xbb\xbfa,b\r\n1,2\r\n")  # a byte-order mark is read
+    assert read_csv_rows(path, ["a", "b"], "test") == [(2, {"a": "1", "b": "2"})]
+
+
+def test_audit_into_another_runs_folder_is_refused(tiny_llama_dir, book_files, tmp_path, capsys):
+    """An audit's --out holding another run (here an unlearning audit; then an audit of other settings) is refused
+    untouched, one line and exit 2; the same audit again resumes in it."""
+    from mia_jax.cli import main
+
+    books, val = book_files
+    other = tmp_path / "other"
+    shutil.copytree(COMMITTED.parent / "unlearning", other)
+    before = snapshot(other)
+    argv = ["audit-books", "--books", str(books), "--model", str(tiny_llama_dir), "--threshold", "-5.5", *ARGS]
+    capsys.readouterr()
+    rc = main([*argv, "--out", str(other)])
+    assert_clean_error(rc, capsys.readouterr().err, str(other), "refusing to write into it")
+    assert snapshot(other) == before
+    out = tmp_path / "audit"
+    assert main([*argv, "--out", str(out)]) == 0
+    B.rebuild(out)  # sealed at its end
+    before = snapshot(out)
+    capsys.readouterr()
+    rc = main([*argv, "--out", str(out), "--fpr", "0.1"])
+    assert_clean_error(rc, capsys.readouterr().err, "holds a different run", "fpr: 0.05 -> 0.1")
+    assert snapshot(out) == before

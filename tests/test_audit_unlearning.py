@@ -4,12 +4,14 @@ against transformers + torch, and `mia-jax audit-unlearning` end to end with two
 import csv
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import write_tiny_llama, write_tiny_mlm
+from helpers import assert_clean_error, write_tiny_llama, write_tiny_mlm
+from helpers import snapshot as folder_snapshot
 
-from mia_jax import cli
+from mia_jax import cli, rundir
 from mia_jax.audits import unlearning as U
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
@@ -276,7 +278,7 @@ def test_bad_input_writes_nothing(tiny_llama_dir, forget_set, tmp_path, capsys):
     out = tmp_path / "o"
     base = ["audit-unlearning", "--original", m, "--unlearned", m, "--out", str(out)]
     cases = [
-        (["--texts", str(tmp_path / "missing.jsonl")], "data file not found"),
+        (["--texts", str(tmp_path / "missing.jsonl")], "no such file"),
         (["--texts", str(texts), "--ratio", "1.0"], "--ratio must be a number above 1"),
         (["--texts", str(texts), "--ratio", "0.87"], "--ratio must be a number above 1"),
         (["--texts", str(short)], "no chunks"),
@@ -375,6 +377,7 @@ def test_rebuild_by_hand(tmp_path, capsys):
         w = csv.DictWriter(fh, list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    rundir.seal(edited, list(U.REBUILD_READS))  # as if the run had written it so
     again = U.rebuild(edited)
     assert not again.flags["min_k"].any() and again.counts["flagged_ppl"] == 0
     np.testing.assert_allclose(again.ratios["min_k"], 2 * res.ratios["min_k"], rtol=1e-15)
@@ -386,9 +389,13 @@ def test_rebuild_bad_input_exits_2(tmp_path, capsys):
     U.write_outputs(hand_result(), good, {})
 
     def broken(name, edit):
+        """A copy of ``good`` edited, and sealed again when every file is there (as if the run had written it so:
+        the strict reading is tested, not only the manifest)."""
         folder = tmp_path / name
         shutil.copytree(good, folder)
         edit(folder)
+        if all((folder / f).is_file() for f in U.REBUILD_READS):
+            rundir.seal(folder, list(U.REBUILD_READS))
         return str(folder)
 
     no_csv = broken("no_csv", lambda f: (f / "chunks.csv").unlink())
@@ -402,13 +409,14 @@ def test_rebuild_bad_input_exits_2(tmp_path, capsys):
     m = str(tmp_path / "model")
     out = tmp_path / "o"
     cases = [
-        (["--from", no_csv], "no chunks.csv"),
+        (["--from", no_csv], "chunks.csv is missing"),
         (["--from", str(tmp_path / "missing")], "no such folder"),
         (["--from", old_probes], "no rougeL_per_sample"),
         (["--from", short_csv], "has 4 chunks"),
-        (["--from", bad_cell], "row 2 has a missing or non-numeric value"),
+        (["--from", bad_cell], "chunks.csv line 2: n_words is 'four', not a whole number"),
         (["--from", str(good), "--original", m], "leave out --original"),
-        (["--from", str(good), "--texts", m, "--qa", m], "leave out --texts, --qa"),
+        (["--from", str(good), "--texts", str(good / "chunks.csv"), "--qa", str(good / "chunks.csv")],
+         "leave out --texts, --qa"),
         (["--original", m, "--unlearned", m], "--texts is required (or --from DIR"),
         ([], "--original, --unlearned, --texts are required"),
     ]
@@ -422,6 +430,127 @@ def test_rebuild_bad_input_exits_2(tmp_path, capsys):
     inside = good / "rebuilt"
     assert run_cli(["audit-unlearning", "--from", str(good), "--out", str(inside)]) == 2
     assert "inside --from" in capsys.readouterr().err and not inside.exists()
+
+
+# ----------------------------------------------------------------------------- --from: what it reads is checked
+
+COMMITTED = Path(__file__).resolve().parents[1] / "results" / "audits" / "unlearning"
+
+
+@pytest.fixture
+def sealed(tmp_path):
+    """A copy of the committed audit (sealed: manifest.json)."""
+    src = tmp_path / "src"
+    shutil.copytree(COMMITTED, src)
+    return src
+
+
+def rebuild_cli(src, out, capsys):
+    capsys.readouterr()
+    rc = run_cli(["audit-unlearning", "--from", str(src), "--out", str(out)])
+    return rc, capsys.readouterr().err
+
+
+def cut_mid_row(path):
+    """The file cut in the middle of its last row (as a full disk or a killed copy leaves it)."""
+    data = path.read_bytes()
+    start = data.rindex(b"\n", 0, len(data) - 1) + 1
+    path.write_bytes(data[: start + max(1, (len(data) - start) // 2)])
+
+
+def drop_line(path, n=1):
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:n] + lines[n + 1:]))
+
+
+DAMAGE = {"cut mid-row": cut_mid_row, "a missing line": drop_line, "empty": lambda p: p.write_bytes(b""),
+          "missing": lambda p: p.unlink()}
+
+
+@pytest.mark.parametrize("name", U.REBUILD_READS)
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_from_damaged_file_is_refused(sealed, name, damage, tmp_path, capsys):
+    DAMAGE[damage](sealed / name)
+    before = folder_snapshot(sealed)
+    out = tmp_path / "out"
+    rc, err = rebuild_cli(sealed, out, capsys)
+    assert_clean_error(rc, err, name, "manifest.json" if damage == "missing" else "changed or cut")
+    assert folder_snapshot(sealed) == before and not out.exists()
+
+
+@pytest.mark.parametrize("name, edit, needle", [
+    ("probes.jsonl", drop_line, "marks 7 chunks probed"),  # the issue's case: one probe fewer than marked
+    ("probes.jsonl", lambda p: p.write_bytes(b""), "holds 0 probes"),
+    ("chunks.csv", lambda p: p.write_text(p.read_text().replace(",True,", ",yes,", 1)), "not True or False"),
+    ("chunks.csv", cut_mid_row, "chunks.csv line "),
+    ("chunks.csv", lambda p: drop_line(p, 3), "expected 2 (rows in chunk order, none missing)"),
+    ("probes.jsonl", cut_mid_row, "is not JSON"),
+])
+def test_from_reads_strictly(sealed, name, edit, needle, tmp_path, capsys):
+    """A damaged file that its manifest records as written (a run that wrote it so) is still refused: every cell,
+    and the files against each other."""
+    edit(sealed / name)
+    rundir.seal(sealed, list(U.REBUILD_READS))
+    rc, err = rebuild_cli(sealed, tmp_path / "out", capsys)
+    assert_clean_error(rc, err, needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_from_into_another_runs_folder_is_refused(sealed, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(COMMITTED.parent / "books", other)
+    before, src_before = folder_snapshot(other), folder_snapshot(sealed)
+    rc, err = rebuild_cli(sealed, other, capsys)
+    assert_clean_error(rc, err, str(other), "refusing to write into it")
+    assert folder_snapshot(other) == before and folder_snapshot(sealed) == src_before
+    # the rebuild of another source is another run too
+    first = tmp_path / "first"
+    assert rebuild_cli(sealed, first, capsys)[0] == 0
+    second = tmp_path / "second"
+    shutil.copytree(sealed, second)
+    before = folder_snapshot(first)
+    rc, err = rebuild_cli(second, first, capsys)
+    assert_clean_error(rc, err, "holds a different run")
+    assert folder_snapshot(first) == before
+
+
+def test_from_committed_folder_reproduces_it(sealed, tmp_path, capsys):
+    """The committed audit rebuilds from its folder byte for byte (a byte-order mark is read); the rebuild again
+    into its own earlier output, and in place."""
+    for name in ("chunks.csv", "probes.jsonl", "unlearning.json"):
+        (sealed / name).write_bytes(b"\xef\xbb\xbf" + (sealed / name).read_bytes())
+    rundir.seal(sealed, list(U.REBUILD_READS))
+    out = tmp_path / "out"
+    rc, err = rebuild_cli(sealed, out, capsys)
+    assert rc == 0, err
+    for name in ("chunks.csv", "probes.jsonl", "unlearning.md", "ratios.png"):
+        assert (out / name).read_bytes() == (COMMITTED / name).read_bytes(), name
+    new, old = (json.loads((d / "unlearning.json").read_text()) for d in (out, COMMITTED))
+    old.pop("rebuilt")  # the committed folder is itself a rebuild
+    assert new.pop("rebuilt")["from"] == str(sealed) and new == old
+    first = folder_snapshot(out)
+    rc, err = rebuild_cli(sealed, out, capsys)  # its own earlier rebuild of the same source
+    assert rc == 0, err
+    assert folder_snapshot(out) == first
+    rc, err = rebuild_cli(out, out, capsys)  # in place
+    assert rc == 0, err
+    assert {k: v for k, v in folder_snapshot(out).items() if k not in ("unlearning.json", "manifest.json")} == \
+        {k: v for k, v in first.items() if k not in ("unlearning.json", "manifest.json")}
+    U.rebuild(out)  # sealed again: verifies
+
+
+def test_audit_into_another_runs_folder_is_refused(tiny_llama_dir, forget_set, tmp_path, capsys):
+    """--out holding another run (a books audit) is refused untouched, one line and exit 2."""
+    texts, _ = forget_set
+    other = tmp_path / "other"
+    shutil.copytree(COMMITTED.parent / "books", other)
+    before = folder_snapshot(other)
+    m = str(tiny_llama_dir)
+    capsys.readouterr()
+    rc = run_cli(["audit-unlearning", "--original", m, "--unlearned", m, "--texts", str(texts), "--out", str(other),
+                  *ARGS])
+    assert_clean_error(rc, capsys.readouterr().err, str(other), "refusing to write into it")
+    assert folder_snapshot(other) == before
 
 
 # ----------------------------------------------------------------------------- the sentence encoder

@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers import assert_clean_error, snapshot
 from sklearn.metrics import roc_auc_score
 
 from mia_jax import blind
@@ -283,3 +284,28 @@ def test_eval_windows_labeled_by_member_from(tiny_llama_dir, tmp_path, capsys):
     (out / "windows.csv.gz").unlink()
     with pytest.raises(UserError, match=r"no windows.csv \(or windows.csv.gz\)"):
         concat.window_metrics(out)
+
+
+def test_concat_out_that_is_a_folder_is_refused(tmp_path, capsys):
+    """`mia-jax concat --out` an existing folder (or a file in a folder that does not exist; window-metrics' --out
+    too): one line, exit 2, the folder untouched, nothing written."""
+    from mia_jax.cli import main
+
+    _, path = eval_rows(tmp_path)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("earlier work")
+    before = snapshot(folder)
+    for argv, needle in [(["concat", "--corpus", str(path), "--out", str(folder)], "is an existing folder"),
+                         (["concat", "--corpus", str(path), "--out", str(tmp_path / "no" / "c.jsonl")],
+                          "does not exist"),
+                         (["concat", "--wikimia", "--out", str(folder)], "is an existing folder"),
+                         (["window-metrics", str(folder), "--out", str(folder)], "is an existing folder"),
+                         (["concat", "--corpus", str(path), "--out", str(tmp_path / "c.jsonl"), "--n", "0"], "--n"),
+                         (["concat", "--corpus", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "c.jsonl")],
+                          "no such file")]:
+        capsys.readouterr()
+        rc = main(argv)
+        assert_clean_error(rc, capsys.readouterr().err, needle)
+        assert snapshot(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.jsonl", "folder"]

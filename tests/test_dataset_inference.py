@@ -1,16 +1,18 @@
 """Dataset inference (mia_jax.dataset_inference): calibrated under the null (two halves of one unseen set, synthetic
 and real scores), powerful on a member-like set, the t-test as scipy's Welch test and as its formula, bad input
 refused with one line, results.jsonl read, and the command end to end (last stdout line `p-value: X`)."""
-import argparse
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_clean_error, snapshot
 from scipy import stats
 
 from mia_jax import dataset_inference as di
+from mia_jax import entry
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 from mia_jax.dataset_inference import dataset_inference, load_features, welch_greater
@@ -171,11 +173,14 @@ def test_load_features(tmp_path):
 
 
 def run_command(argv):
-    """The command as cli.main runs it: argparse from add_parser, UserError -> one line and exit 2."""
-    parser = argparse.ArgumentParser(prog="mia-jax")
+    """The command as cli.main runs it: the entry parser from add_parser (a usage error: one line on stderr, exit 2),
+    UserError -> one line (on stdout here) and exit 2."""
+    parser = entry.ArgumentParser(prog="mia-jax")
     di.add_parser(parser.add_subparsers(dest="command", required=True))
     try:
         di.command(parser.parse_args(argv))
+    except SystemExit as e:
+        return e.code
     except UserError as e:
         print(f"mia-jax: error: {e}")
         return 2
@@ -214,8 +219,11 @@ def test_command_end_to_end(tiny_llama_dir, tmp_path, capsys):
     assert "Warning: 40 distinct texts are in both sets" in capsys.readouterr().out
 
 
-def test_command_refuses_bad_input(tiny_llama_dir, tmp_path, capsys):
+def test_command_refuses_bad_input(tiny_llama_dir, tmp_path, capsys, monkeypatch):
     write_results(tmp_path / "r.jsonl", features(30).tolist(), list("abcdef"))
+    monkeypatch.chdir(tmp_path)
+    for name in ("x.jsonl", "y.jsonl"):
+        (tmp_path / name).write_text('{"text": "a text"}\n')
     cases = [
         (["--suspect-scores", str(tmp_path / "r.jsonl")], "exactly one of --validation"),
         (["--suspect", "x.jsonl", "--suspect-scores", "y", "--validation-scores", "z"], "exactly one of --suspect"),
@@ -226,11 +234,16 @@ def test_command_refuses_bad_input(tiny_llama_dir, tmp_path, capsys):
         (["--suspect-scores", str(tmp_path / "r.jsonl"), "--validation-scores", str(tmp_path / "r.jsonl"),
           "--methods", "loss"], "no score for loss"),
         (["--suspect", str(tmp_path / "missing.jsonl"), "--validation", "y.jsonl", "--model", str(tiny_llama_dir)],
-         "data file not found"),
+         "no such file"),
+        (["--suspect", "x.jsonl", "--validation", "y.jsonl", "--seed", "-1"], "--seed"),
+        (["--suspect", "x.jsonl", "--validation", "y.jsonl", "--k", "1.5"], "--k"),
+        (["--suspect", "x.jsonl", "--validation", "y.jsonl", "--batch-size", "0"], "--batch-size"),
+        (["--suspect", "x.jsonl", "--validation", "y.jsonl", "--out", "x.jsonl"], "existing file"),
     ]
     for extra, message in cases:
-        assert run_command(["dataset-inference", *extra, "--out", str(tmp_path / "o")]) == 2
-        err = capsys.readouterr().out.strip().splitlines()
+        assert run_command(["dataset-inference", "--out", str(tmp_path / "o"), *extra]) == 2
+        cap = capsys.readouterr()
+        err = (cap.out + cap.err).strip().splitlines()
         assert len(err) == 1 and message in err[0], (extra, err)
     assert not (tmp_path / "o").exists()  # nothing written before every input is checked
 
@@ -248,3 +261,16 @@ def test_command_refuses_scores_of_two_models(tmp_path, capsys):
                                                             "ref_model_files": None, "dtype": "float32"}))
     assert run_command(argv) == 0  # the same files under another path: the same model
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("p-value: ")
+
+
+def test_command_refuses_another_runs_folder(tmp_path, capsys):
+    """--out holding another run (here a committed unlearning audit) is refused untouched, one line and exit 2."""
+    write_results(tmp_path / "r.jsonl", features(30).tolist(), list("abcdef"))
+    other = tmp_path / "other"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "results" / "audits" / "unlearning", other)
+    before = snapshot(other)
+    capsys.readouterr()
+    rc = main(["dataset-inference", "--suspect-scores", str(tmp_path / "r.jsonl"), "--validation-scores",
+               str(tmp_path / "r.jsonl"), "--out", str(other)])
+    assert_clean_error(rc, capsys.readouterr().err, str(other), "refusing to write into it")
+    assert snapshot(other) == before

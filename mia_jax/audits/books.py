@@ -75,6 +75,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mia_jax import entry
 from mia_jax.audits import model_options
 from mia_jax.audits.unlearning import _num, _score, chunk_words
 from mia_jax.errors import UserError
@@ -555,27 +556,37 @@ def _snippet_rows(which: str, plan_: SnippetPlan, scores: dict, methods, rate_me
             for i, s in enumerate(plan_.snippets)]
 
 
-def write_outputs(res: BooksResult, out: Path, meta: dict) -> None:
-    """OUT/books.md, books.csv, snippets.csv, histogram.png and info.json."""
-    from mia_jax.report import _jsonable, pyplot, save_figure, write_csv
+def _csv_bytes(header: Sequence[str], rows: Sequence[Sequence]) -> bytes:
+    """A CSV file as ``report.write_csv`` writes it (None as an empty cell), in memory."""
+    import io
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "books.md").write_text(res.to_markdown(), encoding="utf-8")
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(rows)
+    return buf.getvalue().encode("utf-8")
+
+
+def render_outputs(res: BooksResult, meta: dict) -> dict[str, bytes]:
+    """{name: bytes} of books.md, books.csv, snippets.csv, histogram.png and info.json."""
+    from mia_jax.audits.unlearning import figure_bytes
+    from mia_jax.report import _jsonable, pyplot
+
+    files = {"books.md": res.to_markdown().encode("utf-8")}
     names = [t.name for t in res.thresholds]
-    write_csv(out / "books.csv", ["rank", "title", "label", "snippets_available", "snippets_drawn", "snippets_scored",
-                                  f"mean_{res.rate_method}", f"median_{res.rate_method}",
-                                  *(f"{c}_{n}" for n in names for c in ("flagged", "rate", "ci_lo", "ci_hi"))],
-              [[rank, r["title"], r["label"], r["pieces"], r["snippets"], r["scored"], r["mean_score"],
-                r["median_score"], *(v for n in names for v in (r["rates"][n]["flagged"], r["rates"][n]["rate"],
-                                                                 *r["rates"][n]["ci"]))]
-               for rank, r in enumerate(res.rates, 1)])
+    header = ["rank", "title", "label", "snippets_available", "snippets_drawn", "snippets_scored",
+              f"mean_{res.rate_method}", f"median_{res.rate_method}",
+              *(f"{c}_{n}" for n in names for c in ("flagged", "rate", "ci_lo", "ci_hi"))]
+    files["books.csv"] = _csv_bytes(header, [
+        [rank, r["title"], r["label"], r["pieces"], r["snippets"], r["scored"], r["mean_score"], r["median_score"],
+         *(v for n in names for v in (r["rates"][n]["flagged"], r["rates"][n]["rate"], *r["rates"][n]["ci"]))]
+        for rank, r in enumerate(res.rates, 1)])
     methods = res.config["methods"]
     rows = _snippet_rows("audit", res.plan, res.scores, methods, res.rate_method, res.thresholds)
     if res.validation is not None:
         rows += _snippet_rows("validation", res.validation, res.validation_scores, methods, res.rate_method,
                               res.thresholds)
-    write_csv(out / "snippets.csv", ["set", "title", "label", "snippet", "word_offset", "n_words", *methods,
-                                     *(f"flagged_{n}" for n in names)], rows)
+    files["snippets.csv"] = _csv_bytes([*_SNIPPET_COLUMNS, *methods, *(f"flagged_{n}" for n in names)], rows)
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     first = res.thresholds[0]
@@ -612,26 +623,34 @@ def write_outputs(res: BooksResult, out: Path, meta: dict) -> None:
     bx.set_ylabel("density")
     bx.set_title("Snippet scores")
     bx.legend(fontsize=7)
-    save_figure(fig, out / "histogram.png")
+    files["histogram.png"] = figure_bytes(fig)
     info = {**meta, "config": res.config, "counts": res.counts, "notes": res.notes,
             "skipped_books": res.plan.skipped,
             "skipped_validation_books": res.validation.skipped if res.validation is not None else [],
             "thresholds": [t.to_dict() for t in res.thresholds], "validation_metrics": res.validation_metrics,
             "book_separation": res.separation}
-    (out / "info.json").write_text(json.dumps(_jsonable(info), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    files["info.json"] = (json.dumps(_jsonable(info), indent=2, allow_nan=False) + "\n").encode("utf-8")
+    return files
+
+
+REBUILD_READS = ("snippets.csv", "books.csv", "info.json")  # what --from reads (sealed in manifest.json)
+
+
+def write_outputs(res: BooksResult, out: Path, meta: dict) -> None:
+    """``render_outputs`` into ``out``, all or none (``files.write_all``), then sealed (``rundir.seal``: the record
+    a ``--from`` rebuild checks its inputs against)."""
+    from mia_jax import rundir
+    from mia_jax.files import write_all
+
+    write_all(out, render_outputs(res, meta))
+    rundir.seal(out, list(REBUILD_READS))
+
+
 
 
 # ----------------------------------------------------------------------------- rebuilding from a folder
 
-def _read_csv(path: Path, columns: Sequence[str]) -> list[dict]:
-    if not path.is_file():
-        raise UserError(f"--from: {path} not found; --from takes a folder written by mia-jax audit-books")
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
-            raise UserError(f"--from: {path} has no column {missing[0]!r}")
-        return list(reader)
+_SNIPPET_COLUMNS = ("set", "title", "label", "snippet", "word_offset", "n_words")
 
 
 def _read_info(folder: Path) -> dict:
@@ -639,38 +658,57 @@ def _read_info(folder: Path) -> dict:
     if not path.is_file():
         raise UserError(f"--from: {path} not found; --from takes a folder written by mia-jax audit-books")
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
+        info = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"--from: {path} is not valid JSON ({e})") from None
+    cfg = info.get("config") if isinstance(info, dict) else None
     missing = [k for k in ("methods", "rate_method", "fpr", "threshold", "n_bootstrap", "seed", "snippet_words",
-                           "snippets") if k not in (info.get("config") or {})]
+                           "snippets") if k not in (cfg if isinstance(cfg, dict) else {})]
     if missing or not isinstance(info.get("counts"), dict):
         raise UserError(f"--from: {path} has no {', '.join(missing) or 'counts'} in its config / counts; not an "
                         "audit-books info.json")
+    if not (isinstance(cfg["methods"], list) and all(isinstance(m, str) for m in cfg["methods"])
+            and cfg["rate_method"] in cfg["methods"]):
+        raise UserError(f"--from: {path}: config.methods is not a list of method names holding its rate_method")
     return info
 
 
-def _plan_from_rows(rows: list[tuple[int, dict]], methods, skipped: list[dict], available: dict | None,
-                    path: Path) -> tuple[SnippetPlan, dict]:
-    """(plan, scores) of one set's snippets.csv rows; books in their order there, then the skipped ones."""
+def _plan_from_rows(rows: list[tuple[int, dict]], methods, flag_columns, skipped: list[dict],
+                    available: dict | None, path: Path) -> tuple[SnippetPlan, dict]:
+    """(plan, scores) of one set's snippets.csv rows, every cell checked; books in their order there, then the
+    skipped ones."""
+    from mia_jax.audits.unlearning import cell_bool, cell_float, cell_int
+
     books, index, snippets, cols = [], {}, [], {m: [] for m in methods}
     for line, r in rows:
-        try:
-            title = r["title"]
-            if title not in index:
-                index[title] = len(books)
-                books.append(Book(title, "", _label(r["label"] or None, f"{path} line {line}"), f"{path} line {line}"))
-            snippets.append(Snippet(index[title], int(r["snippet"]), int(r["word_offset"]), int(r["n_words"]), ""))
-            for m in methods:
-                cols[m].append(float(r[m]) if r[m] != "" else math.nan)  # written by _num: empty = not finite
-        except ValueError as e:
-            raise UserError(f"--from: {path} line {line}: {e}") from None
+        where = f"{path} line {line}"
+        title = r["title"]
+        if r["label"] not in ("", "0", "1"):
+            raise UserError(f"{where}: label is {r['label']!r}, not 1 (seen), 0 (unseen) or empty")
+        label = int(r["label"]) if r["label"] else None
+        if title not in index:
+            index[title] = len(books)
+            books.append(Book(title, "", label, where))
+        elif books[index[title]].label != label:
+            raise UserError(f"{where}: book {title!r} has label {r['label']!r} here and another on an earlier line")
+        snippets.append(Snippet(index[title], *(cell_int(r, c, where) for c in ("snippet", "word_offset", "n_words")),
+                                ""))
+        for m in methods:
+            cols[m].append(cell_float(r, m, where))  # written by _num: empty = not finite
+        for c in flag_columns:
+            cell_bool(r, c, where)
     drawn = np.bincount([s.book for s in snippets], minlength=len(books)).tolist()
     if available is not None:
-        lost = [b.title for b in books if b.title not in available]
+        for b, n in zip(books, drawn):
+            if b.title not in available:
+                raise UserError(f"--from: book {b.title!r} of {path} is not in books.csv")
+            if available[b.title][1] != n:
+                raise UserError(f"--from: {path} holds {n} snippets of {b.title!r}, books.csv says "
+                                f"{available[b.title][1]} were drawn (a row missing or added)")
+        lost = sorted(set(available) - {b.title for b in books})
         if lost:
-            raise UserError(f"--from: book {lost[0]!r} of snippets.csv is not in books.csv")
-    n_pieces = [available[b.title] for b in books] if available is not None else drawn
+            raise UserError(f"--from: book {lost[0]!r} of books.csv has no snippet in {path}")
+    n_pieces = [available[b.title][0] for b in books] if available is not None else drawn
     books += [Book(s["title"], "") for s in skipped]
     return (SnippetPlan(books, snippets, n_pieces + [0] * len(skipped), list(skipped)),
             {m: np.array(v, np.float64) for m, v in cols.items()})
@@ -680,31 +718,46 @@ def rebuild(folder: str | Path) -> BooksResult:
     """The result of the audit whose outputs are in ``folder``, recomputed without the model: the scores from its
     snippets.csv (full precision), each audited book's snippets available from books.csv, the settings, skipped
     books and scoring facts (truncation, books also in validation) from info.json; then ``analyse``. The books
-    have no text; a validation book's snippets available, not recorded, is its count of drawn snippets."""
+    have no text; a validation book's snippets available, not recorded, is its count of drawn snippets. Reads only:
+    first the three files against the folder's manifest.json (``rundir.verify``), then strictly (every cell, and
+    the files against each other); UserError for a missing, changed or malformed file."""
+    from mia_jax import rundir
+    from mia_jax.audits.unlearning import cell_int, read_csv_rows
+
     folder = Path(folder)
+    rundir.verify(folder, list(REBUILD_READS))
     info = _read_info(folder)
     cfg, counts = info["config"], info["counts"]
     methods = cfg["methods"]
     path = folder / "snippets.csv"
-    rows = _read_csv(path, ("set", "title", "label", "snippet", "word_offset", "n_words", *methods))
-    try:
-        available = {r["title"]: int(r["snippets_available"])
-                     for r in _read_csv(folder / "books.csv", ("title", "snippets_available"))}
-    except ValueError as e:
-        raise UserError(f"--from: {folder / 'books.csv'}: {e}") from None
+    rows = read_csv_rows(path, (*_SNIPPET_COLUMNS, *methods), "mia-jax audit-books")
+    flag_columns = [c for c in (rows[0][1] if rows else ()) if c.startswith("flagged_")]
+    bpath = folder / "books.csv"
+    available = {}
+    for line, r in read_csv_rows(bpath, ("title", "snippets_available", "snippets_drawn"), "mia-jax audit-books"):
+        where = f"{bpath} line {line}"
+        if r["title"] in available:
+            raise UserError(f"{where}: book {r['title']!r} a second time")
+        available[r["title"]] = (cell_int(r, "snippets_available", where), cell_int(r, "snippets_drawn", where))
     sets = {"audit": [], "validation": []}
-    for line, r in enumerate(rows, 2):
+    for line, r in rows:
         if r["set"] not in sets:
-            raise UserError(f"--from: {path} line {line}: set {r['set']!r} (expected audit or validation)")
+            raise UserError(f"{path} line {line}: set is {r['set']!r}, not audit or validation")
         sets[r["set"]].append((line, r))
     if not sets["audit"]:
         raise UserError(f"--from: {path} has no audited snippets")
     if not sets["validation"] and cfg["threshold"] is None:
         raise UserError(f"--from: {path} has no validation snippets and info.json no threshold")
-    plan, scores = _plan_from_rows(sets["audit"], methods, info.get("skipped_books") or [], available, path)
+    for which, key in (("audit", "snippets"), ("validation", "validation_snippets")):
+        want = counts.get(key, len(sets[which]) if which == "validation" else None)
+        if want != len(sets[which]):
+            raise UserError(f"--from: {path} holds {len(sets[which])} {which} snippets, info.json counts {want}")
+    plan, scores = _plan_from_rows(sets["audit"], methods, flag_columns, info.get("skipped_books") or [], available,
+                                   path)
     vp = vs = None
     if sets["validation"]:
-        vp, vs = _plan_from_rows(sets["validation"], methods, info.get("skipped_validation_books") or [], None, path)
+        vp, vs = _plan_from_rows(sets["validation"], methods, flag_columns,
+                                 info.get("skipped_validation_books") or [], None, path)
     facts = {k: counts[k] for k in ("truncated_books", "truncated_validation") if k in counts}
     facts["max_length"] = (info.get("model") or {}).get("max_length")
     facts["books_also_validation"] = counts.get("books_also_validation")
@@ -723,27 +776,33 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "subfolders), or a .jsonl with title and text fields")
     p.add_argument("--model", help="a Hugging Face folder, a .gguf file or an offline name")
     p.add_argument("--from", dest="source", metavar="DIR",
+                   type=entry.source_dir("audit-books", example="results/audits/books"),
                    help="rebuild every output of the audit in DIR (its --out) from DIR/snippets.csv, books.csv and "
-                        "info.json, without the model, into --out; its settings are DIR's (no --books, --model, "
+                        "info.json (checked against DIR/manifest.json), without the model, into --out (new, empty, "
+                        "an earlier rebuild of DIR, or DIR itself); its settings are DIR's (no --books, --model, "
                         "--validation or --threshold)")
     p.add_argument("--validation", help="labeled books that set the thresholds: a .jsonl with title, text and label "
                                         "(1 = seen, 0 = unseen), or a folder with seen/ and unseen/ subfolders")
-    p.add_argument("--out", required=True, help="output folder: books.md, books.csv, snippets.csv, histogram.png, "
-                                                "info.json; the scoring runs in OUT/books and OUT/validation")
-    p.add_argument("--snippets", type=int, default=SNIPPETS, help=f"snippets drawn per book (default {SNIPPETS})")
-    p.add_argument("--snippet-words", type=int, default=SNIPPET_WORDS,
+    p.add_argument("--out", required=True, type=entry.out_dir,
+                   help="output folder: books.md, books.csv, snippets.csv, histogram.png, info.json, manifest.json; "
+                        "the scoring runs in OUT/books and OUT/validation. A folder of another run is refused")
+    p.add_argument("--snippets", type=entry.positive_int, default=SNIPPETS,
+                   help=f"snippets drawn per book (default {SNIPPETS})")
+    p.add_argument("--snippet-words", type=entry.positive_int, default=SNIPPET_WORDS,
                    help=f"words per snippet (default {SNIPPET_WORDS})")
-    p.add_argument("--seed", type=int, default=0, help="seed of the snippet draw and the bootstrap (default 0)")
+    p.add_argument("--seed", type=entry.nonneg_int, default=0,
+                   help="seed of the snippet draw and the bootstrap (default 0)")
     p.add_argument("--methods", nargs="+", default=list(METHODS),
                    help=f"methods whose validation AUROC is reported (default: {' '.join(METHODS)})")
     p.add_argument("--method-for-rate", default=RATE_METHOD,
                    help=f"the method whose threshold flags snippets (default {RATE_METHOD})")
-    p.add_argument("--fpr", type=float, default=FPR,
+    p.add_argument("--fpr", type=entry.nonneg_float, default=FPR,
                    help=f"target validation FPR of the second threshold (default {FPR})")
     p.add_argument("--threshold", type=float,
                    help="a threshold on the rate method's score (higher = seen; min_k@0.2: the mean log-probability "
                         "of the 20%% least likely tokens); required without --validation")
-    p.add_argument("--n-bootstrap", type=int, default=N_BOOTSTRAP, help="bootstrap resamples of the AUROC intervals")
+    p.add_argument("--n-bootstrap", type=entry.nonneg_int, default=N_BOOTSTRAP,
+                   help="bootstrap resamples of the AUROC intervals")
     p.add_argument("--encoding", default="utf-8", help="text encoding of the books (default: utf-8)")
     model_options(p, "OUT/books and OUT/validation")
     return p
@@ -762,15 +821,17 @@ def command(args) -> BooksResult:
     methods, rate_method = check_methods(args.methods, args.method_for_rate)
     p, vp, files = prepare(args.books, args.validation, snippets=args.snippets, snippet_words=args.snippet_words,
                         seed=args.seed, threshold=args.threshold, encoding=args.encoding)
-    for name, pl in (("", p), ("validation ", vp)):
-        if pl is not None and pl.skipped:
-            print(f"audit-books: {_books(len(pl.skipped), name)} shorter than one snippet ({args.snippet_words} words) "
-                  f"skipped: {', '.join(s['title'] for s in pl.skipped[:10])}{' ...' if len(pl.skipped) > 10 else ''}",
-                  file=sys.stderr)
+    skipped = [f"audit-books: {_books(len(pl.skipped), name)} shorter than one snippet ({args.snippet_words} words) "
+               f"skipped: {', '.join(s['title'] for s in pl.skipped[:10])}{' ...' if len(pl.skipped) > 10 else ''}"
+               for name, pl in (("", p), ("validation ", vp)) if pl is not None and pl.skipped]
     out = rundir.check_path(args.out)
     loaded = models.load(args.model, dtype=args.dtype, allow_download=args.allow_download)
     sets = {"books": p, "validation": vp}
-    with rundir.claim(out), contextlib.ExitStack() as stack:  # lock only; each scoring run is claimed on its own
+    fingerprint = audit_fingerprint(args, loaded, files, methods, rate_method)
+    # the folder is this audit's (or refused untouched); each scoring run is claimed on its own inside it
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite), contextlib.ExitStack() as stack:
+        for line in skipped:  # once the folder is ours: a refusal stays one line
+            print(line, file=sys.stderr)
         run_dirs, resume = {}, {}
         for which, pl in sets.items():
             if pl is None:
@@ -799,26 +860,47 @@ def command(args) -> BooksResult:
     return res
 
 
+# Options of `audit-books` that are not in the folder's fingerprint, and why (every other one is)
+NOT_IN_FINGERPRINT = ("source", "out", "overwrite", "no_progress", "allow_download",  # not what is computed
+                      "books", "validation", "model",  # by their files' SHA-256 instead
+                      "methods", "method_for_rate")  # expanded (methods, rate_method)
+
+
+def audit_fingerprint(args, loaded, data_files: dict, methods: list[str], rate_method: str) -> dict:
+    """What makes an audit-books folder (``rundir.claim``): the model's and every book file's SHA-256 and every
+    option that can change a result; a folder holding anything else is refused."""
+    from mia_jax import __version__
+
+    def resolved(files):
+        return {str(Path(f).resolve()): h for f, h in files.items()}
+
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
+    return {"command": "audit-books", "model_files": resolved(loaded.files), "data_files": resolved(data_files),
+            "methods": methods, "rate_method": rate_method, **options, "package_version": __version__}
+
+
 def rebuild_command(args) -> BooksResult:
-    """`mia-jax audit-books --from DIR --out OUT`: ``rebuild``, then the outputs into OUT (never DIR), info.json
-    keeping DIR's command, model and data files and noting the rebuild."""
+    """`mia-jax audit-books --from DIR --out OUT`: ``rebuild``, then the outputs into OUT (new, empty, an earlier
+    rebuild of DIR, or DIR itself: every output computed before any is written), info.json keeping DIR's command,
+    model and data files and noting the rebuild."""
     from mia_jax import __version__, rundir
+    from mia_jax.entry import check_out
+    from mia_jax.files import write_all
 
     given = [f for f, v in (("--books", args.books), ("--model", args.model), ("--validation", args.validation),
                             ("--threshold", args.threshold)) if v is not None]
     if given:
         raise UserError(f"--from rebuilds with the settings of the audit in its folder; leave out {', '.join(given)}")
-    source, out = Path(args.source), rundir.check_path(args.out)
+    source, out = Path(args.source), check_out(args.out)
     if not source.is_dir():
         raise UserError(f"--from {source}: not a folder (the --out folder of an audit-books run)")
-    if out.resolve() == source.resolve():
-        raise UserError(f"--out {out} is the --from folder; give another folder (a rebuild never writes into its "
-                        "source)")
     res = rebuild(source)
     meta = {**_read_info(source), "rebuilt": {"command": " ".join(sys.argv), "from": str(source),
                                               "package_version": __version__}}
-    with rundir.claim(out):
-        write_outputs(res, out, meta)
+    files = render_outputs(res, meta)
+    with rundir.rebuild_into(out, [source], "audit-books"):
+        write_all(out, files)
+        rundir.seal(out, list(REBUILD_READS))
     print(res.to_markdown())
     print(f"wrote {out}/", file=sys.stderr)
     return res

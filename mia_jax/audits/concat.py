@@ -36,6 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mia_jax import entry
 from mia_jax.errors import UserError
 
 PAPER_LENGTHS = (32, 64, 128)
@@ -236,15 +237,26 @@ def contamination_concat(eval_jsonl: str | Path, *, n_texts: int | None = None, 
     return out
 
 
+def check_out_file(path: str | Path, flag: str = "--out") -> Path:
+    """An output file that can be written: not an existing folder, in an existing folder (UserError otherwise)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is an existing folder; give the path of the file to write (e.g. "
+                        f"{path / 'concat.jsonl'})")
+    if not path.parent.is_dir():
+        raise UserError(f"{flag} {path}: folder {path.parent} does not exist")
+    return path
+
+
 def write_jsonl(records: Sequence[dict], path: str | Path) -> Path:
     """One JSON object per record for ``mia-jax eval --data PATH --window N``: the text under ``input`` (eval's
-    default ``--text-field``), ``label``, ``member_from`` (eval's default ``--member-from-field``) and the rest."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise UserError(f"{path}: folder {path.parent} does not exist")
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps({"input": r["text"], **{k: v for k, v in r.items() if k != "text"}}) + "\n")
+    default ``--text-field``), ``label``, ``member_from`` (eval's default ``--member-from-field``) and the rest.
+    Written whole or not at all (a temporary file, then renamed)."""
+    from mia_jax.files import write_all
+
+    path = check_out_file(path)
+    write_all(path.parent, {path.name: "".join(
+        json.dumps({"input": r["text"], **{k: v for k, v in r.items() if k != "text"}}) + "\n" for r in records)})
     return path
 
 
@@ -338,33 +350,44 @@ def add_parsers(subparsers) -> None:
                                              "--window): WikiMIA-concat or a contamination corpus")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--wikimia", action="store_true", help="WikiMIA-concat (Min-K%%++ section 4.4)")
-    src.add_argument("--corpus", metavar="EVAL.jsonl", help="a contamination run's corpus/eval.jsonl (per dataset)")
-    p.add_argument("--out", required=True, help="the JSONL to write")
-    p.add_argument("--lengths", nargs="+", type=int,
+    src.add_argument("--corpus", metavar="EVAL.jsonl", type=entry.input_file,
+                     help="a contamination run's corpus/eval.jsonl (per dataset)")
+    p.add_argument("--out", required=True, help="the JSONL file to write (not a folder)")
+    p.add_argument("--lengths", nargs="+", type=entry.positive_int,
                    help="part lengths in words, drawn per part (default: 32 64 128 for --wikimia, whole texts for "
                         "--corpus)")
-    p.add_argument("--per-side", nargs=2, type=int, default=[1, 1], metavar=("NONMEMBER", "MEMBER"),
+    p.add_argument("--per-side", nargs=2, type=entry.positive_int, default=[1, 1], metavar=("NONMEMBER", "MEMBER"),
                    help="texts per record on each side (default: 1 1)")
-    p.add_argument("--n", type=int, help="records (per dataset with --corpus; default: as many as the texts allow)")
-    p.add_argument("--controls", type=int, default=0, help="extra records of non-member text only (default: 0)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n", type=entry.positive_int,
+                   help="records (per dataset with --corpus; default: as many as the texts allow)")
+    p.add_argument("--controls", type=entry.nonneg_int, default=0,
+                   help="extra records of non-member text only (default: 0)")
+    p.add_argument("--seed", type=entry.nonneg_int, default=0)
     w = subparsers.add_parser("window-metrics", help="window-level AUROC of an eval --window run, per dataset")
-    w.add_argument("run", help="the eval --window run folder")
-    w.add_argument("--data", help="the run's --data file, to group its texts by --by (default: one group)")
+    w.add_argument("run", type=entry.input_dir, help="the eval --window run folder")
+    w.add_argument("--data", type=entry.input_file,
+                   help="the run's --data file, to group its texts by --by (default: one group)")
     w.add_argument("--by", default="dataset", help="the field of --data that groups the texts (default: dataset)")
     w.add_argument("--method", help="the method that sets the 5%% FPR threshold (default: min_k_pp@ or the first)")
-    w.add_argument("--n-bootstrap", type=int, default=1000)
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--out", help="also write the reports as JSON here")
+    w.add_argument("--n-bootstrap", type=entry.nonneg_int, default=1000)
+    w.add_argument("--seed", type=entry.nonneg_int, default=0)
+    w.add_argument("--out", help="also write the reports as JSON to this file (not a folder)")
 
 
 def command(args) -> None:
+    """`mia-jax concat` / `mia-jax window-metrics`: every input checked (an --out that is a folder refused) before
+    anything is written."""
+    from mia_jax.files import write_all
+
+    if args.out:
+        check_out_file(args.out)
     if args.command == "window-metrics":
         reps = window_metrics(args.run, args.data, by=args.by, method=args.method, n_bootstrap=args.n_bootstrap,
                               seed=args.seed)
         print(window_metrics_markdown(reps))
         if args.out:
-            Path(args.out).write_text(json.dumps(reps, indent=2, default=str) + "\n")
+            out = Path(args.out)
+            write_all(out.parent, {out.name: json.dumps(reps, indent=2, default=str) + "\n"})
         return
     kw = dict(n_texts=args.n, n_controls=args.controls, seed=args.seed)
     if args.wikimia:

@@ -70,6 +70,7 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from mia_jax import entry
 from mia_jax.audits import model_options
 from mia_jax.errors import UserError
 from mia_jax.models.sentence import SentenceEncoder
@@ -456,6 +457,68 @@ def _num(x) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+# ----------------------------------------------------------------------------- strict reading of what a run wrote
+
+def read_csv_rows(path: Path, columns: Sequence[str], what: str) -> list[tuple[int, dict]]:
+    """(line, {column: cell}) of every record of a CSV file a run wrote, read strictly: UTF-8 (a byte-order mark is
+    read), a header with every one of ``columns``, every record as many fields as the header; a torn, padded or
+    empty row, a quote left open or bytes that are not UTF-8 are a UserError naming the file and line. ``what``: the
+    command that writes the file (for the message)."""
+    import csv
+
+    line = 1
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh, strict=True)
+            header = next(reader, None)
+            if not header:
+                raise UserError(f"{path} is empty (no header); not the file `{what}` writes")
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise UserError(f"{path}: no column {', '.join(map(repr, missing))}; not the file `{what}` writes")
+            rows = []
+            for rec in reader:
+                line = reader.line_num
+                if len(rec) != len(header):
+                    raise UserError(f"{path} line {line}: {len(rec)} fields where the header has {len(header)} (a "
+                                    "torn or damaged row)")
+                rows.append((line, dict(zip(header, rec))))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except csv.Error as e:
+        raise UserError(f"{path} line {line + 1}: not a CSV record ({e})") from None
+    return rows
+
+
+def cell_int(row: dict, column: str, where: str) -> int:
+    """A whole-number cell (``where``: "FILE line N")."""
+    text = row[column]
+    if not re.fullmatch(r"-?[0-9]+", text):
+        raise UserError(f"{where}: {column} is {text!r}, not a whole number")
+    return int(text)
+
+
+def cell_float(row: dict, column: str, where: str) -> float:
+    """A number cell as the runs write them (a float's repr, empty for a value that is not finite: NaN)."""
+    text = row[column]
+    if text == "":
+        return math.nan
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise UserError(f"{where}: {column} is {text!r}, not a number (an empty cell stands for no value)")
+    return value
+
+
+def cell_bool(row: dict, column: str, where: str) -> bool:
+    text = row[column]
+    if text not in ("True", "False"):
+        raise UserError(f"{where}: {column} is {text!r}, not True or False")
+    return text == "True"
+
+
 # ----------------------------------------------------------------------------- the analysis (audit and rebuild)
 
 def analyse(chunks: list[Chunk], methods: dict, scores: dict, counts: dict, config: dict, notes: Sequence[str],
@@ -519,14 +582,18 @@ def qa_summary(questions: Sequence[dict], ratio: float, method: str) -> dict:
 
 # ----------------------------------------------------------------------------- outputs
 
-def write_outputs(res: UnlearningResult, out: Path, meta: dict) -> None:
-    """OUT/unlearning.md, chunks.csv, ratios.png, unlearning.json and probes.jsonl (with every sample and its
-    per-sample values): what ``rebuild`` reads back."""
-    from mia_jax.files import write_jsonl
-    from mia_jax.report import pyplot, save_figure, write_csv
+REBUILD_READS = ("unlearning.json", "chunks.csv", "probes.jsonl")  # what --from reads (sealed in manifest.json)
 
-    md = res.to_markdown()
-    (out / "unlearning.md").write_text(md + "\n", encoding="utf-8")
+
+def render_outputs(res: UnlearningResult, meta: dict) -> dict[str, bytes]:
+    """{name: bytes} of unlearning.md, chunks.csv, ratios.png, unlearning.json and probes.jsonl (with every sample
+    and its per-sample values): what ``rebuild`` reads back."""
+    import csv
+    import io
+
+    from mia_jax.report import pyplot
+
+    files = {"unlearning.md": (res.to_markdown() + "\n").encode("utf-8")}
     probed = {p["chunk"]: p for p in res.probes}
     s, rows = res.scores, []
     for i, c in enumerate(res.chunks):
@@ -536,11 +603,11 @@ def write_outputs(res: UnlearningResult, out: Path, meta: dict) -> None:
                      _num(res.ratios["min_k"][i]), bool(res.flags["min_k"][i]), _num(res.ratios["ppl"][i]),
                      bool(res.flags["ppl"][i]), i in probed,
                      *(p.get(f"rougeL_{side}", {}).get(a) for a in ("max", "mean") for side in SIDES)])
-    write_csv(out / "chunks.csv", ["chunk", "source_text", "chunk_in_text", "word_offset", "n_words",
-                                   "min_k_nll_original", "min_k_nll_unlearned", "ppl_original", "ppl_unlearned",
-                                   "min_k_ratio", "min_k_flagged", "ppl_ratio", "ppl_flagged", "probed",
-                                   "rougeL_max_original", "rougeL_max_unlearned", "rougeL_mean_original",
-                                   "rougeL_mean_unlearned"], rows)
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(CHUNKS_COLUMNS)
+    w.writerows(rows)
+    files["chunks.csv"] = buf.getvalue().encode("utf-8")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4))
     r = res.config["ratio"]
@@ -556,71 +623,98 @@ def write_outputs(res: UnlearningResult, out: Path, meta: dict) -> None:
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_title("Forget-set chunks: score ratio, unlearned vs original")
     ax.legend(fontsize=8)
-    save_figure(fig, out / "ratios.png")
+    files["ratios.png"] = figure_bytes(fig)
     record = {**meta, "config": res.config, "methods": res.methods, "counts": res.counts, "notes": res.notes,
               "flagged_min_k": [int(i) for i in np.flatnonzero(res.flags["min_k"])],
               "flagged_ppl": [int(i) for i in np.flatnonzero(res.flags["ppl"])],
               "probes": [{k: v for k, v in p.items() if k != "samples" and not k.endswith("_per_sample")}
                          for p in res.probes],
               "qa": res.qa}
-    (out / "unlearning.json").write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    write_jsonl(out / "probes.jsonl", res.probes)
+    files["unlearning.json"] = (json.dumps(record, indent=2, default=str) + "\n").encode("utf-8")
+    files["probes.jsonl"] = "".join(json.dumps(p) + "\n" for p in res.probes).encode("utf-8")
+    return files
+
+
+def figure_bytes(fig, dpi: int = 120) -> bytes:
+    """A figure as PNG bytes (laid out with ``tight_layout``, as ``report.save_figure`` saves it), closed."""
+    import io
+
+    from mia_jax.report import pyplot
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    pyplot().close(fig)
+    return buf.getvalue()
+
+
+def write_outputs(res: UnlearningResult, out: Path, meta: dict) -> None:
+    """``render_outputs`` into ``out``, all or none (``files.write_all``), then sealed (``rundir.seal``: the record
+    a ``--from`` rebuild checks its inputs against)."""
+    from mia_jax import rundir
+    from mia_jax.files import write_all
+
+    write_all(out, render_outputs(res, meta))
+    rundir.seal(out, list(REBUILD_READS))
 
 
 # ----------------------------------------------------------------------------- rebuild from a results folder
 
 _CSV_Q = {"min_k": "min_k_nll", "ppl": "ppl"}  # chunks.csv: the column prefix of each method's q (= -score)
 _CSV_INT = ("chunk", "source_text", "chunk_in_text", "word_offset", "n_words")
+CHUNKS_COLUMNS = ["chunk", "source_text", "chunk_in_text", "word_offset", "n_words", "min_k_nll_original",
+                  "min_k_nll_unlearned", "ppl_original", "ppl_unlearned", "min_k_ratio", "min_k_flagged", "ppl_ratio",
+                  "ppl_flagged", "probed", "rougeL_max_original", "rougeL_max_unlearned", "rougeL_mean_original",
+                  "rougeL_mean_unlearned"]
+_CSV_FLOAT = [c for c in CHUNKS_COLUMNS[5:] if not c.endswith(("_flagged", "probed"))]
+_CSV_BOOL = ("min_k_flagged", "ppl_flagged", "probed")
 _RESULT_KEYS = ("config", "methods", "counts", "notes", "flagged_min_k", "flagged_ppl", "probes", "qa")
 
 
 def _load_json(path: Path) -> dict:
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{path}: not a JSON file ({e})") from None
     missing = [k for k in ("config", "methods", "counts", "notes") if k not in (record if isinstance(record, dict)
                                                                                  else {})]
     if missing:
         raise UserError(f"{path}: no {', '.join(missing)}: not the unlearning.json of `mia-jax audit-unlearning`")
+    if not (isinstance(record["methods"], dict) and set(record["methods"]) == set(_CSV_Q)
+            and isinstance(record["counts"], dict) and isinstance(record["config"], dict)):
+        raise UserError(f"{path}: its methods, counts or config are not those `mia-jax audit-unlearning` writes")
     return record
 
 
-def _load_chunks(path: Path, methods: dict) -> tuple[list[Chunk], dict]:
-    """The chunks (positions only: texts are not in chunks.csv) and side -> name -> float64 scores."""
-    import csv
-
-    want = [*_CSV_INT, *(f"{_CSV_Q[name]}_{side}" for name in methods for side in SIDES)]
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in want if c not in (reader.fieldnames or [])]
-            if missing:
-                raise UserError(f"{path}: no column {', '.join(missing)}: not the chunks.csv of `mia-jax "
-                                "audit-unlearning`")
-            rows = list(reader)
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not a UTF-8 CSV file ({e})") from None
-    chunks, q = [], {c: np.full(len(rows), np.nan) for c in want[len(_CSV_INT):]}
-    for i, row in enumerate(rows):
-        try:
-            ints = [int(row[c]) for c in _CSV_INT]
-            for c in q:
-                q[c][i] = float(row[c]) if row[c] != "" else math.nan  # written with repr: exact
-        except (TypeError, ValueError):
-            raise UserError(f"{path}: row {i + 2} has a missing or non-numeric value") from None
+def _load_chunks(path: Path, methods: dict) -> tuple[list[Chunk], dict, list[int]]:
+    """The chunks (positions only: texts are not in chunks.csv), side -> name -> float64 scores and the chunks
+    marked probed; every cell checked (``read_csv_rows``, ``cell_*``)."""
+    rows = read_csv_rows(path, CHUNKS_COLUMNS, "mia-jax audit-unlearning")
+    chunks, probed = [], []
+    q = {f"{_CSV_Q[name]}_{side}": np.full(len(rows), np.nan) for name in methods for side in SIDES}
+    for i, (line, row) in enumerate(rows):
+        where = f"{path} line {line}"
+        ints = [cell_int(row, c, where) for c in _CSV_INT]
+        for c in _CSV_FLOAT:
+            value = cell_float(row, c, where)
+            if c in q:
+                q[c][i] = value  # written with repr: exact
+        flags = {c: cell_bool(row, c, where) for c in _CSV_BOOL}
         if ints[0] != i:
-            raise UserError(f"{path}: row {i + 2} is chunk {ints[0]}, expected {i} (rows in chunk order)")
+            raise UserError(f"{where} is chunk {ints[0]}, expected {i} (rows in chunk order, none missing)")
+        if flags["probed"]:
+            probed.append(i)
         chunks.append(Chunk(*ints[1:], text=""))
-    return chunks, {side: {name: -q[f"{_CSV_Q[name]}_{side}"] for name in methods} for side in SIDES}
+    return chunks, {side: {name: -q[f"{_CSV_Q[name]}_{side}"] for name in methods} for side in SIDES}, probed
 
 
 def _load_probes(path: Path, n_chunks: int) -> list[dict]:
     probes = []
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not a UTF-8 file ({e})") from None
+    seen = set()
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -633,8 +727,17 @@ def _load_probes(path: Path, n_chunks: int) -> list[dict]:
         if missing:
             raise UserError(f"{path}: line {n} has no {', '.join(missing)} (written by a mia-jax that did not "
                             "keep per-sample values?); rerun the audit to rebuild from it")
-        if not (isinstance(p["chunk"], int) and 0 <= p["chunk"] < n_chunks):
+        if not (isinstance(p["chunk"], int) and not isinstance(p["chunk"], bool) and 0 <= p["chunk"] < n_chunks):
             raise UserError(f"{path}: line {n} probes chunk {p['chunk']!r}, not one of the {n_chunks} chunks")
+        if p["chunk"] in seen:
+            raise UserError(f"{path}: line {n} probes chunk {p['chunk']} a second time")
+        seen.add(p["chunk"])
+        for kind in _PER_SAMPLE:
+            values = p.get(f"{kind}_per_sample")
+            if values is not None and not (isinstance(values, dict) and all(
+                    isinstance(values.get(side), list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                               for x in values[side]) for side in SIDES)):
+                raise UserError(f"{path}: line {n}: {kind}_per_sample is not a list of numbers per model")
         probes.append(p)
     return probes
 
@@ -645,22 +748,33 @@ def rebuild(folder: str | Path) -> UnlearningResult:
     per-sample values from probes.jsonl, and config, methods, counts, notes and the QA per-question values from
     unlearning.json (the rest of it, models and command, in ``meta``). Not redone, only read: scoring, sampling,
     which chunks were probed, ROUGE-L and embeddings of each sample, the counts of chunking, truncation and probing.
-    Chunk texts are not in the folder (``Chunk.text`` is ""). Reads only; UserError for a missing or malformed
-    file."""
+    Chunk texts are not in the folder (``Chunk.text`` is ""). Reads only: first every file against the folder's
+    manifest.json (``rundir.verify``), then strictly (every cell, and the files against each other); UserError for
+    a missing, changed or malformed file."""
+    from mia_jax import rundir
+
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"--from {folder}: no such folder")
-    paths = {name: folder / name for name in ("unlearning.json", "chunks.csv", "probes.jsonl")}
-    for name, path in paths.items():
-        if not path.is_file():
-            raise UserError(f"{folder}: no {name}; --from needs the unlearning.json, chunks.csv and probes.jsonl "
-                            "that `mia-jax audit-unlearning` writes")
+    rundir.verify(folder, list(REBUILD_READS))
+    paths = {name: folder / name for name in REBUILD_READS}
     record = _load_json(paths["unlearning.json"])
-    chunks, scores = _load_chunks(paths["chunks.csv"], record["methods"])
+    chunks, scores, probed = _load_chunks(paths["chunks.csv"], record["methods"])
     n = record["counts"].get("chunks")
     if n != len(chunks):
         raise UserError(f"{paths['chunks.csv']} has {len(chunks)} chunks, {paths['unlearning.json']} counts {n}")
     probes = _load_probes(paths["probes.jsonl"], len(chunks))
+    in_probes = sorted(p["chunk"] for p in probes)
+    if in_probes != probed:
+        lost = sorted(set(probed) - set(in_probes))
+        extra = sorted(set(in_probes) - set(probed))
+        raise UserError(f"{paths['chunks.csv']} marks {len(probed)} chunks probed, {paths['probes.jsonl']} holds "
+                        f"{len(in_probes)} probes ("
+                        + (f"no probe of chunk {lost[0]}" if lost else f"chunk {extra[0]} is not marked probed")
+                        + "); the two files are not of one run")
+    if record["counts"].get("probed", len(probes)) != len(probes):
+        raise UserError(f"{paths['probes.jsonl']} holds {len(probes)} probes, {paths['unlearning.json']} counts "
+                        f"{record['counts']['probed']}")
     qa = record.get("qa")
     if qa is not None:
         keys = [f"{k}_{s}" for k in ("min_k_nll", "answer", "recall") for s in SIDES]
@@ -676,8 +790,11 @@ def rebuild(folder: str | Path) -> UnlearningResult:
 
 def rebuild_command(args) -> UnlearningResult:
     """`mia-jax audit-unlearning --from DIR --out OUT`: ``rebuild`` DIR, then OUT's files as the audit writes them
-    (unlearning.json adds ``rebuilt``: from where, the command, the package version)."""
+    (unlearning.json adds ``rebuilt``: from where, the command, the package version). OUT: new, empty, an earlier
+    rebuild of the same DIR, or DIR itself (in place: written only once every output is computed)."""
     from mia_jax import __version__, rundir
+    from mia_jax.entry import check_out
+    from mia_jax.files import write_all
 
     given = [flag for flag, v in (("--original", args.original), ("--unlearned", args.unlearned),
                                   ("--texts", args.texts), ("--qa", args.qa), ("--embed-model", args.embed_model))
@@ -685,14 +802,16 @@ def rebuild_command(args) -> UnlearningResult:
     if given:
         raise UserError(f"--from rebuilds the report from a results folder, without models or data: leave out "
                         f"{', '.join(given)}")
-    src, out = Path(args.from_dir), rundir.check_path(args.out)
-    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
-        raise UserError(f"--out {out} is inside --from {src}; a rebuild never writes into the folder it reads: give "
-                        "another --out")
+    src, out = Path(args.from_dir), check_out(args.out)
+    if out.resolve() != src.resolve() and src.resolve() in out.resolve().parents:
+        raise UserError(f"--out {out} is inside --from {src}; a rebuild never writes into a folder inside the one it "
+                        "reads: give another --out")
     res = rebuild(src)
     meta = {**res.meta, "rebuilt": {"from": str(src), "command": " ".join(sys.argv), "package_version": __version__}}
-    with rundir.claim(out):
-        write_outputs(res, out, meta)
+    files = render_outputs(res, meta)
+    with rundir.rebuild_into(out, [src], "audit-unlearning"):
+        write_all(out, files)
+        rundir.seal(out, list(REBUILD_READS))
     print(res.to_markdown())
     print(f"wrote {out}/ (rebuilt from {src}/)", file=sys.stderr)
     return res
@@ -706,33 +825,43 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--original", help="the model before unlearning (HF folder, .gguf or a name); required "
                                        "unless --from")
     p.add_argument("--unlearned", help="the model after unlearning; required unless --from")
-    p.add_argument("--texts", metavar="FORGET", help="the forget set (.jsonl / .csv / .tsv / .parquet); required "
-                                                     "unless --from")
+    p.add_argument("--texts", metavar="FORGET", type=entry.input_file,
+                   help="the forget set (.jsonl / .csv / .tsv / .parquet); required "
+                        "unless --from")
     p.add_argument("--from", dest="from_dir", metavar="DIR",
+                   type=entry.source_dir("audit-unlearning", example="results/audits/unlearning"),
                    help="rebuild the report from an earlier --out folder (its unlearning.json, chunks.csv and "
-                        "probes.jsonl; its config, not this command's options) into --out, without the models")
+                        "probes.jsonl, checked against its manifest.json; its config, not this command's options) "
+                        "into --out (new, empty, an earlier rebuild of DIR, or DIR itself), without the models")
     p.add_argument("--text-field", default="text", help="field of the texts (default: text)")
     p.add_argument("--encoding", default="utf-8", help="text encoding of --texts and --qa (default: utf-8)")
-    p.add_argument("--out", required=True, help="output folder: unlearning.md / .json, chunks.csv, ratios.png, "
-                                                "probes.jsonl; the scoring runs in OUT/original and OUT/unlearned")
-    p.add_argument("--chunk-words", type=int, default=CHUNK_WORDS, help=f"words per chunk (default {CHUNK_WORDS})")
-    p.add_argument("--min-words", type=int, default=MIN_WORDS,
+    p.add_argument("--out", required=True, type=entry.out_dir,
+                   help="output folder: unlearning.md / .json, chunks.csv, ratios.png, probes.jsonl, manifest.json; "
+                        "the scoring runs in OUT/original and OUT/unlearned. A folder of another run is refused")
+    p.add_argument("--chunk-words", type=entry.positive_int, default=CHUNK_WORDS,
+                   help=f"words per chunk (default {CHUNK_WORDS})")
+    p.add_argument("--min-words", type=entry.positive_int, default=MIN_WORDS,
                    help=f"a shorter text or last piece is dropped and counted (default {MIN_WORDS})")
-    p.add_argument("--k", type=float, default=K, help=f"Min-K%% fraction (default {K})")
-    p.add_argument("--ratio", type=float, default=RATIO, help=f"flag when the ratio is in (1/r, r) (default {RATIO})")
-    p.add_argument("--max-probe", type=int, default=MAX_PROBE,
+    p.add_argument("--k", type=entry.fraction, default=K, help=f"Min-K%% fraction (default {K})")
+    p.add_argument("--ratio", type=entry.positive_float, default=RATIO,
+                   help=f"flag when the ratio is in (1/r, r) (default {RATIO})")
+    p.add_argument("--max-probe", type=entry.nonneg_int, default=MAX_PROBE,
                    help=f"flagged chunks probed by story completion, closest ratio first (default {MAX_PROBE})")
-    p.add_argument("--prompt-words", type=int, default=PROMPT_WORDS, help=f"prompt words (default {PROMPT_WORDS})")
-    p.add_argument("--n-samples", type=int, default=N_SAMPLES, help=f"continuations per chunk (default {N_SAMPLES})")
-    p.add_argument("--max-new-tokens", type=int,
+    p.add_argument("--prompt-words", type=entry.positive_int, default=PROMPT_WORDS,
+                   help=f"prompt words (default {PROMPT_WORDS})")
+    p.add_argument("--n-samples", type=entry.positive_int, default=N_SAMPLES,
+                   help=f"continuations per chunk (default {N_SAMPLES})")
+    p.add_argument("--max-new-tokens", type=entry.positive_int,
                    help=f"tokens per continuation (default: the true continuation's, at most {MAX_NEW_TOKENS})")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1: multinomial)")
-    p.add_argument("--top-k", type=int, help="sample from the k most likely tokens (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--qa", metavar="FILE", help="optional QA probes: JSONL/CSV with question and answer fields")
+    p.add_argument("--temperature", type=entry.nonneg_float, default=1.0,
+                   help="sampling temperature (default 1: multinomial)")
+    p.add_argument("--top-k", type=entry.positive_int, help="sample from the k most likely tokens (default: all)")
+    p.add_argument("--seed", type=entry.nonneg_int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--qa", metavar="FILE", type=entry.input_file,
+                   help="optional QA probes: JSONL/CSV with question and answer fields")
     p.add_argument("--qa-question-field", default="question")
     p.add_argument("--qa-answer-field", default="answer")
-    p.add_argument("--qa-max-new-tokens", type=int, default=QA_MAX_NEW_TOKENS)
+    p.add_argument("--qa-max-new-tokens", type=entry.positive_int, default=QA_MAX_NEW_TOKENS)
     p.add_argument("--embed-model", metavar="PATH",
                    help="sentence-transformers folder (e.g. all-MiniLM-L6-v2) for embedding similarity")
     model_options(p, "OUT/original and OUT/unlearned")
@@ -780,7 +909,9 @@ def command(args) -> UnlearningResult:
     embedder = SentenceEncoder(args.embed_model, args.dtype) if args.embed_model else None
     texts = [c.text for c in chunks]
     methods = [min_k_method(args.k), "ppl"]
-    with rundir.claim(out), contextlib.ExitStack() as stack:  # lock only; each model's run is claimed on its own
+    fingerprint = audit_fingerprint(args, loaded, embedder, ds.files, qa_files=qds.files if args.qa else None)
+    # the folder is this audit's (or refused untouched); each model's scoring run is claimed on its own inside it
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite), contextlib.ExitStack() as stack:
         run_dirs, resume = {}, {}
         for side in SIDES:
             run_dirs[side] = rundir.check_path(out / side)
@@ -808,6 +939,26 @@ def command(args) -> UnlearningResult:
     print(res.to_markdown())
     print(f"wrote {out}/", file=sys.stderr)
     return res
+
+
+# Options of `audit-unlearning` that are not in the folder's fingerprint, and why (every other one is)
+NOT_IN_FINGERPRINT = ("from_dir", "out", "overwrite", "no_progress", "allow_download", "original", "unlearned",
+                      "texts", "qa", "embed_model")  # the last five: by their files' SHA-256 instead
+
+
+def audit_fingerprint(args, loaded: dict, embedder, data_files: dict, qa_files: dict | None) -> dict:
+    """What makes an audit-unlearning folder (``rundir.claim``): both models' and every data file's SHA-256 and
+    every option that can change a result; a folder holding anything else is refused."""
+    from mia_jax import __version__
+
+    def resolved(files):
+        return {str(Path(f).resolve()): h for f, h in files.items()} if files is not None else None
+
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
+    return {"command": "audit-unlearning", "models": {side: resolved(m.files) for side, m in loaded.items()},
+            "embed_model": resolved(embedder.files) if embedder is not None else None,
+            "data_files": resolved(data_files), "qa_files": resolved(qa_files), **options,
+            "package_version": __version__}
 
 
 def min_k_method(k: float) -> str:
