@@ -4,7 +4,7 @@ Every run writes ``examples.jsonl.gz`` (one JSON object per eval example: the co
 ``text_sha256``, the blind-baseline score and every method's score under the trained and the base model) beside
 ``run.json``; every table and figure of the run, or of a sweep of runs, is a function of those files alone::
 
-    python -m train.tables --from results/contamination/cpu-lr     # a sweep folder, or one run's folder
+    python -m train.tables --from results/contamination/lr     # a sweep folder, or one run's folder
 
 * Table 3: AUROC [95% CI] per dataset and the average, reference-free methods after continued pretraining with
   the base model's AUROC beside each; the oracle reference (``ref`` = trained minus base log-likelihood, which
