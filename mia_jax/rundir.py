@@ -221,7 +221,11 @@ def seal(folder: str | os.PathLike, names: list[str] | None = None) -> dict:
     entries = {}
     for name in names:
         path = folder / name
-        entries[name] = {"sha256": sha256(path), "bytes": path.stat().st_size, "rows": rows(path)}
+        try:
+            count = rows(path)
+        except (OSError, EOFError, ValueError, UnicodeDecodeError):  # not readable as its kind: hash and size only
+            count = None
+        entries[name] = {"sha256": sha256(path), "bytes": path.stat().st_size, "rows": count}
     tmp = folder / f"{MANIFEST}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps({"files": entries}, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, folder / MANIFEST)

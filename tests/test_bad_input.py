@@ -201,5 +201,6 @@ def test_contaminate_bad_override_in_a_run_folder(finished, tmp_path, capsys, ov
     capsys.readouterr()
     assert contaminate(["--config", str(REPO / "configs/contamination/tiny.yaml"), "--out", str(out), override]) == 2
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and err.startswith("python train/contaminate.py: error: ") and expected in err, err
+    assert len(err.splitlines()) == 1 and err.startswith("python train/contaminate.py: error: "), err
+    assert expected in err, err
     assert snapshot(out) == before

@@ -163,7 +163,8 @@ def test_contaminate_refuses_bad_meshes_with_one_line(tmp_path):
     for name, p in procs.items():
         _, err = p.communicate(timeout=TIMEOUT)
         assert p.returncode == 2, (name, err[-3000:])
-        assert len(err.splitlines()) == 1 and err.startswith("python train/contaminate.py: error: ") and "Traceback" not in err, err
+        assert len(err.splitlines()) == 1 and err.startswith("python train/contaminate.py: error: "), err
+        assert "Traceback" not in err, err
         assert cases[name][3] in err, (name, err)
         if name in ("heads", "memory"):  # refused before the first step: no checkpoint, no scores
             assert not (cases[name][1] / "train").exists() and not (cases[name][1] / "scores").exists()
