@@ -16,8 +16,10 @@ What every entry point gets from it:
   (disk full, read-only file system, permission, a file where a folder is expected; ``SIGXFSZ`` is ignored so that
   ``ulimit -f`` shows as "file too large"), a JAX platform that cannot start (``JAX_PLATFORMS=tpu`` without one) and a
   malformed ``XLA_FLAGS`` (checked before JAX starts: XLA aborts with a 90-line fatal error otherwise). Ctrl-C
-  is one line and exit 130; further Ctrl-C while the interpreter shuts down are ignored (no "Exception ignored in
-  atexit callback"). Anything else is a bug and keeps its traceback.
+  is one line and exit 130; when ``main`` runs as the command (``argv`` None), further Ctrl-C while the interpreter
+  shuts down are ignored (no "Exception ignored in atexit callback"); called from Python with an ``argv``, the
+  handler is restored (a child process would otherwise inherit an ignored SIGINT). Anything else is a bug and
+  keeps its traceback.
 """
 from __future__ import annotations
 
@@ -161,12 +163,13 @@ def describe_os_error(e: OSError) -> str:
     return text
 
 
-def _quiet_exit() -> None:
-    """Ignore further Ctrl-C while the interpreter shuts down (JAX's atexit hooks would print a traceback)."""
+def _quiet_exit():
+    """Ignore further Ctrl-C while the interpreter shuts down (JAX's atexit hooks would print a traceback); returns
+    the handler it replaced (None off the main thread)."""
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread
-        pass
+        return None
 
 
 def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = None, *,
@@ -189,9 +192,11 @@ def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = Non
     except UserError as e:
         message = str(e)
     except KeyboardInterrupt:
-        _quiet_exit()
+        previous = _quiet_exit()
         hint = resume_hint() if callable(resume_hint) else resume_hint
         print(f"{prog}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr, flush=True)
+        if argv is not None and previous is not None:  # called from Python (a test, a notebook): not exiting
+            signal.signal(signal.SIGINT, previous)
         return 130
     except OSError as e:
         if e.errno not in USER_ERRNOS:

@@ -37,10 +37,15 @@ def test_bugs_keep_their_traceback(exc):
 
 
 def test_ctrl_c_is_one_line_and_later_presses_are_ignored(capsys):
+    """As the command (argv None) later presses are ignored while the process exits; called from Python with an
+    argv, the handler is given back (children would inherit an ignored SIGINT)."""
     try:
-        assert entry.run("prog", _raising(KeyboardInterrupt()), [], resume_hint=lambda: "run it again") == 130
+        assert entry.run("prog", _raising(KeyboardInterrupt()), None, resume_hint=lambda: "run it again") == 130
         assert capsys.readouterr().err == "prog: interrupted; run it again\n"
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a second Ctrl-C while JAX shuts down
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        assert entry.run("prog", _raising(KeyboardInterrupt()), []) == 130
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

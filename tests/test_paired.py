@@ -57,7 +57,7 @@ def test_paired_matches_loop_reference(seed, levels, grouped):
     labels, a, b = case(seed, levels=levels)
     groups = np.array(["x", "y", "z"])[np.arange(labels.size) % 3] if grouped else None
     n_boot = 60
-    res = m.paired_bootstrap(labels, a, b, groups=groups, n_bootstrap=n_boot, seed=seed)
+    res = m.paired_bootstrap(labels, a, b, groups=groups, n_bootstrap=n_boot, seed=seed, min_per_class=1)
     sides = {}
     d_auc, d_tpr = paired_ref(labels, a, b, groups, n_boot, seed, sides=sides)
     assert res["auroc"]["ci"] == pytest.approx(list(np.quantile(d_auc, [0.025, 0.975])), abs=1e-12)
@@ -66,7 +66,7 @@ def test_paired_matches_loop_reference(seed, levels, grouped):
     assert res["auroc"]["b_ci"] == pytest.approx(list(np.quantile(sides["b"], [0.025, 0.975])), abs=1e-12)
     # several vectors on the same examples: the mean over vectors, one shared resample for all of them
     both = m.evaluate_mean(labels, np.stack([a, b]), groups if grouped else np.zeros(labels.size), n_bootstrap=n_boot,
-                           seed=seed)
+                           seed=seed, min_per_class=1)
     mean_ab = (np.array(sides["a"]) + np.array(sides["b"])) / 2
     assert both["auroc_ci"] == pytest.approx(list(np.quantile(mean_ab, [0.025, 0.975])), abs=1e-12)
     assert res["tpr_at_5pct_fpr"]["ci"] == pytest.approx(list(np.quantile(d_tpr, [0.025, 0.975])), abs=1e-12)
