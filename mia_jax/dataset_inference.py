@@ -55,7 +55,7 @@ import numpy as np
 from scipy import stats
 from sklearn.linear_model import LogisticRegression
 
-from mia_jax import entry
+from mia_jax import entry, files
 from mia_jax.errors import UserError
 
 MIN_PER_HALF = 10  # held-out texts per set, at least (and as many in the training halves)
@@ -198,13 +198,7 @@ def load_features(path, methods: Sequence[str] | None = None) -> tuple[list[str]
     path = results_path(path)
     names = list(methods) if methods else None
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: line {lineno} is not JSON ({e.msg}); is this a mia-jax results.jsonl?") from None
+    for lineno, rec in files.read_jsonl(path):
         scores = rec.get("scores") if isinstance(rec, dict) else None
         if not isinstance(scores, dict):
             raise UserError(f"{path}: line {lineno} has no 'scores' object; is this a mia-jax results.jsonl?")

@@ -9,8 +9,9 @@ What every entry point gets from it:
 - ``ArgumentParser``: a usage error is one line (``PROG: error: ... (see PROG --help)``) and exit 2, as every
   other user error, instead of argparse's usage block.
 - Argument types that validate at parse time, before anything is read or written: ``positive_int``,
-  ``nonneg_int``, ``positive_float``, ``fraction``, ``input_file``, ``input_dir``, ``out_dir`` (not a file, not
-  under a file, not a dangling link, a writable parent) and ``source_dir`` (the ``--from`` folder of a rebuild).
+  ``nonneg_int``, ``positive_float``, ``fraction``, ``input_file``, ``input_dir``, ``out_file``, ``out_dir`` (not a
+  file, not under a file, not a dangling link, a writable parent) and ``source_dir`` (the ``--from`` folder of a
+  rebuild).
   ``tests/test_entry_fuzz.py`` finds every entry point and feeds each option of these types bad values.
 - ``run(prog, main)``: a ``UserError`` is one line and exit 2; so are the errors of the machine a user can fix
   (disk full, read-only file system, permission, a file where a folder is expected; ``SIGXFSZ`` is ignored so that
@@ -144,6 +145,20 @@ def out_dir(text: str) -> Path:
         return check_out(text)
     except UserError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--out ")) from None
+
+
+def out_file(text: str) -> Path:
+    """argparse type of an output file (a report, ``--json``): not a folder, in an existing, writable folder;
+    checked at parse time, before anything runs."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file path")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: its folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: its folder {parent} is not writable")
+    return path
 
 
 def check_xla_flags() -> None:

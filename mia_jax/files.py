@@ -7,8 +7,9 @@ import hashlib
 import io
 import json
 import os
+import zlib
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 
 def sha256(path: str | os.PathLike, block: int = 1 << 24) -> str:
@@ -74,3 +75,29 @@ def write_all(folder: str | os.PathLike, outputs: dict[str, str | bytes]) -> Non
         raise
     for tmp, path in tmps:
         os.replace(tmp, path)
+
+
+def read_jsonl(path: str | os.PathLike, label: str | None = None) -> Iterator[tuple[int, object]]:
+    """(line number, value) of each non-empty line of a JSONL file (``.gz``: gzip-compressed), read strictly for
+    the files a command or a rebuild reads: text that is not UTF-8 (a byte-order mark is dropped), a cut or damaged
+    gzip stream, or a line that is not JSON is a ``UserError`` naming the file (``label``, default its path) and
+    the line. The caller checks each value's shape."""
+    from mia_jax.errors import UserError
+
+    name = label or str(path)
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise UserError(f"{name} line {n}: not valid JSON ({e.msg} at column {e.colno}); the file is "
+                                    "cut or damaged") from None
+                yield n, value
+    except UnicodeDecodeError as e:
+        raise UserError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise UserError(f"{name}: a cut or damaged gzip file ({e})") from None

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mia_jax import blind, data, metrics, report, rundir, runner
+from mia_jax import blind, data, files, metrics, report, rundir, runner
 
 K_SWEEP = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # Table 1's rows: (display name, method)
@@ -198,27 +198,9 @@ def check_cells(cells: list, where: str) -> None:
 def read_examples(src: Path) -> list[dict]:
     """The cells of a reproduction's ``examples.jsonl.gz``, checked against the folder's ``manifest.json``
     (``rundir.verify``: byte for byte as the run wrote it) and for content (:func:`check_cells`)."""
-    import gzip
-    import zlib
-
-    from mia_jax.errors import UserError
-
     rundir.verify(src, REBUILD_READS)
     path = Path(src) / EXAMPLES
-    cells = []
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    cells.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{path} line {n}: not JSON ({e.msg}); the file is damaged") from None
-    except (EOFError, OSError, zlib.error, UnicodeDecodeError) as e:
-        if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
-            raise
-        raise UserError(f"{path}: not a complete gzip file of JSON lines ({e}); the file is damaged") from None
+    cells = [cell for _, cell in files.read_jsonl(path)]
     check_cells(cells, str(path))
     return cells
 

@@ -1,32 +1,15 @@
 """Measuring helpers of the benchmark scripts: peak resident memory sampled while a block runs, XLA compilation
-counts and seconds (JAX monitoring events), and the machine's float32 matmul rate (XLA and NumPy); ``out_file``,
-the argparse type of their ``--json`` / ``--out`` files."""
+counts and seconds (JAX monitoring events), and the machine's float32 matmul rate (XLA and NumPy)."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
 from mia_jax import entry
-
-
-def out_file(text: str) -> Path:
-    """argparse type of an output file (``--json``, ``--out``): not a folder, in an existing, writable folder;
-    checked at parse time, before anything runs."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file path")
-    parent = path.absolute().parent
-    if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: its folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text}: its folder {parent} is not writable")
-    return path
 
 
 class PeakRSS:
@@ -165,7 +148,6 @@ def torch_sync(device) -> None:
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere) and the cores this process
     may use: a figure holds only on the machine it was measured on."""
-    import os
     import platform
 
     name = platform.processor() or platform.machine()
@@ -181,7 +163,6 @@ def cpu_model() -> str:
 def run_bounded(cmd: list, env: dict, timeout: float, stdout=None) -> tuple[int | None, float]:
     """Run ``cmd`` in its own process group; past ``timeout`` seconds kill that group (the command and any process
     it started). Returns (exit status, or None when it was stopped at the timeout; wall seconds)."""
-    import os
     import signal
     import subprocess
 

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
-from bench_tools import (Compiles, PeakRSS, _timed, add_accelerator_args, matmul_rate, out_file, runnable,  # noqa: E402
+from bench_tools import (Compiles, PeakRSS, _timed, add_accelerator_args, matmul_rate, runnable,  # noqa: E402
                          set_matmul_precision, torch_env)
 
 from mia_jax import entry  # noqa: E402
@@ -318,7 +318,7 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--chunk-size", type=entry.positive_int, default=8192)
     ap.add_argument("--repeats", type=entry.positive_int, default=3)
     ap.add_argument("--approaches", nargs="+", default=["a", "b", "c"], choices=["a", "b", "c"])
-    ap.add_argument("--json", type=out_file, help="write every figure here (default: print only)")
+    ap.add_argument("--json", type=entry.out_file, help="write every figure here (default: print only)")
     ap.add_argument("--omp-wait-policy", default="PASSIVE",
                     help="OMP_WAIT_POLICY for (c)'s torch (default PASSIVE: on a machine shared with other jobs, "
                          "OpenMP's spinning threads make small torch matmuls over 10x slower; 'default' keeps "

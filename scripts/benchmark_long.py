@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
-from bench_tools import out_file, runnable, torch_env  # noqa: E402
+from bench_tools import runnable, torch_env  # noqa: E402
 
 from mia_jax import entry  # noqa: E402
 
@@ -164,7 +164,7 @@ def build_parser() -> entry.ArgumentParser:
                     help="steady-state calls (default: 2 from 4096 tokens, else 10)")
     ap.add_argument("--source", type=entry.input_file, default=str(PILE),
                     help="JSONL of documents with a `text` field")
-    ap.add_argument("--json", type=out_file, help="write every figure here")
+    ap.add_argument("--json", type=entry.out_file, help="write every figure here")
     ap.add_argument("--omp-wait-policy", default="PASSIVE", help="OMP_WAIT_POLICY for torch (as scripts/benchmark.py)")
     ap.add_argument("--worker", choices=APPROACHES, help=argparse.SUPPRESS)
     ap.add_argument("--worker-tokens", type=entry.positive_int, help=argparse.SUPPRESS)

@@ -54,7 +54,7 @@ from types import SimpleNamespace
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
-from bench_tools import (PeakRSS, _timed, add_accelerator_args, matmul_rate, out_file, runnable,  # noqa: E402
+from bench_tools import (PeakRSS, _timed, add_accelerator_args, matmul_rate, runnable,  # noqa: E402
                          set_matmul_precision, torch_env, torch_sync)
 
 from mia_jax import entry  # noqa: E402
@@ -258,7 +258,7 @@ def build_parser() -> entry.ArgumentParser:
     add_accelerator_args(ap, "the torch loop")
     ap.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="compute dtype of both approaches (master weights and optimizer state stay float32)")
-    ap.add_argument("--json", type=out_file, help="also write every figure here")
+    ap.add_argument("--json", type=entry.out_file, help="also write every figure here")
     ap.add_argument("--worker", choices=["data", "jax", "torch", "matmul"], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--facts", help=argparse.SUPPRESS)

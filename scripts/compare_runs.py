@@ -13,13 +13,12 @@ the reason.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from mia_jax import entry
+from mia_jax import entry, files
 from mia_jax.errors import UserError
 from mia_jax.metrics import paired_bootstrap, scores_by_method
 
@@ -46,18 +45,8 @@ def build_parser() -> entry.ArgumentParser:
 
 
 def read(path: Path) -> list[dict]:
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not a results file ({e})") from None
     records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path} line {n}: not JSON ({e.msg}); a cut or damaged results file") from None
+    for n, rec in files.read_jsonl(path):
         if not isinstance(rec, dict) or "index" not in rec or not isinstance(rec.get("scores"), dict):
             raise UserError(f"{path} line {n}: not a record of a run (index and scores)")
         records.append(rec)

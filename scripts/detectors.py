@@ -67,18 +67,8 @@ NOT_IN_FINGERPRINT = {
 def _eval_rows(path: Path) -> tuple[list[str], list[int], list[str]]:
     """The texts, labels and datasets of an eval JSONL (one {"text", "label", "dataset"} object a line); a
     UserError naming the line for anything else."""
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as e:
-        raise UserError(f"--eval {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     texts, labels, groups = [], [], []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise UserError(f"--eval {path}, line {n}: not valid JSON ({e})") from None
+    for n, row in files.read_jsonl(path, f"--eval {path}"):
         if not isinstance(row, dict):
             raise UserError(f"--eval {path}, line {n}: a JSON {type(row).__name__}, expected an object with "
                             f"{', '.join(EVAL_FIELDS)}")

@@ -56,7 +56,7 @@ SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # the toolkit from this checkout, installed or not
 
-from bench_tools import (add_accelerator_args, cpu_model, out_file, repeat, run_bounded,  # noqa: E402
+from bench_tools import (add_accelerator_args, cpu_model, repeat, run_bounded,  # noqa: E402
                          torch_env, torch_sync)
 from benchmark import METHODS, model_flops, per_text, reference_scores  # noqa: E402
 from gpu_suite_report import figures, report  # noqa: E402
@@ -240,7 +240,7 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--budget-s", type=entry.positive_float, default=540,
                     help="wall-clock budget of the whole suite (default 540)")
     ap.add_argument("--smoke", action="store_true", help="a CPU check of the suite: tiny shape, few texts, seconds")
-    ap.add_argument("--json", type=out_file, help="write every figure here")
+    ap.add_argument("--json", type=entry.out_file, help="write every figure here")
     add_accelerator_args(ap, "the torch parts")
     ap.set_defaults(torch_device="auto", peak_tflops=989.0)
     ap.add_argument("--worker", help=argparse.SUPPRESS)

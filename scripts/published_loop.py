@@ -37,7 +37,7 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--length", type=entry.positive_int, default=32,
                     help=f"WikiMIA length ({', '.join(map(str, WIKIMIA_LENGTHS))})")
     ap.add_argument("--limit", type=entry.positive_int, help="first N texts only")
-    ap.add_argument("--out", type=bench_tools.out_file, default=Path("published.jsonl"),
+    ap.add_argument("--out", type=entry.out_file, default=Path("published.jsonl"),
                     help="the per-text scores (a JSONL file)")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), type=entry.input_file,
                     help="two results files to compare (no model run)")

@@ -484,7 +484,7 @@ def test_from_damaged_file_is_refused(sealed, name, damage, tmp_path, capsys):
     ("chunks.csv", lambda p: p.write_text(p.read_text().replace(",True,", ",yes,", 1)), "not True or False"),
     ("chunks.csv", cut_mid_row, "chunks.csv line "),
     ("chunks.csv", lambda p: drop_line(p, 3), "expected 2 (rows in chunk order, none missing)"),
-    ("probes.jsonl", cut_mid_row, "is not JSON"),
+    ("probes.jsonl", cut_mid_row, "not valid JSON"),
 ])
 def test_from_reads_strictly(sealed, name, edit, needle, tmp_path, capsys):
     """A damaged file that its manifest records as written (a run that wrote it so) is still refused: every cell,

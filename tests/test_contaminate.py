@@ -465,7 +465,7 @@ def _corrupt(run: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how, needle", [
     ("truncated", "examples.jsonl.gz was changed or cut"), ("changed", "run.json was changed"),
-    ("cut-gzip", "not a readable gzip"), ("not-gzip", "not a readable gzip"), ("empty", "holds no example"),
+    ("cut-gzip", "a cut or damaged gzip"), ("not-gzip", "a cut or damaged gzip"), ("empty", "holds no example"),
     ("garbage-gzip", "line 1"), ("no-field", "line 4: no 'label' field"), ("bad-run-json", "run.json is not valid"),
     ("run-json-schema", "methods"), ("no-manifest", "no manifest.json"),
 ])

@@ -162,7 +162,7 @@ def test_load_features(tmp_path):
     with pytest.raises(UserError, match="not found"):
         load_features(tmp_path / "nothing.jsonl")
     (tmp_path / "bad.jsonl").write_text('{"index": 0, "scores": {"loss": 1.0}}\n{"index": 1\n')
-    with pytest.raises(UserError, match="line 2 is not JSON"):
+    with pytest.raises(UserError, match="line 2: not valid JSON"):
         load_features(tmp_path / "bad.jsonl")
     (tmp_path / "bad.jsonl").write_text('{"index": 0, "score": 1.0}\n')
     with pytest.raises(UserError, match="line 1 has no 'scores'"):

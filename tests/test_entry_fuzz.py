@@ -119,6 +119,8 @@ def _bad_values(action, tmp: Path) -> list[str]:
         return [str(tmp / "missing.jsonl"), str(tmp / "a_folder")]
     if t is entry.input_dir:
         return [str(tmp / "missing_dir"), str(tmp / "a_file")]
+    if t is entry.out_file:
+        return [str(tmp / "a_folder"), str(tmp / "no_such_folder" / "report.md")]
     if t is entry.out_dir:
         return [str(tmp / "a_file"), str(tmp / "a_file" / "sub"), str(tmp / "dangling")]
     if isinstance(t, entry.source_dir):
@@ -129,7 +131,7 @@ def _bad_values(action, tmp: Path) -> list[str]:
 
 CASES = [(p, a) for p in POINTS for a in p.parser._actions if a.option_strings and a.type is not None
          and (a.type in (entry.positive_int, entry.nonneg_int, entry.positive_float, entry.nonneg_float,
-                         entry.fraction, entry.input_file, entry.input_dir, entry.out_dir)
+                         entry.fraction, entry.input_file, entry.input_dir, entry.out_dir, entry.out_file)
               or isinstance(a.type, entry.source_dir))]
 
 

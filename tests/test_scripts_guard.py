@@ -107,6 +107,6 @@ def test_compare_runs_reads_strictly_and_counts_nans(tmp_path, capsys):
     torn = tmp_path / "torn.jsonl"
     torn.write_text(a.read_text()[:-20])
     rc = mod.main([str(a), str(torn)])
-    assert_clean_error(rc, capsys.readouterr().err, "torn.jsonl line 24: not JSON")
+    assert_clean_error(rc, capsys.readouterr().err, "torn.jsonl line 24: not valid JSON")
     rc = mod.main([str(a), str(tmp_path)])  # a folder without results.jsonl
     assert_clean_error(rc, capsys.readouterr().err, "no results.jsonl there")

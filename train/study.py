@@ -25,10 +25,8 @@ A claim "A > B" is *reproduced* when the 95% interval of A - B lies above 0, *no
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -211,19 +209,6 @@ def build(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str, 
     return text, claims
 
 
-def report_file(text: str) -> Path:
-    """argparse type of ``--out``: a file path whose folder exists and is writable (not a folder itself)."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder; give the path of the markdown file to write")
-    parent = path.absolute().parent
-    if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text}: the folder {parent} is not writable")
-    return path
-
-
 def build_parser() -> entry.ArgumentParser:
     p = entry.ArgumentParser(prog=PROG, description="The contamination study's report: every sweep's tables and the "
                              "paper's claims with verdicts, from per-example scores.")
@@ -232,7 +217,7 @@ def build_parser() -> entry.ArgumentParser:
                        type=entry.source_dir("contamination", example=f"results/contamination/{kind}"),
                        help=f"the {kind} sweep folder (several: the same sweep on several models)")
     p.add_argument("--header", type=entry.input_file, help="a markdown file to put first (set-up, commands, times)")
-    p.add_argument("--out", type=report_file,
+    p.add_argument("--out", type=entry.out_file,
                    help="write the report here (and <out>.claims.json) instead of stdout")
     return p
 

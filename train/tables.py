@@ -21,12 +21,10 @@ Every run writes ``examples.jsonl.gz`` (one JSON object per eval example: the co
 from __future__ import annotations
 
 import csv
-import gzip
 import hashlib
 import io
 import json
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -725,19 +723,9 @@ def load_run(folder: Path, kind: str | None = None) -> dict:
         _get(info, "corpus.tokens.background", int, str(path))
     ex = folder / EXAMPLES
     rows = []
-    try:
-        with gzip.open(ex, "rt", encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise UserError(f"{ex} line {n}: not valid JSON ({str(e)[:60]})") from None
-                _check_row(row, f"{ex} line {n}")
-                rows.append(row)
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
-        raise UserError(f"{ex} is not a readable gzip-compressed JSONL file ({str(e).splitlines()[0][:80]})") from None
+    for n, row in files.read_jsonl(ex):
+        _check_row(row, f"{ex} line {n}")
+        rows.append(row)
     if not rows:
         raise UserError(f"{ex} holds no example")
     for d, idx in _by_dataset(rows).items():

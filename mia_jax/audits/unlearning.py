@@ -70,7 +70,7 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from mia_jax import entry
+from mia_jax import entry, files
 from mia_jax.audits import model_options
 from mia_jax.errors import UserError
 from mia_jax.models.sentence import SentenceEncoder
@@ -710,18 +710,8 @@ def _load_chunks(path: Path, methods: dict) -> tuple[list[Chunk], dict, list[int
 
 def _load_probes(path: Path, n_chunks: int) -> list[dict]:
     probes = []
-    try:
-        lines = path.read_text(encoding="utf-8-sig").split("\n")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not a UTF-8 file ({e})") from None
     seen = set()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            p = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: line {n} is not JSON ({e})") from None
+    for n, p in files.read_jsonl(path):
         missing = [k for k in ("chunk", "prompt", "reference", "samples", "rougeL_per_sample")
                    if k not in (p if isinstance(p, dict) else {})]
         if missing:
