@@ -295,3 +295,21 @@ def assert_clean_error(rc: int, stderr: str, *needles: str) -> None:
     assert len(lines) == 1, f"{len(lines)} lines on stderr:\n{stderr}"
     for needle in needles:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+def cut_mid_row(path) -> None:
+    """The file cut in the middle of its last row (as a full disk or a killed copy leaves it)."""
+    data = Path(path).read_bytes()
+    start = data.rindex(b"\n", 0, len(data) - 1) + 1
+    Path(path).write_bytes(data[: start + max(1, (len(data) - start) // 2)])
+
+
+def drop_line(path, n: int = 1) -> None:
+    """The file without its line ``n`` (from 0)."""
+    lines = Path(path).read_bytes().splitlines(keepends=True)
+    Path(path).write_bytes(b"".join(lines[:n] + lines[n + 1:]))
+
+
+# the damages a --from rebuild must refuse by name: {what: how(path)}
+DAMAGE = {"cut mid-row": cut_mid_row, "a missing line": drop_line, "empty": lambda p: Path(p).write_bytes(b""),
+          "missing": lambda p: Path(p).unlink()}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta, binomtest
 
-from helpers import assert_clean_error, snapshot
+from helpers import DAMAGE, assert_clean_error, cut_mid_row, drop_line, snapshot
 
 from mia_jax import entry, metrics
 from mia_jax.audits import books as B
@@ -447,26 +447,10 @@ def rebuild_cli(src, out, capsys):
     return rc, capsys.readouterr().err
 
 
-def cut_mid_row(path):
-    """The file cut in the middle of its last row (as a full disk or a killed copy leaves it)."""
-    data = path.read_bytes()
-    start = data.rindex(b"\n", 0, len(data) - 1) + 1
-    path.write_bytes(data[: start + max(1, (len(data) - start) // 2)])
-
-
-def drop_line(path, n=5):
-    lines = path.read_bytes().splitlines(keepends=True)
-    path.write_bytes(b"".join(lines[:n] + lines[n + 1:]))
-
-
-DAMAGE = {"cut mid-row": cut_mid_row, "a missing line": drop_line, "empty": lambda p: p.write_bytes(b""),
-          "missing": lambda p: p.unlink()}
-
-
 @pytest.mark.parametrize("name", B.REBUILD_READS)
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_from_damaged_file_is_refused(sealed, name, damage, tmp_path, capsys):
-    DAMAGE[damage](sealed / name)
+    DAMAGE[damage](sealed / name, 5) if damage == "a missing line" else DAMAGE[damage](sealed / name)
     before = snapshot(sealed)
     out = tmp_path / "out"
     rc, err = rebuild_cli(sealed, out, capsys)
@@ -482,7 +466,7 @@ def test_from_without_manifest_is_refused(sealed, tmp_path, capsys):
 
 @pytest.mark.parametrize("edit, needle", [
     (cut_mid_row, "snippets.csv line "),  # a torn row: too few fields, or a cut number / flag
-    (drop_line, "info.json counts"),  # a whole row gone: the counts disagree
+    (lambda p: drop_line(p, 5), "info.json counts"),  # a whole row gone: the counts disagree
     (lambda p: p.write_text(p.read_text().replace("\naudit,", "\naudits,", 1)), "not audit or validation"),
     (lambda p: p.write_text(re.sub(r"(\naudit,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,)[^,]*,", r"\1abc,", p.read_text(), 1)),
      "not a number"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_clean_error, write_tiny_llama, write_tiny_mlm
+from helpers import DAMAGE, assert_clean_error, cut_mid_row, drop_line, write_tiny_llama, write_tiny_mlm
 from helpers import snapshot as folder_snapshot
 
 from mia_jax import cli, rundir
@@ -449,22 +449,6 @@ def rebuild_cli(src, out, capsys):
     capsys.readouterr()
     rc = run_cli(["audit-unlearning", "--from", str(src), "--out", str(out)])
     return rc, capsys.readouterr().err
-
-
-def cut_mid_row(path):
-    """The file cut in the middle of its last row (as a full disk or a killed copy leaves it)."""
-    data = path.read_bytes()
-    start = data.rindex(b"\n", 0, len(data) - 1) + 1
-    path.write_bytes(data[: start + max(1, (len(data) - start) // 2)])
-
-
-def drop_line(path, n=1):
-    lines = path.read_bytes().splitlines(keepends=True)
-    path.write_bytes(b"".join(lines[:n] + lines[n + 1:]))
-
-
-DAMAGE = {"cut mid-row": cut_mid_row, "a missing line": drop_line, "empty": lambda p: p.write_bytes(b""),
-          "missing": lambda p: p.unlink()}
 
 
 @pytest.mark.parametrize("name", U.REBUILD_READS)
