@@ -34,11 +34,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mia_jax.data import corpora
 from mia_jax.errors import UserError
 
 FORMAT = "mia_jax.freq_table/1"
 ENCODE_BATCH = 256  # documents per tokenizer.encode_batch call
-_PILE_SAMPLE = "pile_sample.jsonl"
 
 
 def tokenizer_sha256(tokenizer) -> str:
@@ -209,11 +209,9 @@ def for_model(path: str | os.PathLike, loaded) -> FreqTable:
 # ----------------------------------------------------------------------------- the `mia-jax freq-table` command
 
 def default_corpus() -> Path:
-    """The bundled Pile sample (600 Pile test-split documents; train/data/LICENSE.md), the same file the
+    """The bundled Pile sample (600 Pile test-split documents; mia_jax/data/files/LICENSE.md), the same file the
     contamination experiments' ``bundled:pile_sample.jsonl`` names."""
-    from train.corpus import BUNDLED
-
-    path = BUNDLED / _PILE_SAMPLE
+    path = corpora.PILE_SAMPLE
     if not path.is_file():
         raise UserError(f"the bundled Pile sample is not installed ({path}); pass --corpus FILE")
     return path

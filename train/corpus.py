@@ -88,6 +88,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mia_jax.data import corpora
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 from train.config import CorpusConfig
@@ -106,8 +107,12 @@ DOWNSTREAM_FILES = {
 
 
 def resolve_path(path: str) -> Path:
-    """``bundled:NAME`` -> train/data/NAME; anything else is a path."""
-    return BUNDLED / path[len("bundled:"):] if path.startswith("bundled:") else Path(path).expanduser()
+    """``bundled:NAME`` -> train/data/NAME (the Pile sample: the package's, ``corpora.PILE_SAMPLE``); anything else
+    is a path."""
+    if not path.startswith("bundled:"):
+        return Path(path).expanduser()
+    name = path[len("bundled:"):]
+    return corpora.PILE_SAMPLE if name == corpora.PILE_SAMPLE.name else BUNDLED / name
 
 
 def read_jsonl(path: Path, what: str) -> list:

@@ -14,6 +14,7 @@ from pathlib import Path
 from flax import nnx
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from mia_jax.data import corpora
 from train.config import TinyModelConfig
 from train.corpus import BUNDLED, DOWNSTREAM_FILES, TEMPLATES, read_jsonl, read_rows
 from train.export import save_hf
@@ -23,7 +24,7 @@ EOS = "<|endoftext|>"
 
 def training_texts(limit_chars: int = 600_000) -> list[str]:
     """The bundled text (Pile sample + formatted downstream examples + news), in file order."""
-    texts = [r["text"] for r in read_jsonl(BUNDLED / "pile_sample.jsonl", "tiny tokenizer")]
+    texts = [r["text"] for r in read_jsonl(corpora.PILE_SAMPLE, "tiny tokenizer")]
     for name, file in DOWNSTREAM_FILES.items():
         texts += [TEMPLATES[name](row)[2] for row in read_rows(name, BUNDLED / "downstream" / file)]
     texts += [r["text"] for r in read_jsonl(BUNDLED / "news2023_sample.jsonl", "tiny tokenizer")]

@@ -1,4 +1,5 @@
-"""Regenerate the bundled samples in train/data from the full files (../shared/data, see LICENSE.md here).
+"""Regenerate the bundled samples in train/data (and the Pile sample in mia_jax/data/files) from the full files
+(../shared/data, see LICENSE.md here).
 
     python train/data/make_samples.py /path/to/shared/data
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).parent
+PILE_SAMPLE = HERE.parents[1] / "mia_jax" / "data" / "files" / "pile_sample.jsonl"  # shared with the library
 PILE_DOMAINS = ("pile_cc", "openwebtext2", "wikipedia_en", "pubmed_abstracts", "stackexchange")
 PILE_DOCS_PER_DOMAIN = 120
 PILE_MAX_CHARS = 3000
@@ -45,7 +47,7 @@ def main(src):
         rows = [r for r in jsonl(src / "pile" / f"{domain}.jsonl") if r["text"].strip()]
         for i in sorted(rng.choice(len(rows), PILE_DOCS_PER_DOMAIN, replace=False)):
             pile.append({"text": cut(rows[i]["text"].strip(), PILE_MAX_CHARS), "domain": domain})
-    write_jsonl(HERE / "pile_sample.jsonl", pile)
+    write_jsonl(PILE_SAMPLE, pile)
     for name in ("boolq_validation.jsonl", "commonsenseqa_dev.jsonl", "imdb_test_sample2000.jsonl"):
         rows = jsonl(src / "downstream" / name)
         keep = sorted(rng.choice(len(rows), DOWNSTREAM_ROWS, replace=False))
