@@ -1,6 +1,6 @@
 """Reports: markdown / CSV / JSON summary tables and ROC / score-histogram plots, and the table and plot helpers
 every report of the package is written with (``fmt``, ``markdown``, ``best_in_bold``, ``write_csv``, ``pyplot``,
-``save_figure``: also used by ``reproduce`` and ``train/tables``).
+``save_figure``: also used by ``reproduce_report`` and ``train/tables``).
 
 ``summary`` arguments are ``{method: metrics.evaluate(...) dict}``; rows keep the dict's order.
 """
@@ -16,6 +16,8 @@ from typing import Collection, Sequence
 import numpy as np
 
 from mia_jax import metrics
+from mia_jax.bootstrap import as_labels, as_scores, tpr_key
+from mia_jax.comparisons import describe
 
 COLUMNS = ["method", "auroc", "auroc_ci", "tpr_at_5pct_fpr", "tpr_at_5pct_fpr_ci", "tpr_at_1pct_fpr",
            "fpr_at_95pct_tpr", "best_balanced_accuracy", "n_scored", "n_nan"]
@@ -93,7 +95,7 @@ def with_ci(x, ci, bold: bool = False) -> str:
 
 def markdown_table(summary: dict[str, dict], bold: Collection = ()) -> str:
     """GitHub markdown table, one row per method, None as n/a; the AUROC of the methods in ``bold`` in bold (for
-    a run: :func:`metrics.tied_with_best`, the best and every method the paired bootstrap does not place below it;
+    a run: :func:`comparisons.tied_with_best`, the best and every method the paired bootstrap does not place below it;
     nothing is bolded on a point estimate alone)."""
     rows = []
     for method, r in summary.items():
@@ -111,13 +113,15 @@ def markdown_table(summary: dict[str, dict], bold: Collection = ()) -> str:
     return markdown(_HEADER, rows)
 
 
-def _jsonable(x):
+def jsonable(x):
+    """``x`` made fit for strict JSON: dict keys as strings, tuples and arrays as lists, NumPy scalars as Python
+    numbers, NaN/inf as None, paths as strings (nested values too); other values unchanged."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
+        return jsonable(x.tolist())
     if isinstance(x, np.generic):
         x = x.item()
     if isinstance(x, float) and not math.isfinite(x):
@@ -125,6 +129,9 @@ def _jsonable(x):
     if isinstance(x, Path):
         return str(x)
     return x
+
+
+_jsonable = jsonable  # the former name, until audits.books imports jsonable
 
 
 def _csv_header() -> list[str]:
@@ -150,11 +157,11 @@ def _signed_ci(c: dict) -> str:
 
 
 def comparisons_markdown(comparisons: Sequence[dict]) -> str:
-    """The paired comparisons (``{"a": name, "b": name, **metrics.paired_bootstrap(...)}``, or with ``"error"``)
+    """The paired comparisons (``{"a": name, "b": name, **comparisons.paired_bootstrap(...)}``, or with ``"error"``)
     as a markdown table: A - B per metric with its interval and verdict, then one sentence per comparison."""
     if not comparisons:
         return ""
-    tpr = metrics._tpr_key(0.05)
+    tpr = tpr_key(0.05)
     rows, lines = [], []
     for c in comparisons:
         a, b = (str(c[k]).replace("|", "\\|") for k in ("a", "b"))
@@ -163,7 +170,7 @@ def comparisons_markdown(comparisons: Sequence[dict]) -> str:
             lines.append(f"{c['a']} vs {c['b']}: not computed ({c['error']})")
             continue
         rows.append([a, b, _signed_ci(c["auroc"]), c["auroc"]["verdict"], _signed_ci(c[tpr]), c[tpr]["verdict"]])
-        lines.append(metrics.describe(c, c["a"], c["b"]))
+        lines.append(describe(c, c["a"], c["b"]))
     pct = f"{comparisons[0].get('confidence', 0.95):.0%}"
     header = ["A", "B", f"AUROC A - B [{pct} CI]", "AUROC verdict", f"TPR@5%FPR A - B [{pct} CI]", "TPR verdict"]
     return ("Paired comparisons (bootstrap of the difference on the same texts; a verdict only where the interval "
@@ -181,17 +188,17 @@ def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     blob = dict(summary, comparisons=list(comparisons)) if comparisons else summary
-    (out / "summary.json").write_text(json.dumps(_jsonable(blob), indent=2, allow_nan=False) + "\n")
+    (out / "summary.json").write_text(json.dumps(jsonable(blob), indent=2, allow_nan=False) + "\n")
     write_csv(out / "summary.csv", _csv_header(), [_csv_row(str(method), r) for method, r in summary.items()])
     (out / "summary.md").write_text(markdown_table(summary, bold) + "".join(f"\n{n}\n" for n in notes)
                                     + (f"\n{comparisons_markdown(comparisons)}" if comparisons else ""))
     if extra is not None:
-        (out / "run.json").write_text(json.dumps(_jsonable(extra), indent=2, allow_nan=False) + "\n")
+        (out / "run.json").write_text(json.dumps(jsonable(extra), indent=2, allow_nan=False) + "\n")
 
 
 def _finite_rows(labels, scores) -> tuple[np.ndarray, np.ndarray]:
-    lab = metrics._as_labels(labels)
-    sc = metrics._as_scores(scores, lab.shape[0])
+    lab = as_labels(labels)
+    sc = as_scores(scores, lab.shape[0])
     keep = np.isfinite(sc)
     return lab[keep], sc[keep]
 

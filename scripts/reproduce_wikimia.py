@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from mia_jax import entry, files, models, reproduce, rundir
+from mia_jax import entry, files, models, reproduce, reproduce_report, rundir
 from mia_jax.batching import check_tokens_per_batch
 from mia_jax.data import WIKIMIA_LENGTHS, wikimia
 from mia_jax.errors import UserError
@@ -120,7 +120,7 @@ def _main(argv) -> int:
                         + ": each cell would be the other's score negated (AUROCs summing to 1); give other "
                         "--ref-models, or --allow-mirrored to run them flagged")
     args.mirrored = [m for m, _ in mirrored]
-    methods = reproduce.methods_for(reproduce.PAPER_METHODS)
+    methods = reproduce.methods_for(reproduce_report.PAPER_METHODS)
     with rundir.claim(args.out):  # the lock; each cell's folder is claimed with its own fingerprint
         reproduce_all(args, refs, methods, Path(args.out))
     return 0
@@ -157,7 +157,7 @@ def reproduce_all(args, refs, methods, out: Path) -> None:
     files.write_jsonl_gz(out / reproduce.EXAMPLES, [
         {"model": m, "length": n, "setting": s, **ex, "ref_model": ref_of[m], "mirrored": m in labels_of.values(),
          "n_bootstrap": args.n_bootstrap, "seed": args.seed} for (m, n, s), ex in examples.items()])
-    print(reproduce.write_reports(out, results, examples=examples, mirrored=sorted(labels_of.values()),
+    print(reproduce_report.write_reports(out, results, examples=examples, mirrored=sorted(labels_of.values()),
                                   n_bootstrap=max(1, args.n_bootstrap), seed=args.seed))
     rundir.seal(out, reproduce.REBUILD_READS)  # last: what a --from rebuild reads, as this run wrote it
     print(f"wrote {out}/", file=sys.stderr)

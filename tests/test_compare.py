@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from mia_jax import metrics
+from mia_jax import comparisons, metrics
 from mia_jax.cli import main
 
 ROWS = [{"input": f"text number {i} about {'a thing that happened' if i % 2 else 'an event of the year'}",
@@ -42,16 +42,16 @@ def test_compare_is_printed_and_written(tiny_llama_dir, data, tmp_path, capsys):
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     labels = [r["label"] for r in records]
     scores = metrics.scores_by_method(records, ["min_k@0.2", "loss"])
-    want = metrics.paired_bootstrap(labels, scores["min_k@0.2"], scores["loss"], n_bootstrap=40, seed=0)
+    want = comparisons.paired_bootstrap(labels, scores["min_k@0.2"], scores["loss"], n_bootstrap=40, seed=0)
     assert comps[0]["auroc"] == json.loads(json.dumps(want["auroc"]))
-    assert comps[0]["auroc"]["verdict"] in metrics.VERDICTS
+    assert comps[0]["auroc"]["verdict"] in comparisons.VERDICTS
     assert comps[0]["auroc"]["a"] == pytest.approx(summary["min_k@0.2"]["auroc"], abs=1e-12)
     lo, hi = comps[0]["auroc"]["ci"]
     assert lo <= comps[0]["auroc"]["diff"] <= hi or np.isclose(lo, hi)
     md = (out / "summary.md").read_text()
     for text in (md, printed):
         assert "Paired comparisons" in text and "| min_k@0.2 | loss |" in text and "| zlib | loss |" in text
-        assert metrics.describe(comps[1], "zlib", "loss") in text
+        assert comparisons.describe(comps[1], "zlib", "loss") in text
 
 
 @pytest.mark.parametrize("extra, expected", [

@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score
 from sklearn.metrics import roc_curve as sklearn_roc_curve
 
+from mia_jax import bootstrap as bs
+from mia_jax import comparisons as cmp
 from mia_jax import metrics as m
 
 # ---------------------------------------------------------------- brute-force float64 references
@@ -235,9 +237,9 @@ def test_bootstrap_row_statistics_match_point_functions():
             q = rng.choice(neg, neg.size)[None]
             yy = np.r_[np.ones(p.size), np.zeros(q.size)]
             ss = np.r_[p[0], q[0]]
-            assert m._auroc_rows(p, q)[0] == pytest.approx(m.auroc(yy, ss), abs=1e-12)
+            assert bs.auroc_rows(p, q)[0] == pytest.approx(m.auroc(yy, ss), abs=1e-12)
             for f in (0.0, 0.01, 0.05, 0.2, 1.0):
-                assert m._tpr_at_fpr_rows(p, q, f)[0] == pytest.approx(m.tpr_at_fpr(yy, ss, f), abs=1e-12)
+                assert bs.tpr_at_fpr_rows(p, q, f)[0] == pytest.approx(m.tpr_at_fpr(yy, ss, f), abs=1e-12)
 
 
 def test_bootstrap_is_stratified_and_fast():
@@ -280,8 +282,8 @@ def test_fewer_than_ten_per_class_is_na_with_the_reason():
     assert r["auroc"] is None and r["auroc_ci"] is None and r["tpr_at_5pct_fpr"] is None
     assert "fewer than 10 examples per class (9 members, 40 non-members)" in r["note"]
     with pytest.raises(ValueError, match="fewer than 10 examples per class"):
-        m.paired_bootstrap(y9, s9, -s9, n_bootstrap=20)
-    mean = m.evaluate_mean(np.r_[y9, y9], np.r_[s9, s9], ["a"] * 49 + ["b"] * 49, n_bootstrap=20)
+        cmp.paired_bootstrap(y9, s9, -s9, n_bootstrap=20)
+    mean = cmp.evaluate_mean(np.r_[y9, y9], np.r_[s9, s9], ["a"] * 49 + ["b"] * 49, n_bootstrap=20)
     assert mean["auroc"] is None and "a: n/a" in mean["note"]
     y10 = np.r_[np.ones(10, int), np.zeros(40, int)]
     assert m.evaluate(y10, rng.normal(size=50), n_bootstrap=20)["auroc"] is not None

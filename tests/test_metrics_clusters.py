@@ -8,6 +8,8 @@ import pytest
 from helpers import tpr_ref
 from sklearn.metrics import roc_auc_score
 
+from mia_jax import bootstrap as bs
+from mia_jax import comparisons as cmp
 from mia_jax import metrics as m
 
 
@@ -28,7 +30,7 @@ def cluster_ref(labels, vectors, clusters, groups, n_bootstrap, seed, fpr=0.05):
         cl = [np.array(v) for v in by_cluster.values()]
         plans.append((cl, [set(labels[c].tolist()) for c in cl]))
     rng = np.random.default_rng(seed)
-    chunk = max(1, m._CHUNK_ELEMENTS // (len(vectors) * n))
+    chunk = max(1, bs.CHUNK_ELEMENTS // (len(vectors) * n))
     auc, tpr = [], []
     for start in range(0, n_bootstrap, chunk):
         nb = min(chunk, n_bootstrap - start)
@@ -122,13 +124,13 @@ def test_paired_matches_loop_reference(seed, grouped, mixed, monkeypatch):
         labels[:2], labels[-2:] = [0, 1], [0, 1]
         clusters = [c if not c.startswith(("p", "n")) else ("p" if labels[i] else "n") + c[1:]
                     for i, c in enumerate(clusters)]
-    monkeypatch.setattr(m, "_CHUNK_ELEMENTS", 2 * labels.size * 13)  # blocks of 13 resamples
-    res = m.paired_bootstrap(labels, a, b, groups=groups, clusters=clusters, n_bootstrap=40, seed=seed,
+    monkeypatch.setattr(bs, "CHUNK_ELEMENTS", 2 * labels.size * 13)  # blocks of 13 resamples
+    res = cmp.paired_bootstrap(labels, a, b, groups=groups, clusters=clusters, n_bootstrap=40, seed=seed,
                              min_per_class=1)
     auc, tpr = cluster_ref(labels, [a, b], clusters, groups, 40, seed)
     assert res["auroc"]["ci"] == pytest.approx(q(auc[:, 0] - auc[:, 1]), abs=1e-12)
     assert res["tpr_at_5pct_fpr"]["ci"] == pytest.approx(q(tpr[:, 0] - tpr[:, 1]), abs=1e-12)
-    plain = m.paired_bootstrap(labels, a, b, groups=groups, n_bootstrap=40, seed=seed, min_per_class=1)
+    plain = cmp.paired_bootstrap(labels, a, b, groups=groups, n_bootstrap=40, seed=seed, min_per_class=1)
     for key in ("auroc", "tpr_at_5pct_fpr"):  # the point estimates do not depend on the clusters
         assert [res[key][k] for k in ("a", "b", "diff")] == [plain[key][k] for k in ("a", "b", "diff")]
     n_clusters = len({(g, c) for g, c in zip(groups if grouped else [0] * labels.size, clusters)})
@@ -148,8 +150,8 @@ def test_point_estimates_unchanged_and_singletons_equal_plain_bootstrap():
     assert one["clusters"] == 200 and one["cluster_stratified"] is True
     b = s + rng.normal(size=200)
     groups = ["u" if i % 3 else "v" for i in range(200)]
-    p_plain = m.paired_bootstrap(y, s, b, groups=groups, n_bootstrap=200, seed=1)
-    p_one = m.paired_bootstrap(y, s, b, groups=groups, n_bootstrap=200, seed=1, clusters=range(200))
+    p_plain = cmp.paired_bootstrap(y, s, b, groups=groups, n_bootstrap=200, seed=1)
+    p_one = cmp.paired_bootstrap(y, s, b, groups=groups, n_bootstrap=200, seed=1, clusters=range(200))
     assert {k: p_one[k] for k in p_plain} == p_plain
 
 
@@ -180,13 +182,13 @@ def test_paired_verdict_becomes_not_distinguishable_with_books():
     labels = np.array([int(t.startswith("seen")) for t in books])
     b = rng.normal(size=labels.size)
     a = b + np.array([offsets[t] for t in books]) + 0.3 * rng.normal(size=labels.size)
-    plain = m.paired_bootstrap(labels, a, b, n_bootstrap=1000, seed=0)
-    by_book = m.paired_bootstrap(labels, a, b, n_bootstrap=1000, seed=0, clusters=books)
+    plain = cmp.paired_bootstrap(labels, a, b, n_bootstrap=1000, seed=0)
+    by_book = cmp.paired_bootstrap(labels, a, b, n_bootstrap=1000, seed=0, clusters=books)
     assert plain["auroc"]["verdict"] == "A > B"
     assert by_book["auroc"]["verdict"] == "not distinguishable"
     assert by_book["auroc"]["diff"] == plain["auroc"]["diff"] > 0
     assert by_book["clusters"] == 12 and by_book["cluster_stratified"] is True
-    swapped = m.paired_bootstrap(labels, b, a, n_bootstrap=1000, seed=0, clusters=books)
+    swapped = cmp.paired_bootstrap(labels, b, a, n_bootstrap=1000, seed=0, clusters=books)
     assert swapped["auroc"]["ci"] == [-by_book["auroc"]["ci"][1], -by_book["auroc"]["ci"][0]]
 
 
@@ -206,7 +208,7 @@ def test_bad_clusters():
     with pytest.raises(ValueError, match="clusters and labels differ in length: 3 clusters, 4 labels"):
         m.evaluate(y, s, clusters=["a", "b", "c"])
     with pytest.raises(ValueError, match="clusters and labels differ in length: 5 clusters, 4 labels"):
-        m.paired_bootstrap(y, s, s, clusters=["a"] * 5)
+        cmp.paired_bootstrap(y, s, s, clusters=["a"] * 5)
     with pytest.raises(ValueError, match="hashable"):
         m.evaluate(y, s, clusters=[[1], [2], [3], [4]])
 

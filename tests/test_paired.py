@@ -5,11 +5,13 @@ import pytest
 from helpers import tpr_ref
 from sklearn.metrics import roc_auc_score
 
+from mia_jax import bootstrap as bs
+from mia_jax import comparisons as cmp
 from mia_jax import metrics as m
 
 
 def paired_ref(labels, a, b, groups, n_bootstrap, seed, fpr=0.05, sides=None):
-    """The obvious loop: the same draws as metrics._grouped_bootstrap (per block, per group, members then
+    """The obvious loop: the same draws as bootstrap.grouped_bootstrap (per block, per group, members then
     non-members), then one resample at a time through sklearn and the threshold scan. ``sides`` (a dict) receives
     each side's own resampled AUROC, ``"a"`` and ``"b"``."""
     labels, a, b = np.asarray(labels), np.asarray(a, float), np.asarray(b, float)
@@ -18,7 +20,7 @@ def paired_ref(labels, a, b, groups, n_bootstrap, seed, fpr=0.05, sides=None):
     rows = [(np.flatnonzero((groups == k) & (labels == 1)), np.flatnonzero((groups == k) & (labels == 0)))
             for k in keys]
     rng = np.random.default_rng(seed)
-    chunk = max(1, m._CHUNK_ELEMENTS // (2 * len(labels)))
+    chunk = max(1, bs.CHUNK_ELEMENTS // (2 * len(labels)))
     diffs_auc, diffs_tpr = [], []
     for start in range(0, n_bootstrap, chunk):
         nb = min(chunk, n_bootstrap - start)
@@ -57,7 +59,7 @@ def test_paired_matches_loop_reference(seed, levels, grouped):
     labels, a, b = case(seed, levels=levels)
     groups = np.array(["x", "y", "z"])[np.arange(labels.size) % 3] if grouped else None
     n_boot = 60
-    res = m.paired_bootstrap(labels, a, b, groups=groups, n_bootstrap=n_boot, seed=seed, min_per_class=1)
+    res = cmp.paired_bootstrap(labels, a, b, groups=groups, n_bootstrap=n_boot, seed=seed, min_per_class=1)
     sides = {}
     d_auc, d_tpr = paired_ref(labels, a, b, groups, n_boot, seed, sides=sides)
     assert res["auroc"]["ci"] == pytest.approx(list(np.quantile(d_auc, [0.025, 0.975])), abs=1e-12)
@@ -65,7 +67,7 @@ def test_paired_matches_loop_reference(seed, levels, grouped):
     assert res["auroc"]["a_ci"] == pytest.approx(list(np.quantile(sides["a"], [0.025, 0.975])), abs=1e-12)
     assert res["auroc"]["b_ci"] == pytest.approx(list(np.quantile(sides["b"], [0.025, 0.975])), abs=1e-12)
     # several vectors on the same examples: the mean over vectors, one shared resample for all of them
-    both = m.evaluate_mean(labels, np.stack([a, b]), groups if grouped else np.zeros(labels.size), n_bootstrap=n_boot,
+    both = cmp.evaluate_mean(labels, np.stack([a, b]), groups if grouped else np.zeros(labels.size), n_bootstrap=n_boot,
                            seed=seed, min_per_class=1)
     mean_ab = (np.array(sides["a"]) + np.array(sides["b"])) / 2
     assert both["auroc_ci"] == pytest.approx(list(np.quantile(mean_ab, [0.025, 0.975])), abs=1e-12)
@@ -83,8 +85,8 @@ def test_paired_matches_loop_reference(seed, levels, grouped):
 def test_paired_blocks_match_one_block(monkeypatch):
     """Splitting the resamples into blocks changes the draws' layout but the reference follows the same blocks."""
     labels, a, b = case(5)
-    monkeypatch.setattr(m, "_CHUNK_ELEMENTS", 2 * labels.size * 7)  # blocks of 7 resamples
-    res = m.paired_bootstrap(labels, a, b, n_bootstrap=30, seed=9)
+    monkeypatch.setattr(bs, "CHUNK_ELEMENTS", 2 * labels.size * 7)  # blocks of 7 resamples
+    res = cmp.paired_bootstrap(labels, a, b, n_bootstrap=30, seed=9)
     d_auc, _ = paired_ref(labels, a, b, None, 30, 9)
     assert res["auroc"]["ci"] == pytest.approx(list(np.quantile(d_auc, [0.025, 0.975])), abs=1e-12)
 
@@ -94,23 +96,23 @@ def test_hand_made_verdicts():
     rng = np.random.default_rng(0)
     perfect = labels + 0.01 * rng.random(100)
     noise = rng.random(100)
-    res = m.paired_bootstrap(labels, perfect, noise, n_bootstrap=200)
+    res = cmp.paired_bootstrap(labels, perfect, noise, n_bootstrap=200)
     assert res["auroc"]["a"] == 1.0 and res["auroc"]["verdict"] == "A > B" and res["auroc"]["ci"][0] > 0.2
-    swapped = m.paired_bootstrap(labels, noise, perfect, n_bootstrap=200)
+    swapped = cmp.paired_bootstrap(labels, noise, perfect, n_bootstrap=200)
     assert swapped["auroc"]["verdict"] == "B > A"
     assert swapped["auroc"]["ci"] == pytest.approx([-res["auroc"]["ci"][1], -res["auroc"]["ci"][0]], abs=1e-12)
     # the same scores: every resample's difference is 0, so the interval is [0, 0] and contains 0
-    same = m.paired_bootstrap(labels, noise, noise.copy(), n_bootstrap=50)
+    same = cmp.paired_bootstrap(labels, noise, noise.copy(), n_bootstrap=50)
     assert same["auroc"]["ci"] == [0.0, 0.0] and same["auroc"]["verdict"] == "not distinguishable"
     # a monotone transform does not change any AUROC: not distinguishable
-    mono = m.paired_bootstrap(labels, noise, np.exp(3 * noise), n_bootstrap=50)
+    mono = cmp.paired_bootstrap(labels, noise, np.exp(3 * noise), n_bootstrap=50)
     assert mono["auroc"]["diff"] == 0.0 and mono["auroc"]["verdict"] == "not distinguishable"
     # two models of the same signal plus independent noise: not distinguishable at this size
     sig = labels * 0.5
-    close = m.paired_bootstrap(labels, sig + rng.normal(size=100), sig + rng.normal(size=100), n_bootstrap=300)
+    close = cmp.paired_bootstrap(labels, sig + rng.normal(size=100), sig + rng.normal(size=100), n_bootstrap=300)
     assert close["auroc"]["ci"][0] < 0 < close["auroc"]["ci"][1]
     assert close["auroc"]["verdict"] == "not distinguishable"
-    assert "not distinguishable" in m.describe(close, "a", "b") and m.describe(res, "min_k", "ppl").startswith(
+    assert "not distinguishable" in cmp.describe(close, "a", "b") and cmp.describe(res, "min_k", "ppl").startswith(
         "min_k > ppl: AUROC 1.000")
 
 
@@ -118,30 +120,30 @@ def test_paired_drops_nan_rows_from_both_and_checks_input():
     labels, a, b = case(4)
     a[[0, 3]] = np.nan
     b[[3, 7]] = np.inf
-    res = m.paired_bootstrap(labels, a, b, n_bootstrap=20)
+    res = cmp.paired_bootstrap(labels, a, b, n_bootstrap=20)
     keep = np.isfinite(a) & np.isfinite(b)
     assert res["n_dropped"] == 3 and res["n_used"] == labels.size - 3
     assert res["auroc"]["b"] == pytest.approx(roc_auc_score(labels[keep], b[keep]))
     with pytest.raises(ValueError, match="n_bootstrap must be >= 1"):
-        m.paired_bootstrap(labels, a, b, n_bootstrap=0)
+        cmp.paired_bootstrap(labels, a, b, n_bootstrap=0)
     with pytest.raises(ValueError, match="differ in length"):
-        m.paired_bootstrap(labels, a, b[:-1])
+        cmp.paired_bootstrap(labels, a, b[:-1])
     with pytest.raises(ValueError, match="both classes in group 'g1'"):
-        m.paired_bootstrap([1, 0, 1, 1], [1, 2, 3, 4], [4, 3, 2, 1], groups=["g0", "g0", "g1", "g1"], n_bootstrap=5)
-    assert m.paired_bootstrap(labels, a, b, n_bootstrap=20, seed=3) == m.paired_bootstrap(labels, a, b,
+        cmp.paired_bootstrap([1, 0, 1, 1], [1, 2, 3, 4], [4, 3, 2, 1], groups=["g0", "g0", "g1", "g1"], n_bootstrap=5)
+    assert cmp.paired_bootstrap(labels, a, b, n_bootstrap=20, seed=3) == cmp.paired_bootstrap(labels, a, b,
                                                                                           n_bootstrap=20, seed=3)
 
 
 def test_evaluate_mean_is_the_mean_of_the_groups():
     labels, a, _ = case(6, n_pos=60, n_neg=60)
     groups = np.arange(labels.size) % 2
-    res = m.evaluate_mean(labels, a, groups, n_bootstrap=100, seed=1)
+    res = cmp.evaluate_mean(labels, a, groups, n_bootstrap=100, seed=1)
     want = np.mean([m.auroc(labels[groups == g], a[groups == g]) for g in (0, 1)])
     assert res["auroc"] == pytest.approx(want) and res["n_groups"] == 2
     lo, hi = res["auroc_ci"]
     assert lo < want < hi
     # the same draws as the paired bootstrap: its A-vs-constant-shift interval is the mean's interval minus 0.5
-    flat = m.paired_bootstrap(labels, a, np.zeros_like(a), groups=groups, n_bootstrap=100, seed=1)
+    flat = cmp.paired_bootstrap(labels, a, np.zeros_like(a), groups=groups, n_bootstrap=100, seed=1)
     assert flat["auroc"]["ci"] == pytest.approx([lo - 0.5, hi - 0.5], abs=1e-12)
 
 
@@ -149,23 +151,23 @@ def test_evaluate_mean_of_several_vectors():
     labels, a, b = case(7, n_pos=50, n_neg=50)
     groups = np.arange(labels.size) % 2
     # one vector stacked is the one-vector result, bit for bit
-    assert m.evaluate_mean(labels, a[None], groups, n_bootstrap=50, seed=2) == m.evaluate_mean(
+    assert cmp.evaluate_mean(labels, a[None], groups, n_bootstrap=50, seed=2) == cmp.evaluate_mean(
         labels, a, groups, n_bootstrap=50, seed=2)
-    res = m.evaluate_mean(labels, np.stack([a, b]), groups, n_bootstrap=50, seed=2)
+    res = cmp.evaluate_mean(labels, np.stack([a, b]), groups, n_bootstrap=50, seed=2)
     want = np.mean([m.auroc(labels[groups == g], v[groups == g]) for g in (0, 1) for v in (a, b)])
     assert res["auroc"] == pytest.approx(want, abs=1e-12)
     # a score and its negation: the mean AUROC is 0.5 in every resample (the mirrored Smaller-Ref pair)
-    mirror = m.evaluate_mean(labels, np.stack([a, -a]), groups, n_bootstrap=50, seed=2)
+    mirror = cmp.evaluate_mean(labels, np.stack([a, -a]), groups, n_bootstrap=50, seed=2)
     assert mirror["auroc"] == pytest.approx(0.5) and mirror["auroc_ci"] == pytest.approx([0.5, 0.5])
     # an example NaN in one vector is dropped from all
     b2 = b.copy()
     b2[[0, 5]] = np.nan
     keep = np.isfinite(b2)
-    dropped = m.evaluate_mean(labels, np.stack([a, b2]), groups, n_bootstrap=0)
+    dropped = cmp.evaluate_mean(labels, np.stack([a, b2]), groups, n_bootstrap=0)
     want = np.mean([m.auroc(labels[keep & (groups == g)], v[keep & (groups == g)]) for g in (0, 1) for v in (a, b)])
     assert dropped["n_nan"] == 2 and dropped["auroc"] == pytest.approx(want, abs=1e-12)
     with pytest.raises(ValueError, match="shape"):
-        m.evaluate_mean(labels, np.stack([a, b])[:, :-1], groups)
+        cmp.evaluate_mean(labels, np.stack([a, b])[:, :-1], groups)
 
 
 def test_subset_bootstrap_against_loop():
@@ -173,7 +175,7 @@ def test_subset_bootstrap_against_loop():
     labels = np.r_[np.ones(60, int), np.zeros(40, int)]
     occ = np.r_[np.repeat([1, 4], 30), np.zeros(40, int)]
     scores = rng.normal(size=100) + 0.3 * occ
-    res = m.subset_bootstrap(scores, labels, occ == 4, occ == 1, n_bootstrap=40, seed=0)
+    res = cmp.subset_bootstrap(scores, labels, occ == 4, occ == 1, n_bootstrap=40, seed=0)
     neg, pa, pb = scores[labels == 0], scores[occ == 4], scores[occ == 1]
     rng = np.random.default_rng(0)
     q = neg[rng.integers(0, 40, (40, 40))]
@@ -188,7 +190,7 @@ def test_subset_bootstrap_against_loop():
     assert res["auroc"]["a"] == pytest.approx(roc_auc_score(y, np.r_[pa, neg]))
     assert res["n_members"] == [30, 30]
     with pytest.raises(ValueError, match="members"):
-        m.subset_bootstrap(scores, labels, labels == 0, occ == 1)
+        cmp.subset_bootstrap(scores, labels, labels == 0, occ == 1)
 
 
 def test_compare_to_best_bolds_the_best_and_its_ties():
@@ -198,15 +200,15 @@ def test_compare_to_best_bolds_the_best_and_its_ties():
     scores = {"strong": strong, "close": strong + 0.05 * rng.normal(size=120), "noise": rng.normal(size=120),
               "empty": np.full(120, np.nan)}
     points = {k: (None if k == "empty" else m.auroc(labels, v)) for k, v in scores.items()}
-    entry = m.compare_to_best(labels, scores, points, n_bootstrap=200, seed=0)
+    entry = cmp.compare_to_best(labels, scores, points, n_bootstrap=200, seed=0)
     assert entry["best"] == max(("strong", "close"), key=points.get)
     assert set(entry["vs"]) == {"strong", "close", "noise"} - {entry["best"]}  # no point estimate: not compared
     other = ({"strong", "close"} - {entry["best"]}).pop()
-    assert entry["vs"][other] == m.paired_bootstrap(labels, scores[entry["best"]], scores[other], n_bootstrap=200,
+    assert entry["vs"][other] == cmp.paired_bootstrap(labels, scores[entry["best"]], scores[other], n_bootstrap=200,
                                                     seed=0)
-    assert m.tied_with_best(entry) == {"strong", "close"}  # noise is placed below the best: not bold
-    assert m.compare_to_best(labels, scores, {"empty": None}) is None and m.tied_with_best(None) == set()
+    assert cmp.tied_with_best(entry) == {"strong", "close"}  # noise is placed below the best: not bold
+    assert cmp.compare_to_best(labels, scores, {"empty": None}) is None and cmp.tied_with_best(None) == set()
     # a comparison that cannot be made (one class left) does not hide a method: it stays with the best
     one_class = dict(scores, close=np.where(labels == 1, np.nan, scores["close"]))
-    entry = m.compare_to_best(labels, one_class, {"strong": 0.9, "close": 0.8}, n_bootstrap=20)
-    assert entry["vs"]["close"] is None and m.tied_with_best(entry) == {"strong", "close"}
+    entry = cmp.compare_to_best(labels, one_class, {"strong": 0.9, "close": 0.8}, n_bootstrap=20)
+    assert entry["vs"]["close"] is None and cmp.tied_with_best(entry) == {"strong", "close"}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import assert_clean_error, snapshot
 
-from mia_jax import files, metrics, reproduce, rundir
+from mia_jax import comparisons, files, metrics, reproduce, reproduce_report, rundir
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "reproduce_wikimia.py"
 
@@ -25,7 +25,7 @@ def fake_results():
     rows = []
     for model in ("m1", "m2"):
         for length in (32, 64):
-            for method in reproduce.methods_for(reproduce.PAPER_METHODS) + ["blind_bow"]:
+            for method in reproduce.methods_for(reproduce_report.PAPER_METHODS) + ["blind_bow"]:
                 auroc = 0.5 + 0.01 * length / 32 + (0.1 if method == "min_k_pp@0.2" else 0) \
                     + (0.3 if method == "blind_bow" else 0) + (0.05 if model == "m2" else 0)
                 rows.append(dict(model=model, length=length, setting="Ori.", method=method, auroc=auroc,
@@ -34,19 +34,19 @@ def fake_results():
 
 
 def test_table1_averages_lengths_and_bolds_the_best_detector():
-    header, body = reproduce.pivot(fake_results(), "auroc", reproduce.PAPER_METHODS)
+    header, body = reproduce_report.pivot(fake_results(), "auroc", reproduce_report.PAPER_METHODS)
     assert header == ["Method", "m1 Ori.", "m2 Ori.", "Avg."]
     by_name = {row[0]: row for row in body}
     assert by_name["PPL"][1] == pytest.approx(0.515)  # mean of 0.51 (len 32) and 0.52 (len 64)
     assert by_name["Min-K%++"][2] == pytest.approx(0.665)
     assert by_name["Min-K%++"][3] == pytest.approx((0.615 + 0.665) / 2)
-    md = reproduce.markdown(header, body)
+    md = reproduce_report.markdown(header, body)
     assert "| Min-K%++ | **0.615** | **0.665** | **0.640** |" in md
-    assert "**" not in [line for line in md.splitlines() if line.startswith(f"| {reproduce.BLIND_ROW}")][0]
+    assert "**" not in [line for line in md.splitlines() if line.startswith(f"| {reproduce_report.BLIND_ROW}")][0]
 
 
 def test_reports_are_written(tmp_path):
-    text = reproduce.write_reports(tmp_path, fake_results())
+    text = reproduce_report.write_reports(tmp_path, fake_results())
     assert "Table 1: AUROC" in text and "Table 6: TPR@5%FPR" in text and "k sweep" in text
     for name in ("table1_auroc.md", "table1_auroc.csv", "table6_tpr_at_5pct_fpr.csv", "k_sweep.csv",
                  "fig2b_auroc_by_length.png", "k_sweep.png", "results_long.json"):
@@ -85,9 +85,9 @@ def test_script_end_to_end_on_tiny_models(tiny_llama_dir, tmp_path, capsys):
         if n and n < 24:  # the pass that was cut short
             assert f"resuming from {cell / 'passes' / name}: {n} of 24 texts already scored" in err
     table = (out / "table1_auroc.md").read_text()
-    for name, _ in reproduce.PAPER_METHODS:
+    for name, _ in reproduce_report.PAPER_METHODS:
         assert f"| {name} |" in table
-    assert reproduce.BLIND_ROW in table
+    assert reproduce_report.BLIND_ROW in table
     assert (out / "fig2b_auroc_by_length.png").exists() and (out / "k_sweep.png").exists()
     assert (out / "examples.jsonl.gz").exists() and "[" in table.split("| PPL |")[1].splitlines()[0]
     # every table, its intervals and the plots come back from examples.jsonl.gz alone, byte for byte
@@ -179,7 +179,7 @@ def test_tables_with_intervals_paired_bold_and_mirrored_flags(tmp_path):
     for model in ("m1", "m2"):
         for length in (32, 64):
             labels = np.r_[np.ones(40, int), np.zeros(40, int)]
-            scores = {m: rng.normal(size=80) for m in reproduce.methods_for(reproduce.PAPER_METHODS)}
+            scores = {m: rng.normal(size=80) for m in reproduce.methods_for(reproduce_report.PAPER_METHODS)}
             scores["min_k_pp@0.2"] = scores["min_k_pp@0.2"] + 3 * labels  # clearly best
             scores["min_k@0.2"] = scores["min_k_pp@0.2"] + 0.01 * rng.normal(size=80)  # indistinguishable from it
             scores["blind_bow"] = labels + 0.01 * rng.normal(size=80)  # perfect, but never bold
@@ -188,20 +188,20 @@ def test_tables_with_intervals_paired_bold_and_mirrored_flags(tmp_path):
             for m, v in scores.items():
                 results.append(dict(model=model, length=length, setting="Ori.", method=m,
                                     **metrics.evaluate(labels, v, n_bootstrap=0)))
-    text = reproduce.write_reports(tmp_path, results, examples=examples, mirrored=["m1", "m2"], n_bootstrap=100)
+    text = reproduce_report.write_reports(tmp_path, results, examples=examples, mirrored=["m1", "m2"], n_bootstrap=100)
     table = (tmp_path / "table1_auroc.md").read_text()
     rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| ")}
     # both bold in both model columns (the average over models is no paired claim: never bold)
     assert rows["Min-K%++"].count("**") == 4 and rows["Min-K% Prob"].count("**") == 4
-    assert "**" not in rows["PPL"] and "**" not in rows[reproduce.BLIND_ROW] and "**" not in rows["Smaller Ref"]
+    assert "**" not in rows["PPL"] and "**" not in rows[reproduce_report.BLIND_ROW] and "**" not in rows["Smaller Ref"]
     assert rows["Smaller Ref"].count("‡") == 3 and "Mirrored Smaller-Ref pair" in table
     labels = np.array(examples[("m1", 32, "Ori.")]["labels"] + examples[("m1", 64, "Ori.")]["labels"])
     ppl = np.r_[examples[("m1", 32, "Ori.")]["scores"]["loss"], examples[("m1", 64, "Ori.")]["scores"]["loss"]]
-    want = metrics.evaluate_mean(labels, ppl, [32] * 80 + [64] * 80, n_bootstrap=100)
+    want = comparisons.evaluate_mean(labels, ppl, [32] * 80 + [64] * 80, n_bootstrap=100)
     assert f"{want['auroc']:.3f} [{want['auroc_ci'][0]:.3f}, {want['auroc_ci'][1]:.3f}]" in rows["PPL"]
     # Avg.: the mean over the two models with one bootstrap of the texts both scored (resampled within length)
     ppl2 = np.r_[examples[("m2", 32, "Ori.")]["scores"]["loss"], examples[("m2", 64, "Ori.")]["scores"]["loss"]]
-    avg = metrics.evaluate_mean(labels, np.stack([ppl, ppl2]), [32] * 80 + [64] * 80, n_bootstrap=100)
+    avg = comparisons.evaluate_mean(labels, np.stack([ppl, ppl2]), [32] * 80 + [64] * 80, n_bootstrap=100)
     assert rows["PPL"].endswith(f"| {avg['auroc']:.3f} [{avg['auroc_ci'][0]:.3f}, {avg['auroc_ci'][1]:.3f}] |")
     assert avg["auroc_ci"][0] < avg["auroc"] < avg["auroc_ci"][1]
     assert "Table 6" in text
@@ -209,7 +209,7 @@ def test_tables_with_intervals_paired_bold_and_mirrored_flags(tmp_path):
     sweep = (tmp_path / "k_sweep.md").read_text()
     k02 = next(line for line in sweep.splitlines() if line.startswith("| 0.2 |"))
     mk = np.r_[examples[("m1", 32, "Ori.")]["scores"]["min_k@0.2"], examples[("m1", 64, "Ori.")]["scores"]["min_k@0.2"]]
-    want = metrics.evaluate_mean(labels, mk, [32] * 80 + [64] * 80, n_bootstrap=100)
+    want = comparisons.evaluate_mean(labels, mk, [32] * 80 + [64] * 80, n_bootstrap=100)
     assert k02.split(" | ")[1] == f"{want['auroc']:.3f} [{want['auroc_ci'][0]:.3f}, {want['auroc_ci'][1]:.3f}]"
     assert "**" not in sweep
 
@@ -220,7 +220,7 @@ def test_tables_with_intervals_paired_bold_and_mirrored_flags(tmp_path):
 def fake_cells(n: int = 12, seed: int = 0) -> list[dict]:
     """Two cells (lengths 32, 64) of a reproduction's examples.jsonl.gz with ``n`` members and ``n`` non-members."""
     rng = np.random.default_rng(seed)
-    methods = reproduce.methods_for(reproduce.PAPER_METHODS) + ["blind_bow"]
+    methods = reproduce.methods_for(reproduce_report.PAPER_METHODS) + ["blind_bow"]
     labels = [1] * n + [0] * n
     return [{"model": "m", "length": length, "setting": "Ori.", "labels": list(labels), "methods": list(methods),
              "scores": {m: [float(x) for x in rng.normal(size=2 * n) + np.array(labels)] for m in methods},
@@ -355,7 +355,7 @@ def test_a_model_without_any_auroc_is_drawn_and_tabled_as_na():
     for r in results:
         if r["model"] == "m1":
             r.update(auroc=None, tpr_at_5pct_fpr=None, note="only 5 members (fewer than 10): no metric")
-    text, outputs = reproduce.report_outputs(results)
+    text, outputs = reproduce_report.report_outputs(results)
     assert outputs["fig2b_auroc_by_length.png"][:4] == b"\x89PNG"
     ppl = next(line for line in text.splitlines() if line.startswith("| PPL |"))
     assert ppl.split(" | ")[1] == "n/a" and "n/a (m1 Ori. 32, m1 Ori. 64): only 5 members" in text

@@ -1,0 +1,218 @@
+"""Comparisons of detectors with paired bootstrap intervals (the conventions are :mod:`mia_jax.metrics`'s):
+two score vectors on the same examples (:func:`paired_bootstrap`), two member subsets against shared non-members
+(:func:`subset_bootstrap`), the mean over groups of one method (:func:`evaluate_mean`), the best method of a
+table column and those tied with it (:func:`compare_to_best`, :func:`tied_with_best`), and the sentence a report
+prints (:func:`describe`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from mia_jax import bootstrap
+from mia_jax.bootstrap import (MIN_PER_CLASS, ClusterDraw, as_labels, as_scores, auroc_rows, cluster_bootstrap,
+                               cluster_ids, group_rows, grouped_bootstrap, interval, too_few, tpr_at_fpr_rows, tpr_key)
+
+VERDICTS = ("A > B", "B > A", "not distinguishable")
+
+
+def verdict(ci) -> str:
+    """"A > B" when the interval of A - B lies above 0, "B > A" when below, else "not distinguishable"."""
+    lo, hi = ci
+    return VERDICTS[0] if lo > 0 else VERDICTS[1] if hi < 0 else VERDICTS[2]
+
+
+def _check_bootstrap_args(n_bootstrap: int, confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n_bootstrap < 1:
+        raise ValueError(f"n_bootstrap must be >= 1 for an interval, got {n_bootstrap}")
+
+
+def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = None, n_bootstrap: int = 1000,
+                     seed: int = 0, confidence: float = 0.95, fpr: float = 0.05,
+                     clusters: Sequence | None = None, min_per_class: int = MIN_PER_CLASS) -> dict:
+    """Paired bootstrap of A - B for two score vectors on the **same** examples: two methods scored by one model,
+    or one method scored by two models (e.g. two learning rates) on the same eval set.
+
+    Examples are resampled, stratified by label (members and non-members separately, with replacement, at their
+    observed counts, as :func:`metrics.evaluate`'s intervals), and each resample is applied to both A and B, so what the
+    interval measures is the difference on the same examples. Per resample: AUROC(A) - AUROC(B) and
+    TPR@``fpr``(A) - TPR@``fpr``(B). With ``groups`` (one key per example, e.g. its dataset) the statistic is the
+    mean over groups of the per-group metric (a table's average column), resampled within each group.
+
+    Rows where A or B is NaN/inf are dropped from both (counted in ``n_dropped``). Returns a JSON-serialisable
+    dict: ``n, n_used, n_dropped, n_members, n_nonmembers, groups, n_bootstrap, seed, confidence`` and, for
+    ``"auroc"`` and the TPR key (``"tpr_at_5pct_fpr"``), ``{"a", "b", "a_ci", "b_ci", "diff", "ci": [lo, hi],
+    "verdict"}`` (``a_ci`` / ``b_ci``: each side's own interval from the same resamples) with
+    ``verdict`` one of ``"A > B"``, ``"B > A"`` or ``"not distinguishable"`` (the interval contains 0).
+    Deterministic for a given ``seed``; swapping A and B negates every difference and interval exactly.
+
+    ``clusters`` (one key per example, e.g. a snippet's book): a cluster bootstrap (see :func:`metrics.evaluate`): whole
+    clusters are resampled, stratified by label when every cluster holds one label, and each resample of clusters is
+    applied to both A and B. With ``groups``, clusters are resampled within each group (a key found in two groups is
+    two clusters), per group stratified or not on its own. The point estimates are those without ``clusters``; the
+    dict also has ``clusters`` (their number, summed over groups), ``bootstrap: "cluster"``, ``cluster_stratified``
+    (True when every group was stratified) and ``n_redrawn``."""
+    _check_bootstrap_args(n_bootstrap, confidence)
+    lab = as_labels(labels)
+    a = as_scores(scores_a, lab.shape[0])
+    b = as_scores(scores_b, lab.shape[0])
+    if groups is not None and len(groups) != lab.shape[0]:
+        raise ValueError(f"groups and labels differ in length: {len(groups)} groups, {lab.shape[0]} labels")
+    cid = None if clusters is None else cluster_ids(clusters, lab.shape[0])
+    keep = np.isfinite(a) & np.isfinite(b)
+    kept_groups = None if groups is None else [g for g, k in zip(groups, keep) if k]
+    lab, a, b = lab[keep], a[keep], b[keep]
+    keys, rows = group_rows(lab, kept_groups, lab.shape[0])
+    _enough(rows, keys, min_per_class)
+    if cid is None:
+        auc, tpr, boot_auc, boot_tpr = grouped_bootstrap([a, b], rows, n_bootstrap, seed, fpr)
+    else:
+        auc, tpr, _, _ = grouped_bootstrap([a, b], rows, 0, seed, fpr)
+        draws = [ClusterDraw(np.sort(np.concatenate([pos, neg])), cid[keep], lab) for pos, neg in rows]
+        boot_auc, boot_tpr, n_redrawn = cluster_bootstrap([a, b], draws, n_bootstrap, seed, fpr)
+    out = {"n": int(keep.shape[0]), "n_used": int(keep.sum()), "n_dropped": int((~keep).sum()),
+           "n_members": int(lab.sum()), "n_nonmembers": int(lab.shape[0] - lab.sum()),
+           "groups": None if groups is None else [str(k) for k in keys],
+           "n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
+    if cid is not None:
+        out.update(clusters=sum(d.k for d in draws), bootstrap="cluster",
+                   cluster_stratified=all(d.stratified for d in draws), n_redrawn=n_redrawn)
+    for key, point, boot in (("auroc", auc, boot_auc), (tpr_key(fpr), tpr, boot_tpr)):
+        out[key] = _comparison(point[0], point[1], boot[:, 0], boot[:, 1], confidence)
+    return out
+
+
+def _enough(rows, keys, minimum: int = MIN_PER_CLASS) -> None:
+    """ValueError naming the first group (or the whole set) with fewer than ``minimum`` examples of a class."""
+    for key, (pos, neg) in zip(keys, rows):
+        if reason := too_few(len(pos), len(neg), minimum):
+            raise ValueError(reason if len(keys) == 1 else f"{key}: {reason}")
+
+
+def _comparison(a: float, b: float, boot_a: np.ndarray, boot_b: np.ndarray, confidence: float) -> dict:
+    """One metric of a paired comparison: the point estimates, each side's own interval (``a_ci``, ``b_ci``) and
+    the interval of the paired difference, all from the same resamples."""
+    ci = interval(boot_a - boot_b, confidence)
+    return {"a": float(a), "b": float(b), "a_ci": interval(boot_a, confidence), "b_ci": interval(boot_b, confidence),
+            "diff": float(a - b), "ci": ci, "verdict": verdict(ci)}
+
+
+
+def evaluate_mean(labels, scores, groups: Sequence, *, n_bootstrap: int = 1000, seed: int = 0,
+                  confidence: float = 0.95, min_per_class: int = MIN_PER_CLASS) -> dict:
+    """The mean over ``groups`` (e.g. datasets) of one method's per-group AUROC and TPR@5%FPR, with stratified
+    percentile-bootstrap intervals (resampled within each group, members and non-members separately; the same
+    draws as :func:`paired_bootstrap` with the same ``seed``). NaN/inf scores are excluded (``n_nan``).
+
+    ``scores`` may also be several score vectors on the **same** examples, shape ``[V, n]`` (e.g. one method
+    under two models on the same texts): the statistic is then the mean over vectors and groups, and every
+    resample is shared by all vectors, so the interval of a table's "average over models" column accounts for
+    the vectors being scored on the same texts. An example whose score is NaN/inf in any vector is dropped from all.
+    ``{"auroc", "auroc_ci", "tpr_at_5pct_fpr", "tpr_at_5pct_fpr_ci", "n_groups", "n_nan"}``; intervals ``None``
+    when ``n_bootstrap == 0``."""
+    if n_bootstrap < 0:
+        raise ValueError(f"n_bootstrap must be >= 0, got {n_bootstrap}")
+    lab = as_labels(labels)
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.ndim > 2 or (arr.ndim == 2 and arr.shape[1] != lab.shape[0]):
+        raise ValueError(f"scores must have shape [n] or [V, n] with n = {lab.shape[0]} labels, got {arr.shape}")
+    vectors = [as_scores(v, lab.shape[0]) for v in np.atleast_2d(arr)]
+    keep = np.logical_and.reduce([np.isfinite(v) for v in vectors])
+    keys, rows = group_rows(lab[keep], [g for g, k in zip(groups, keep) if k], int(keep.sum()))
+    try:
+        _enough(rows, keys, min_per_class)
+    except ValueError as e:
+        return {"auroc": None, "auroc_ci": None, "tpr_at_5pct_fpr": None, "tpr_at_5pct_fpr_ci": None,
+                "n_groups": len(keys), "n_nan": int((~keep).sum()), "note": str(e)}
+    auc, tpr, boot_auc, boot_tpr = grouped_bootstrap([v[keep] for v in vectors], rows, n_bootstrap, seed, 0.05)
+    return {"auroc": float(auc.mean()),
+            "auroc_ci": interval(boot_auc.mean(axis=1), confidence) if n_bootstrap else None,
+            "tpr_at_5pct_fpr": float(tpr.mean()),
+            "tpr_at_5pct_fpr_ci": interval(boot_tpr.mean(axis=1), confidence) if n_bootstrap else None,
+            "n_groups": len(keys), "n_nan": int((~keep).sum())}
+
+
+def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int = 1000, seed: int = 0,
+                     confidence: float = 0.95, fpr: float = 0.05, min_per_class: int = MIN_PER_CLASS) -> dict:
+    """AUROC / TPR@``fpr`` of two member subsets against the **same** non-members (e.g. members inserted k = 4
+    times vs k = 1 times): the non-members are resampled once per resample and shared by A and B (paired), each
+    member subset resampled on its own. ``members_a`` / ``members_b`` are boolean masks over the examples (members
+    only). Returns the same layout as :func:`paired_bootstrap` (``a`` = subset A vs the non-members).
+    Draws: per block, non-members first, then subset A's members, then subset B's."""
+    _check_bootstrap_args(n_bootstrap, confidence)
+    lab = as_labels(labels)
+    sc = as_scores(scores, lab.shape[0])
+    ma, mb = np.asarray(members_a, bool), np.asarray(members_b, bool)
+    fin = np.isfinite(sc)
+    if ((ma | mb) & (lab == 0)).any():
+        raise ValueError("members_a / members_b must select members (label 1) only")
+    neg, pa, pb = sc[(lab == 0) & fin], sc[ma & fin], sc[mb & fin]
+    if min(neg.size, pa.size, pb.size) == 0:
+        raise ValueError(f"need non-members and members in both subsets; got {neg.size}, {pa.size}, {pb.size}")
+    if reason := too_few(min(pa.size, pb.size), neg.size, min_per_class):
+        raise ValueError(reason)
+    point = [(auroc_rows(p[None], neg[None])[0], tpr_at_fpr_rows(p[None], neg[None], fpr)[0]) for p in (pa, pb)]
+    rng = np.random.default_rng(seed)
+    chunk = max(1, bootstrap.CHUNK_ELEMENTS // (2 * (neg.size + pa.size + pb.size)))
+    boot: dict[str, list] = {"auroc": [], "tpr": []}  # per block: [resamples, 2] (subset A, subset B)
+    for start in range(0, n_bootstrap, chunk):
+        b = min(chunk, n_bootstrap - start)
+        q = neg[rng.integers(0, neg.size, size=(b, neg.size))]
+        p1 = pa[rng.integers(0, pa.size, size=(b, pa.size))]
+        p2 = pb[rng.integers(0, pb.size, size=(b, pb.size))]
+        boot["auroc"].append(np.stack([auroc_rows(p1, q), auroc_rows(p2, q)], axis=1))
+        boot["tpr"].append(np.stack([tpr_at_fpr_rows(p1, q, fpr), tpr_at_fpr_rows(p2, q, fpr)], axis=1))
+    out = {"n": int(lab.shape[0]), "n_used": int(neg.size + pa.size + pb.size), "n_dropped": int((~fin).sum()),
+           "n_members": [int(pa.size), int(pb.size)], "n_nonmembers": int(neg.size), "groups": None,
+           "n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
+    for j, (key, blocks) in enumerate((("auroc", boot["auroc"]), (tpr_key(fpr), boot["tpr"]))):
+        draws = np.concatenate(blocks) if blocks else np.zeros((0, 2))
+        out[key] = _comparison(point[0][j], point[1][j], draws[:, 0], draws[:, 1], confidence)
+    return out
+
+
+def describe(comparison: dict, name_a: str, name_b: str, key: str = "auroc", label: str = "AUROC") -> str:
+    """One sentence for a report: ``"min_k > ppl: AUROC 0.712 vs 0.655, difference +0.057 [95% CI +0.012,
+    +0.101]"``; ``"min_k vs ppl: not distinguishable (AUROC ...)"`` when the interval contains 0."""
+    c = comparison[key]
+    pct = f"{comparison['confidence']:.0%}"
+    detail = (f"{label} {c['a']:.3f} vs {c['b']:.3f}, difference {c['diff']:+.3f} "
+              f"[{pct} CI {c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}], paired bootstrap")
+    if c["verdict"] == VERDICTS[0]:
+        return f"{name_a} > {name_b}: {detail}"
+    if c["verdict"] == VERDICTS[1]:
+        return f"{name_b} > {name_a}: {detail}"
+    return f"{name_a} vs {name_b}: not distinguishable ({detail})"
+
+
+def compare_to_best(labels, scores: dict, points: dict, *, key: str = "auroc", groups: Sequence | None = None,
+                    n_bootstrap: int = 1000, seed: int = 0) -> dict:
+    """The best method of a table column and its paired comparison with each other method: ``points`` {method:
+    the column's value of ``key``, or None}, ``scores`` {method: score vector on the same examples}. The best is the
+    largest point estimate; each other method gets :func:`paired_bootstrap` (best as A, ``groups`` as there), or
+    None where that fails (a class left empty). ``{"best": method, "vs": {method: comparison or None}}``, or None
+    when no method has a value. :func:`tied_with_best` reads the methods a report may bold."""
+    point = {m: v for m, v in points.items() if v is not None}
+    if not point:
+        return None
+    best = max(point, key=lambda m: point[m])
+    vs = {}
+    for m in point:
+        if m != best:
+            try:
+                vs[m] = paired_bootstrap(labels, scores[best], scores[m], groups=groups, n_bootstrap=n_bootstrap,
+                                         seed=seed)
+            except ValueError:
+                vs[m] = None
+    return {"best": best, "vs": vs}
+
+
+def tied_with_best(entry: dict | None, key: str = "auroc") -> set:
+    """The methods of a :func:`compare_to_best` entry that a report bolds: the best and every method the paired
+    bootstrap does not place below it (interval of best - method containing 0, or no comparison possible)."""
+    if entry is None:
+        return set()
+    return {entry["best"]} | {m for m, c in entry["vs"].items() if c is None or c[key]["verdict"] != VERDICTS[0]}
