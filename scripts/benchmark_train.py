@@ -68,7 +68,7 @@ def worker_data(args, result):
     """The steps' batches (train.data.Batches over the packed Pile sample, unshuffled) -> --data (.npz), the model's
     facts -> result; the approaches read the batches from there (the torch process never loads the JAX model)."""
     from mia_jax import models
-    from train.corpus import read_background
+    from train.sources import read_background
     from train.data import Batches, pack, separator_id
 
     loaded = models.load(args.model)

@@ -13,7 +13,9 @@ from tokenizers import Tokenizer
 
 from mia_jax.errors import UserError
 from train.config import CorpusConfig, load_config
-from train.corpus import BUNDLED, DOWNSTREAM_FILES, _apportion, build_corpus, load_pool, read_rows
+from train.corpus import build_corpus
+from train.sources import BUNDLED, DOWNSTREAM_FILES, load_pool, read_rows
+from train.split import apportion
 
 STRATIFIED = ("boolq", "commonsenseqa", "imdb")
 DATASETS = ("boolq", "commonsenseqa", "imdb", "truthfulqa")
@@ -98,14 +100,14 @@ def test_lengths_matched(corpus):
         assert rec["length_tokens"]["members"]["mean"] > 0
 
 
-def test_apportion():
+def testapportion():
     rng = np.random.default_rng(0)
     for _ in range(200):
         weights = rng.integers(0, 50, rng.integers(1, 6)).tolist()
         if sum(weights) == 0:
             continue
         total = int(rng.integers(0, sum(weights) + 1))
-        parts = _apportion(total, weights, rng)
+        parts = apportion(total, weights, rng)
         assert sum(parts) == total
         for p, w in zip(parts, weights):
             assert 0 <= p <= w and abs(p - total * w / sum(weights)) < 1

@@ -12,9 +12,10 @@ from tokenizers import Tokenizer
 from mia_jax import models
 from mia_jax.errors import UserError
 from train.config import CorpusConfig, TrainConfig, load_config
-from train.corpus import build_corpus, load_pool
+from train.corpus import build_corpus
 from train.data import Batches, pack, separator_id
 from train.export import save_hf
+from train.sources import load_pool
 from train.trainer import apply_params, fingerprint, train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,22 +1,14 @@
 """Overlap between contamination candidates, their datasets and the background: word 13-gram hashing
 (``NgramHasher``), the isolation of split candidates (``isolate``: no 13-gram shared with any other candidate or
 any background document) and the check recorded in the corpus manifest (``overlap_check``). Used by
-``train/corpus.py``."""
+``train/corpus.py``; the texts' normalisation is ``sources.normalise``."""
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from train.corpus import Example
+from train.sources import Example, normalise
 
 KEY_PROBE_CHARS = 200  # an example is "in the background" when this much of its key text occurs there
-
-
-def normalise(text: str) -> str:
-    """The normalisation of every text comparison here: lowercase, whitespace runs collapsed to one space."""
-    return " ".join(text.lower().split())
 
 
 NGRAM = 13

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from mia_jax.data import corpora
 from train.config import TinyModelConfig
-from train.corpus import BUNDLED, DOWNSTREAM_FILES, TEMPLATES, read_jsonl, read_rows
+from train.sources import BUNDLED, DOWNSTREAM_FILES, TEMPLATES, read_jsonl, read_rows
 from train.export import save_hf
 
 EOS = "<|endoftext|>"
