@@ -17,6 +17,11 @@ from helpers import DAMAGE, assert_clean_error, cut_mid_row, drop_line, snapshot
 
 from mia_jax import entry, metrics
 from mia_jax.audits import books as B
+from mia_jax.audits import books_rates as R
+from mia_jax.audits import books_rebuild
+from mia_jax.audits import books_report
+from mia_jax.audits import books_snippets as S
+from mia_jax.commands import audit_books
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 
@@ -28,20 +33,20 @@ def words(n, tag="w"):
 
 
 def test_snippets_by_hand():
-    books = [B.Book("ten", "  w0 w1\nw2  w3 w4 w5 w6 w7 w8 w9 "), B.Book("short", "a b"), B.Book("six", words(6, "x"))]
-    p = B.make_snippets(books, n_snippets=100, snippet_words=3, seed=0)
+    books = [S.Book("ten", "  w0 w1\nw2  w3 w4 w5 w6 w7 w8 w9 "), S.Book("short", "a b"), S.Book("six", words(6, "x"))]
+    p = S.make_snippets(books, n_snippets=100, snippet_words=3, seed=0)
     # non-overlapping 3-word pieces, verbatim (inner whitespace kept); the 1-word tail "w9" is not used
     assert [(s.book, s.position, s.word_offset, s.n_words, s.text) for s in p.snippets] == [
         (0, 0, 0, 3, "w0 w1\nw2"), (0, 1, 3, 3, "w3 w4 w5"), (0, 2, 6, 3, "w6 w7 w8"),
         (2, 0, 0, 3, "x0 x1 x2"), (2, 1, 3, 3, "x3 x4 x5")]
     assert p.n_pieces == [3, 0, 2] and p.kept == [0, 2]
     assert p.skipped == [{"title": "short", "words": 2}]  # shorter than one snippet: skipped, counted
-    assert B.make_snippets([B.Book("exact", words(3))], 5, 3).n_pieces == [1]  # exactly one snippet: kept
+    assert S.make_snippets([S.Book("exact", words(3))], 5, 3).n_pieces == [1]  # exactly one snippet: kept
 
 
 def test_draw_is_seeded_and_per_book():
     text = words(500)
-    p0 = B.make_snippets([B.Book("a", text)], n_snippets=10, snippet_words=10, seed=0)
+    p0 = S.make_snippets([S.Book("a", text)], n_snippets=10, snippet_words=10, seed=0)
     pos = [s.position for s in p0.snippets]
     assert len(pos) == 10 and pos == sorted(set(pos)) and max(pos) < 50
     for s in p0.snippets:  # every drawn snippet is its 10 words of the book
@@ -49,11 +54,11 @@ def test_draw_is_seeded_and_per_book():
     # the documented draw: default_rng([seed, first 8 bytes of the text's SHA-256, little-endian])
     h = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
     assert pos == sorted(np.random.default_rng([0, h]).choice(50, 10, replace=False).tolist())
-    again = B.make_snippets([B.Book("other", words(40, "z")), B.Book("a", text)], 10, 10, seed=0)
+    again = S.make_snippets([S.Book("other", words(40, "z")), S.Book("a", text)], 10, 10, seed=0)
     assert [s.position for s in again.snippets if s.book == 1] == pos  # independent of the other books
-    other_seed = [s.position for s in B.make_snippets([B.Book("a", text)], 10, 10, seed=1).snippets]
+    other_seed = [s.position for s in S.make_snippets([S.Book("a", text)], 10, 10, seed=1).snippets]
     assert other_seed != pos and len(other_seed) == 10
-    assert [s.position for s in B.make_snippets([B.Book("a", text)], 60, 10).snippets] == list(range(50))
+    assert [s.position for s in S.make_snippets([S.Book("a", text)], 60, 10).snippets] == list(range(50))
 
 
 # ----------------------------------------------------------------------------- thresholds
@@ -64,14 +69,14 @@ SC = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
 
 def test_accuracy_threshold_by_hand():
     # correct predictions at t = 0.9 .. 0.4: 4, 5, 4, 5, 4, 3 of 6; the tie 0.8 / 0.6 goes to the higher
-    t = B.accuracy_threshold(LAB, SC)
+    t = R.accuracy_threshold(LAB, SC)
     assert (t.value, t.accuracy, t.tpr, t.fpr) == (0.8, 5 / 6, 2 / 3, 0.0)
-    assert B.accuracy_threshold(LAB[::-1], SC[::-1]).value == 0.8  # input order does not matter
+    assert R.accuracy_threshold(LAB[::-1], SC[::-1]).value == 0.8  # input order does not matter
     # tied scores act together: at 0.5 both rows are flagged
-    t = B.accuracy_threshold([1, 0, 1, 0], [0.9, 0.5, 0.5, 0.1])
+    t = R.accuracy_threshold([1, 0, 1, 0], [0.9, 0.5, 0.5, 0.1])
     assert (t.value, t.accuracy) == (0.9, 0.75)
     # NaN scores are left out
-    assert B.accuracy_threshold(LAB + [1], SC + [np.nan]).value == 0.8
+    assert R.accuracy_threshold(LAB + [1], SC + [np.nan]).value == 0.8
 
 
 def brute_force(lab, sc):
@@ -91,11 +96,11 @@ def test_thresholds_against_references():
         lab = rng.integers(0, 2, n)
         lab[:2] = [0, 1]
         sc = rng.integers(0, 8, n).astype(float) + 0.5 * lab  # many ties
-        t = B.accuracy_threshold(lab, sc)
+        t = R.accuracy_threshold(lab, sc)
         want_t, want_correct = brute_force(lab, sc)
         assert t.value == want_t and t.accuracy == want_correct / n
         for fpr in (0.0, 0.05, 0.2, 0.5):
-            f = B.fpr_threshold(lab, sc, fpr)
+            f = R.fpr_threshold(lab, sc, fpr)
             assert f.tpr == pytest.approx(metrics.tpr_at_fpr(lab, sc, fpr), abs=1e-12)
             assert f.fpr <= fpr
             if np.isfinite(f.value):  # the flags of the threshold give its TPR / FPR
@@ -104,18 +109,18 @@ def test_thresholds_against_references():
 
 
 def test_fpr_threshold_by_hand():
-    assert B.fpr_threshold(LAB, SC, 0.0).value == 0.8  # no false positive: TPR 2/3
-    t = B.fpr_threshold(LAB, SC, 0.34)  # one false positive of 3 allowed
+    assert R.fpr_threshold(LAB, SC, 0.0).value == 0.8  # no false positive: TPR 2/3
+    t = R.fpr_threshold(LAB, SC, 0.34)  # one false positive of 3 allowed
     assert (t.value, t.tpr, t.fpr) == (0.6, 1.0, 1 / 3)
-    assert B.fpr_threshold(LAB, SC, 0.3).value == 0.8
-    t = B.fpr_threshold([0, 1, 1], [0.9, 0.5, 0.4], 0.0)  # the top score is unseen: nothing can be flagged
+    assert R.fpr_threshold(LAB, SC, 0.3).value == 0.8
+    t = R.fpr_threshold([0, 1, 1], [0.9, 0.5, 0.4], 0.0)  # the top score is unseen: nothing can be flagged
     assert t.value == np.inf and t.tpr == 0.0 and t.fpr == 0.0
-    assert not B.flags([1e300, np.nan], t.value).any()
-    assert B.flags([0.8, 0.79, np.nan], 0.8).tolist() == [True, False, False]
+    assert not R.flags([1e300, np.nan], t.value).any()
+    assert R.flags([0.8, 0.79, np.nan], 0.8).tolist() == [True, False, False]
 
 
 def test_one_class_validation_is_refused():
-    for fn in (B.accuracy_threshold, B.fpr_threshold):
+    for fn in (R.accuracy_threshold, R.fpr_threshold):
         with pytest.raises(UserError, match="one class only"):
             fn([1, 1, 1], [0.1, 0.2, 0.3])
         with pytest.raises(UserError, match="one class only"):
@@ -123,9 +128,9 @@ def test_one_class_validation_is_refused():
     books = [{"title": "x", "text": words(30)}]
     val = [{"title": "s", "text": words(30), "label": 1}, {"title": "u", "text": "too short", "label": 0}]
     with pytest.raises(UserError, match="every kept validation book is seen"):
-        B.prepare(books, val, snippet_words=10)
+        B.prepare(books, val, B.BooksConfig(snippet_words=10))
     with pytest.raises(UserError, match="give --validation .* or --threshold"):
-        B.prepare(books, None, snippet_words=10)
+        B.prepare(books, None, B.BooksConfig(snippet_words=10))
 
 
 # ----------------------------------------------------------------------------- Clopper-Pearson
@@ -134,25 +139,25 @@ def test_one_class_validation_is_refused():
 def test_clopper_pearson():
     for k, n in [(3, 10), (37, 100), (1, 2)]:
         ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-        assert B.clopper_pearson(k, n) == (ci.low, ci.high)
+        assert R.clopper_pearson(k, n) == (ci.low, ci.high)
         # the textbook form: beta quantiles
         lo, hi = beta.ppf(0.025, k, n - k + 1), beta.ppf(0.975, k + 1, n - k)
-        np.testing.assert_allclose(B.clopper_pearson(k, n), (lo, hi), rtol=1e-9)
+        np.testing.assert_allclose(R.clopper_pearson(k, n), (lo, hi), rtol=1e-9)
     for n in (1, 7, 100):  # 0/n and n/n: closed forms
-        assert B.clopper_pearson(0, n)[0] == 0.0
-        assert B.clopper_pearson(0, n)[1] == pytest.approx(1 - 0.025 ** (1 / n), rel=1e-9)
-        assert B.clopper_pearson(n, n)[0] == pytest.approx(0.025 ** (1 / n), rel=1e-9)
-        assert B.clopper_pearson(n, n)[1] == 1.0
+        assert R.clopper_pearson(0, n)[0] == 0.0
+        assert R.clopper_pearson(0, n)[1] == pytest.approx(1 - 0.025 ** (1 / n), rel=1e-9)
+        assert R.clopper_pearson(n, n)[0] == pytest.approx(0.025 ** (1 / n), rel=1e-9)
+        assert R.clopper_pearson(n, n)[1] == 1.0
 
 
 def test_book_rates_by_hand():
-    p = B.make_snippets([B.Book("a", words(40)), B.Book("b", words(40), 1)], 4, 10)
+    p = S.make_snippets([S.Book("a", words(40)), S.Book("b", words(40), 1)], 4, 10)
     scores = np.array([1.0, 2.0, 3.0, np.nan, 0.0, 0.0, 0.0, 5.0])
-    rates = B.book_rates(p, scores, [B.Threshold("given", 2.0)])
+    rates = R.book_rates(p, scores, [R.Threshold("given", 2.0)])
     assert [r["title"] for r in rates] == ["a", "b"]  # ranked: 2/3 > 1/4
     a, b = rates
     assert (a["snippets"], a["scored"], a["rates"]["given"]["flagged"], a["rates"]["given"]["rate"]) == (4, 3, 2, 2 / 3)
-    assert a["rates"]["given"]["ci"] == list(B.clopper_pearson(2, 3)) and a["mean_score"] == 2.0
+    assert a["rates"]["given"]["ci"] == list(R.clopper_pearson(2, 3)) and a["mean_score"] == 2.0
     assert b["rates"]["given"]["rate"] == 0.25 and b["label"] == 1
 
 
@@ -165,7 +170,7 @@ def test_load_books(tmp_path):
     (folder / "Moby Dick.txt").write_text("call me ishmael")
     (folder / "Emma.txt").write_text("emma woodhouse")
     (folder / "notes.md").write_text("ignored")
-    books, files = B.load_books(folder)
+    books, files = S.load_books(folder)
     assert [(b.title, b.text, b.label) for b in books] == [("Emma", "emma woodhouse", None),
                                                            ("Moby Dick", "call me ishmael", None)]
     assert len(files) == 2
@@ -173,11 +178,11 @@ def test_load_books(tmp_path):
     for sub, title in (("seen", "old"), ("unseen", "new")):
         (lab / sub).mkdir(parents=True)
         (lab / sub / f"{title}.txt").write_text(title)
-    assert [(b.title, b.label) for b in B.load_books(lab)[0]] == [("old", 1), ("new", 0)]
+    assert [(b.title, b.label) for b in S.load_books(lab)[0]] == [("old", 1), ("new", 0)]
     jl = tmp_path / "b.jsonl"
     jl.write_text(json.dumps({"title": "T", "text": "x y", "label": "1"}) + "\n"
                   + json.dumps({"title": 7, "text": "z", "label": 0}) + "\n")
-    assert [(b.title, b.text, b.label) for b in B.load_books(jl)[0]] == [("T", "x y", 1), ("7", "z", 0)]
+    assert [(b.title, b.text, b.label) for b in S.load_books(jl)[0]] == [("T", "x y", 1), ("7", "z", 0)]
     (lab / "stray.txt").write_text("x")
     cases = [(lab, "beside seen/"), (tmp_path / "nope", "not found"), (tmp_path / "lab" / "seen" / "x", "not found")]
     bad_rows = [([{"title": "a", "text": "x"}, {"title": "a", "text": "y"}], "two books titled 'a'"),
@@ -190,10 +195,10 @@ def test_load_books(tmp_path):
         cases.append((bad, match))
     for path, match in cases:
         with pytest.raises(UserError, match=match):
-            B.load_books(path)
+            S.load_books(path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no .txt files"):
-        B.load_books(tmp_path / "empty")
+        S.load_books(tmp_path / "empty")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -203,12 +208,12 @@ def reseal(folder):
     """Seal ``folder`` again after a test edited a file (as if the run had written it so)."""
     from mia_jax import rundir
 
-    rundir.seal(folder, list(B.REBUILD_READS))
+    rundir.seal(folder, list(books_report.REBUILD_READS))
 
 
 def parse(argv):
     parser = entry.ArgumentParser(prog="mia-jax")
-    B.add_parser(parser.add_subparsers(dest="command"))
+    audit_books.add_arguments(parser.add_subparsers(dest="command").add_parser("audit-books"))
     return parser.parse_args(["audit-books", *argv])
 
 
@@ -251,7 +256,7 @@ def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
     out = tmp_path / "audit"
     argv = ["--books", str(books), "--validation", str(val), "--model", str(tiny_llama_dir), "--out", str(out),
             "--threshold", "-5.5", *ARGS]
-    res = B.command(parse(argv))
+    res = audit_books.run_audit(parse(argv))
     cap = capsys.readouterr()
     assert "1 book shorter than one snippet (8 words) skipped: tiny" in cap.err
     assert cap.out.startswith("## Copyrighted-book audit")
@@ -298,7 +303,7 @@ def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
         for name, t in th.items():
             k = int((sc >= (np.inf if t["value"] is None else t["value"])).sum())
             assert int(r[f"flagged_{name}"]) == k and float(r[f"rate_{name}"]) == k / 4
-            assert (float(r[f"ci_lo_{name}"]), float(r[f"ci_hi_{name}"])) == B.clopper_pearson(k, 4)
+            assert (float(r[f"ci_lo_{name}"]), float(r[f"ci_hi_{name}"])) == R.clopper_pearson(k, 4)
     acc = [float(r["rate_accuracy"]) for r in rows]
     assert acc == sorted(acc, reverse=True)  # ranked
     # the rates separate labeled books? 3 seen and 3 unseen books are too few (metrics.MIN_PER_CLASS): n/a, with
@@ -312,7 +317,7 @@ def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
     assert "intervals resample the 6 validation books, each with all its snippets" in md
     print(md)  # the README example (pytest -s)
     # the same command again: both scoring runs resume, the same tables
-    B.command(parse(argv))
+    audit_books.run_audit(parse(argv))
     assert "resuming the books run" in capsys.readouterr().err
     assert read_csv(out / "books.csv") == rows
 
@@ -338,10 +343,10 @@ def test_command_without_validation_and_bad_input(tiny_llama_dir, book_files, tm
              (["--threshold", "0", "--model", str(tmp_path / "missing")], "missing")]
     for extra, match in cases:
         with pytest.raises(UserError, match=match):
-            B.command(parse([*base, *extra]))
+            audit_books.run_audit(parse([*base, *extra]))
     assert not out.exists()  # nothing written before every check passed
     # no validation, a given threshold: rates at it only; methods: the rate method is added when left out
-    res = B.command(parse([*base, "--threshold", "-5.5", "--methods", "ppl", "--method-for-rate", "min_k"]))
+    res = audit_books.run_audit(parse([*base, "--threshold", "-5.5", "--methods", "ppl", "--method-for-rate", "min_k"]))
     assert res.config["methods"] == ["ppl", "min_k@0.2"] and [t.name for t in res.thresholds] == ["given"]
     assert res.validation is None and (out / "histogram.png").is_file()
     info = json.loads((out / "info.json").read_text())
@@ -376,11 +381,11 @@ def test_rebuild_from_folder(tiny_llama_dir, book_files, tmp_path, capsys):
 
     books, val = book_files
     src = tmp_path / "audit"
-    res = B.command(parse(["--books", str(books), "--validation", str(val), "--model", str(tiny_llama_dir),
+    res = audit_books.run_audit(parse(["--books", str(books), "--validation", str(val), "--model", str(tiny_llama_dir),
                            "--out", str(src), "--threshold", "-5.5", *ARGS]))
     before = {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()}
     # snippets.csv holds the scores at full precision: read back bit for bit (NaN where lowercase has no score)
-    again = B.rebuild(src)
+    again = books_rebuild.rebuild(src)
     assert np.isnan(res.scores["lowercase"]).any() or np.isnan(res.validation_scores["lowercase"]).any()
     for m in res.config["methods"]:
         np.testing.assert_array_equal(again.scores[m], res.scores[m])
@@ -403,13 +408,13 @@ def test_rebuild_from_folder(tiny_llama_dir, book_files, tmp_path, capsys):
     info = dict(a, counts={**a["counts"], "truncated_books": 2, "books_also_validation": 1})
     (src / "info.json").write_text(json.dumps(info))
     reseal(src)  # as if the run had written it
-    notes = B.rebuild(src).notes
+    notes = books_rebuild.rebuild(src).notes
     assert notes[0].startswith("Note: 1 audited books are also validation") and "2 books snippets are longer than "\
         f"the model's context of {a['model']['max_length']} tokens" in notes[1]
     del info["counts"]["books_also_validation"]
     (src / "info.json").write_text(json.dumps(dict(info, notes=notes)))
     reseal(src)
-    assert B.rebuild(src).notes == notes
+    assert books_rebuild.rebuild(src).notes == notes
     # refusals: one line, exit 2, nothing written
     (src / "snippets.csv").unlink()
     bad = tmp_path / "bad"
@@ -447,7 +452,7 @@ def rebuild_cli(src, out, capsys):
     return rc, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", B.REBUILD_READS)
+@pytest.mark.parametrize("name", books_report.REBUILD_READS)
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_from_damaged_file_is_refused(sealed, name, damage, tmp_path, capsys):
     DAMAGE[damage](sealed / name, 5) if damage == "a missing line" else DAMAGE[damage](sealed / name)
@@ -526,11 +531,11 @@ def test_from_committed_folder_reproduces_it(sealed, tmp_path, capsys):
     assert rc == 0, err
     assert {k: v for k, v in snapshot(out).items() if k not in ("info.json", "manifest.json")} == \
         {k: v for k, v in first.items() if k not in ("info.json", "manifest.json")}
-    B.rebuild(out)  # sealed again: verifies
+    books_rebuild.rebuild(out)  # sealed again: verifies
 
 
 def test_read_csv_rows_is_strict(tmp_path):
-    from mia_jax.audits.unlearning import read_csv_rows
+    from mia_jax.audits.common import read_csv_rows
 
     path = tmp_path / "x.csv"
     for data, needle in [(b"a,b\r\n1,\xff\r\n", "not UTF-8"), (b"", "is empty"), (b"a,c\r\n1,2\r\n", "no column 'b'"),
@@ -559,7 +564,7 @@ def test_audit_into_another_runs_folder_is_refused(tiny_llama_dir, book_files, t
     assert snapshot(other) == before
     out = tmp_path / "audit"
     assert main([*argv, "--out", str(out)]) == 0
-    B.rebuild(out)  # sealed at its end
+    books_rebuild.rebuild(out)  # sealed at its end
     before = snapshot(out)
     capsys.readouterr()
     rc = main([*argv, "--out", str(out), "--fpr", "0.1"])

@@ -3,10 +3,17 @@
 ``--from`` rebuild. The audit itself: :mod:`mia_jax.audits.books`."""
 from __future__ import annotations
 
+import contextlib
+import sys
+from pathlib import Path
+
 from mia_jax import entry
 from mia_jax.audits import model_options
-from mia_jax.audits import books
-from mia_jax.audits.books import FPR, METHODS, N_BOOTSTRAP, RATE_METHOD, SNIPPET_WORDS, SNIPPETS
+from mia_jax.audits.books import (FPR, METHODS, N_BOOTSTRAP, RATE_METHOD, SNIPPET_WORDS, SNIPPETS, BooksConfig,
+                                  BooksResult, audit_books, books_phrase, check_methods, check_options, prepare)
+from mia_jax.audits.books_rebuild import read_info, rebuild
+from mia_jax.audits.books_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
+from mia_jax.errors import UserError
 
 NAME = "audit-books"
 HELP = "what share of each book's snippets has a model seen? (Min-K%% contamination rates, Shi et al. 2023 section 5)"
@@ -50,5 +57,120 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
-    """``mia-jax audit-books`` with the parsed ``args`` (with ``--from``: the rebuild)."""
-    books.command(args)
+    """``mia-jax audit-books`` with the parsed ``args``: ``run_rebuild`` with ``--from``, else ``run_audit``."""
+    if args.source is not None:
+        run_rebuild(args)
+    else:
+        run_audit(args)
+
+
+def config_of(args) -> BooksConfig:
+    """The audit's settings from the parsed options (``--methods`` and ``--method-for-rate`` as given)."""
+    return BooksConfig(snippets=args.snippets, snippet_words=args.snippet_words, seed=args.seed,
+                       methods=tuple(args.methods), rate_method=args.method_for_rate, fpr=args.fpr,
+                       threshold=args.threshold, n_bootstrap=args.n_bootstrap, batch_size=args.batch_size,
+                       chunk_size=args.chunk_size, encoding=args.encoding)
+
+
+def run_audit(args) -> BooksResult:
+    """The audit of ``args`` (``--books``, ``--model``, ...): every input checked and the model loaded before
+    anything is written, then the folder and each scoring run claimed (resumed when the same), the outputs written
+    and the report printed. Returns the result."""
+    from mia_jax import __version__, models, rundir
+
+    if args.books is None or args.model is None:
+        raise UserError("audit-books needs --books and --model (or --from DIR to rebuild an audit's outputs)")
+    cfg = config_of(args)
+    check_options(cfg)
+    methods, rate_method = check_methods(cfg.methods, cfg.rate_method)
+    p, vp, files = prepare(args.books, args.validation, cfg)
+    skipped = [f"audit-books: {books_phrase(len(pl.skipped), name)} shorter than one snippet ({cfg.snippet_words} "
+               f"words) skipped: {', '.join(s['title'] for s in pl.skipped[:10])}"
+               f"{' ...' if len(pl.skipped) > 10 else ''}"
+               for name, pl in (("", p), ("validation ", vp)) if pl is not None and pl.skipped]
+    out = rundir.check_path(args.out)
+    loaded = models.load(args.model, dtype=args.dtype, allow_download=args.allow_download)
+    fingerprint = audit_fingerprint(args, loaded, files, methods, rate_method)
+    # the folder is this audit's (or refused untouched); each scoring run is claimed on its own inside it
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite), contextlib.ExitStack() as stack:
+        for line in skipped:  # once the folder is ours: a refusal stays one line
+            print(line, file=sys.stderr)
+        run_dirs, resume = _claim_runs(args, stack, out, loaded, {"books": p, "validation": vp}, files, methods)
+        res = audit_books(loaded, p.books, vp.books if vp is not None else None, cfg, run_dirs=run_dirs,
+                          resume=resume, progress=not args.no_progress)
+        res.config["data_files"] = files
+        meta = {"command": " ".join(sys.argv), "package_version": __version__,
+                "books": str(args.books), "validation": args.validation,
+                "model": {"name": loaded.name, "source": loaded.source, "files": loaded.files, "dtype": loaded.dtype,
+                          "add_bos": loaded.add_bos, "max_length": loaded.max_length}}
+        write_outputs(res, out, meta)
+    print(to_markdown(res))
+    print(f"wrote {out}/", file=sys.stderr)
+    return res
+
+
+def _claim_runs(args, stack, out: Path, loaded, plans: dict, files: dict, methods: list[str]) -> tuple[dict, dict]:
+    """({set: run folder}, {set: resume?}) of the books' and validation books' scoring runs, each claimed in
+    ``stack`` with the fingerprint of its texts and options."""
+    from mia_jax import rundir, runner
+
+    run_dirs, resume = {}, {}
+    for which, pl in plans.items():
+        if pl is None:
+            continue
+        run_dirs[which] = rundir.check_path(out / which)
+        fp = runner.run_fingerprint(loaded, [s.text for s in pl.snippets], None, methods, data_files=files,
+                                    labeled=False, encoding=args.encoding, snippets=args.snippets,
+                                    snippet_words=args.snippet_words, seed=args.seed, batch_size=args.batch_size,
+                                    chunk_size=args.chunk_size, dtype=args.dtype)
+        resume[which] = stack.enter_context(rundir.claim(run_dirs[which], fp, overwrite=args.overwrite))
+        if resume[which]:
+            print(f"resuming the {which} run in {run_dirs[which]}", file=sys.stderr)
+    return run_dirs, resume
+
+
+# Options of `audit-books` that are not in the folder's fingerprint, and why (every other one is)
+NOT_IN_FINGERPRINT = ("source", "out", "overwrite", "no_progress", "allow_download",  # not what is computed
+                      "books", "validation", "model",  # by their files' SHA-256 instead
+                      "methods", "method_for_rate")  # expanded (methods, rate_method)
+
+
+def audit_fingerprint(args, loaded, data_files: dict, methods: list[str], rate_method: str) -> dict:
+    """What makes an audit-books folder (``rundir.claim``): the model's (``loaded``) and every book file's
+    (``data_files``: {file: sha256}) SHA-256, the expanded ``methods`` and ``rate_method`` and every option of
+    ``args`` that can change a result; a folder holding anything else is refused. Returns the fingerprint dict."""
+    from mia_jax import __version__
+
+    def resolved(files):
+        return {str(Path(f).resolve()): h for f, h in files.items()}
+
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
+    return {"command": "audit-books", "model_files": resolved(loaded.files), "data_files": resolved(data_files),
+            "methods": methods, "rate_method": rate_method, **options, "package_version": __version__}
+
+
+def run_rebuild(args) -> BooksResult:
+    """``mia-jax audit-books --from DIR --out OUT``: ``rebuild``, then the outputs into OUT (new, empty, an earlier
+    rebuild of DIR, or DIR itself: every output computed before any is written), info.json keeping DIR's command,
+    model and data files and noting the rebuild. Returns the rebuilt result."""
+    from mia_jax import __version__, rundir
+    from mia_jax.entry import check_out
+    from mia_jax.files import write_all
+
+    given = [f for f, v in (("--books", args.books), ("--model", args.model), ("--validation", args.validation),
+                            ("--threshold", args.threshold)) if v is not None]
+    if given:
+        raise UserError(f"--from rebuilds with the settings of the audit in its folder; leave out {', '.join(given)}")
+    source, out = Path(args.source), check_out(args.out)
+    if not source.is_dir():
+        raise UserError(f"--from {source}: not a folder (the --out folder of an audit-books run)")
+    res = rebuild(source)
+    meta = {**read_info(source), "rebuilt": {"command": " ".join(sys.argv), "from": str(source),
+                                             "package_version": __version__}}
+    files = render_outputs(res, meta)
+    with rundir.rebuild_into(out, [source], "audit-books"):
+        write_all(out, files)
+        rundir.seal(out, list(REBUILD_READS))
+    print(to_markdown(res))
+    print(f"wrote {out}/", file=sys.stderr)
+    return res
