@@ -38,27 +38,23 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from mia_jax import passes
+from mia_jax import __version__, passes
 from mia_jax import sharding as shd
 from mia_jax.audits import windowed
-from mia_jax.batching import (TOKENS_PER_BATCH, Encoded, Step, align, check_tokens_per_batch, encode, pack,
-                              packed_arrays, real_vocab_size)
+from mia_jax.batching import TOKENS_PER_BATCH, Step, align, check_tokens_per_batch, encode, pack, packed_arrays
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
 from mia_jax.metrics import scores_by_method
-from mia_jax.records import Sink, json_score, make_record, read_done, skip_reason  # noqa: F401 (read_done: public)
+from mia_jax.records import Sink, json_score, make_record, skip_reason
 from mia_jax.rundir import check_interrupted
-from mia_jax.score_step import make_stats_fn, shared_score_step
+from mia_jax.score_step import shared_score_step
 from mia_jax.scorers import MULTI_PASS, TokenBatch, is_multi_pass, parse_method, requirements, resource_arrays
 from mia_jax.scorers.dispatch import check_ids
 from mia_jax.scorers.base import check_resources
 from mia_jax.scorers.likelihood import zlib_bytes
 from mia_jax.stats import DEFAULT_CHUNK, TokenStats
 
-__all__ = ["Encoded", "encode", "make_stats_fn", "read_done", "score_texts", "score_dataset",
-           "run_fingerprint", "real_vocab_size", "scores_by_method"]
-# re-exported: Encoded, encode, real_vocab_size (batching), make_stats_fn (score_step), read_done
-# (records), scores_by_method (metrics)
+__all__ = ["NONFINITE", "default_tokens_per_batch", "score_texts", "score_dataset", "run_fingerprint", "default_dtype"]
 
 
 NONFINITE = "the model's logits are not finite"  # the skip reason of such a text (counted and warned by the CLI)
@@ -331,8 +327,6 @@ def run_fingerprint(loaded, texts: Sequence[str], labels: Sequence[int] | None, 
     by resolved path and SHA-256, the texts and labels themselves (their SHA-256), the neighbour generator's
     config, the package version and ``options`` (batch size, chunk size, dtype, ...: anything else that can
     change a record)."""
-    from mia_jax import __version__
-
     def resolved(files):
         return {str(Path(p).resolve()): h for p, h in files.items()} if files is not None else None
 

@@ -112,13 +112,13 @@ def worker_a(args, loaded, encoded, texts, result):
     import jax.numpy as jnp
     from flax import nnx
 
-    from mia_jax import batching, runner
+    from mia_jax import batching, runner, score_step
 
     report: dict = {}
     passes, recs, mem = two_passes(lambda: runner.score_texts(
         loaded, texts, METHODS, tokens_per_batch=args.tokens_per_batch, chunk_size=args.chunk_size, progress=False,
         report=report))
-    fn = runner.make_stats_fn(loaded, args.chunk_size)
+    fn = score_step.make_stats_fn(loaded, args.chunk_size)
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=report["scoring_programs"],
                   scores=[r["scores"] for r in recs])
     # the forward alone on the most common (rows, length) shape of the packed plan
@@ -287,14 +287,14 @@ def _passes(passes):
 def run_worker(args):
     import jax
 
-    from mia_jax import models, runner
+    from mia_jax import batching, models
 
     set_matmul_precision(args.matmul_precision, torch=args.worker == "c")
     t0 = time.perf_counter()
     loaded = models.load(args.model)
     load_seconds = time.perf_counter() - t0
     texts = load_texts(args)
-    encoded = runner.encode(loaded, texts)
+    encoded = batching.encode(loaded, texts)
     result = {"approach": args.worker, "load_seconds": load_seconds, "device": str(jax.devices()[0]),
               "n_texts": len(texts), "n_tokens": sum(len(e.ids) for e in encoded)}
     if args.worker == "matmul":

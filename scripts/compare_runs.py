@@ -20,7 +20,8 @@ import numpy as np
 
 from mia_jax import entry, files
 from mia_jax.errors import UserError
-from mia_jax.metrics import paired_bootstrap, scores_by_method
+from mia_jax.comparisons import paired_bootstrap
+from mia_jax.metrics import scores_by_method
 
 PROG = "python scripts/compare_runs.py"
 

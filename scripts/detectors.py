@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, data, entry, files, metrics, models, rundir, runner
+from mia_jax import blind, comparisons, data, entry, files, metrics, models, rundir, runner
 from mia_jax.errors import UserError
 from mia_jax.report import markdown
 from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
@@ -334,7 +334,7 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
         name = "Blind BoW (no model)" if m == "blind" else m + (" (oracle)" if m == "ref" else "")
         try:
             if several:
-                res = metrics.evaluate_mean(labels, v, groups, n_bootstrap=n_bootstrap, seed=seed)
+                res = comparisons.evaluate_mean(labels, v, groups, n_bootstrap=n_bootstrap, seed=seed)
             else:
                 res = metrics.evaluate(labels, v, n_bootstrap=n_bootstrap, seed=seed)
         except ValueError as e:  # e.g. every text skipped (Lowercase on lower-case texts): a row saying so
@@ -348,8 +348,8 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
             vs = "—"
         else:
             try:
-                c = metrics.paired_bootstrap(labels, v, _vec(rows, BASELINE), groups=groups if several else None,
-                                             n_bootstrap=n_bootstrap, seed=seed)["auroc"]
+                c = comparisons.paired_bootstrap(labels, v, _vec(rows, BASELINE), groups=groups if several else None,
+                                                 n_bootstrap=n_bootstrap, seed=seed)["auroc"]
                 vs = f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] {c['verdict'].replace('A', m)}"
                 vs = vs.replace("B", "Min-K%++")
             except ValueError as e:

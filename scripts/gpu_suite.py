@@ -79,14 +79,14 @@ def worker_toolkit(spec, result):
     compilation.enable(spec["cache"])  # before any jit
     import jax
 
-    from mia_jax import models, runner
+    from mia_jax import batching, models, runner
 
     data = json.loads(Path(spec["data"]).read_text())
     texts, ids = data["texts"], data["ids"]
     t0 = time.perf_counter()
     loaded = models.load(spec["model"], dtype=spec["dtype"])
     result["load_s"] = time.perf_counter() - t0
-    if [list(e.ids) for e in runner.encode(loaded, texts)] != ids:
+    if [list(e.ids) for e in batching.encode(loaded, texts)] != ids:
         raise SystemExit("the toolkit's token ids differ from the suite's: not the same tokenizer")
     tpb = spec["tokens_per_batch"] or runner.default_tokens_per_batch()
 

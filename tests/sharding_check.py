@@ -136,7 +136,7 @@ BATCH_ROWS, BATCH_T = 24, 13  # 24 rows: 3 per shard on data=8 / fsdp=8, 6 on da
 
 
 def batch_layout(lm, ref, mesh):
-    """One [24, 13] batch through ``runner.make_stats_fn(lm, mesh=mesh)``: the layout of the ids
+    """One [24, 13] batch through ``score_step.make_stats_fn(lm, mesh=mesh)``: the layout of the ids
     (``sharding.global_batch``) and of every TokenStats field, which rows each device holds (device at mesh
     position (d, f, m) must hold row block d * fsdp + f), the outputs against the unsharded model's, and the
     per-device compiled program: the shape of its ids and the ops that hold a whole-batch tensor."""
@@ -145,16 +145,16 @@ def batch_layout(lm, ref, mesh):
     import numpy as np
     from flax import nnx
 
-    from mia_jax import runner, sharding
+    from mia_jax import batching, score_step, sharding
 
     t0 = time.perf_counter()
-    ids = np.random.default_rng(1).integers(0, runner.real_vocab_size(lm), (BATCH_ROWS, BATCH_T)).astype(np.int32)
+    ids = np.random.default_rng(1).integers(0, batching.real_vocab_size(lm), (BATCH_ROWS, BATCH_T)).astype(np.int32)
     g = sharding.global_batch(mesh, ids)
     state = nnx.split(lm.model)[1]
-    compiled = runner.make_stats_fn(lm, chunk_size=96, mesh=mesh).lower(state, g).compile()
+    compiled = score_step.make_stats_fn(lm, chunk_size=96, mesh=mesh).lower(state, g).compile()
     out = compiled(state, g)
     if id(ref) not in _UNSHARDED:  # the unsharded reference: one compilation per model
-        _UNSHARDED[id(ref)] = runner.make_stats_fn(ref, chunk_size=96)(nnx.split(ref.model)[1], ids)
+        _UNSHARDED[id(ref)] = score_step.make_stats_fn(ref, chunk_size=96)(nnx.split(ref.model)[1], ids)
     want = _UNSHARDED[id(ref)]
     n_blocks = sharding.batch_shards(mesh)
     per = BATCH_ROWS // n_blocks

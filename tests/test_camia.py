@@ -12,7 +12,7 @@ from flax import nnx
 from reference import scores_x64
 from tokenizers import Tokenizer, processors
 
-from mia_jax import models, runner
+from mia_jax import batching, metrics, models, runner
 from mia_jax.data import wikimia
 from mia_jax import scorers
 from mia_jax.scorers import TokenBatch, camia, score_batch
@@ -194,7 +194,7 @@ def token_logprobs(loaded, ids) -> np.ndarray:
     padded = np.zeros((1, loaded.max_length), np.int32)
     padded[0, : len(ids)] = ids
     logits = np.asarray(_FORWARD[id(loaded)](jnp.asarray(padded))[0, : len(ids)], np.float64)
-    logits = logits[:, : runner.real_vocab_size(loaded)]  # padded vocabulary rows have no probability
+    logits = logits[:, : batching.real_vocab_size(loaded)]  # padded vocabulary rows have no probability
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     return np.array([logp[t - 1, ids[t]] for t in range(1, len(ids))])
@@ -212,7 +212,7 @@ def alone_and_repeated(loaded, text):
 def test_text_read_after_itself_scores_its_second_copy(which, request):
     loaded = request.getfixturevalue(which)
     recs = runner.score_texts(loaded, TEXTS, ["loss"], prefixes=TEXTS, progress=False)
-    got = runner.scores_by_method(recs, ["loss"])["loss"]
+    got = metrics.scores_by_method(recs, ["loss"])["loss"]
     refs = [alone_and_repeated(loaded, t) for t in TEXTS]
     np.testing.assert_allclose(got, [second.mean() for _, second, _ in refs], rtol=1e-5)
     assert [r["n_context"] for r in recs] == [n for *_, n in refs]
@@ -225,7 +225,7 @@ def test_camia_repeat_end_to_end(which, request, tmp_path):
     report = {}
     recs = runner.score_dataset(loaded, TEXTS, ["camia_repeat", "camia_slope"], out_dir=tmp_path, progress=False,
                                 report=report)
-    s = runner.scores_by_method(recs, ["camia_repeat", "camia_slope"])
+    s = metrics.scores_by_method(recs, ["camia_repeat", "camia_slope"])
     want_repeat, want_slope = [], []
     for t in TEXTS:
         alone, second, _ = alone_and_repeated(loaded, t)

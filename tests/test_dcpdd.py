@@ -12,7 +12,8 @@ from helpers import TEXTS, write_tiny_gguf
 from reference import scores_x64
 from tokenizers import Tokenizer
 
-from mia_jax import freq, models, runner
+from mia_jax import batching, freq, models, runner, score_step
+from mia_jax.commands import freq_table
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 from mia_jax.freq import FreqTable, count_tokens, tokenizer_sha256
@@ -206,12 +207,12 @@ def test_runner_scores_match_the_loop_on_a_tiny_model(tiny, table):
     texts = wikimia(32).texts[:5] + ["the the the the the the", "x"]
     records = runner.score_texts(tiny, texts, ["dc_pdd", "loss"], batch_size=4, progress=False,
                                  resources={"freq_table": table})
-    stats_fn = runner.make_stats_fn(tiny)
+    stats_fn = score_step.make_stats_fn(tiny)
     from flax import nnx
 
     _, state = nnx.split(tiny.model)
     for text, rec in zip(texts, records):
-        ids = runner.encode(tiny, [text])[0].ids
+        ids = batching.encode(tiny, [text])[0].ids
         if len(ids) < 2:
             assert rec["scores"]["dc_pdd"] is None and rec.get("skip_reason")
             continue
@@ -223,7 +224,7 @@ def test_runner_scores_match_the_loop_on_a_tiny_model(tiny, table):
 
 def _freq_args(argv):
     parser = argparse.ArgumentParser(prog="mia-jax")
-    freq.add_parser(parser.add_subparsers(dest="command", required=True))
+    freq_table.add_arguments(parser.add_subparsers(dest="command", required=True).add_parser(freq_table.NAME))
     return parser.parse_args(argv)
 
 
@@ -233,7 +234,7 @@ def test_freq_table_command_end_to_end(tiny_llama_dir, tiny, tmp_path, capsys):
     out = tmp_path / "t.npz"
     args = _freq_args(["freq-table", "--model", str(tiny_llama_dir), "--corpus", str(corpus), "--text-field", "body",
                        "--out", str(out), "--no-progress"])
-    made = freq.command(args)
+    made = freq_table.run(args)
     line = capsys.readouterr().out.strip()
     want = Counter(i for text in CORPUS for i in tiny.tokenizer.encode(text).ids)
     assert line == (f"freq-table: {len(CORPUS)} documents, {sum(want.values())} tokens, {len(want)} distinct tokens "
@@ -243,19 +244,19 @@ def test_freq_table_command_end_to_end(tiny_llama_dir, tiny, tmp_path, capsys):
     assert back.corpus_files == {str(corpus.resolve()): made.corpus_files[str(corpus.resolve())]}
     assert back.meta["n_documents"] == len(CORPUS) and back.meta["text_field"] == "body"
     with pytest.raises(UserError, match="no field 'text'"):
-        freq.command(_freq_args(["freq-table", "--model", str(tiny_llama_dir), "--corpus", str(corpus), "--out",
+        freq_table.run(_freq_args(["freq-table", "--model", str(tiny_llama_dir), "--corpus", str(corpus), "--out",
                                  str(out), "--no-progress"]))
     with pytest.raises(SystemExit):  # a count below 1: refused when parsed (entry.positive_int)
         _freq_args(["freq-table", "--model", str(tiny_llama_dir), "--max-tokens", "0", "--out", str(out)])
     assert "--max-tokens: must be" in capsys.readouterr().err
     with pytest.raises(UserError, match="is a folder"):
-        freq.command(_freq_args(["freq-table", "--model", str(tiny_llama_dir), "--out", str(tmp_path)]))
+        freq_table.run(_freq_args(["freq-table", "--model", str(tiny_llama_dir), "--out", str(tmp_path)]))
 
 
 def test_freq_table_command_default_corpus_is_the_pile_sample(tiny_llama_dir, tmp_path, capsys):
     args = _freq_args(["freq-table", "--model", str(tiny_llama_dir), "--out", str(tmp_path / "p.npz"),
                        "--max-tokens", "1024", "--no-progress"])
-    table = freq.command(args)
+    table = freq_table.run(args)
     assert list(table.corpus_files) == [str(freq.default_corpus().resolve())]
     assert table.meta["n_documents"] == 600 and table.meta["max_tokens"] == 1024
     assert capsys.readouterr().out.startswith("freq-table: 600 documents, ")

@@ -3,7 +3,7 @@ loop and to torch autograd on the same weights."""
 import numpy as np
 import pytest
 
-from mia_jax import models, runner
+from mia_jax import metrics, models, runner
 from mia_jax.batching import real_vocab_size
 from mia_jax.data import wikimia
 from mia_jax.scorers.gradient import NORMS
@@ -29,7 +29,7 @@ def test_gradnorm_through_the_runner_equals_torch_autograd_per_text(tiny_llama_d
     report = {}
     recs = runner.score_dataset(loaded, TEXTS, list(NORMS), out_dir=tmp_path, batch_size=4, progress=False,
                                 report=report)
-    got = runner.scores_by_method(recs, list(NORMS))
+    got = metrics.scores_by_method(recs, list(NORMS))
     assert sorted(report) == ["gradnorm", "main"]  # one gradient pass gives the three norms
     for i, text in enumerate(TEXTS[:-1]):  # each text alone in torch: padding and batch-mates change nothing
         want = torch_norms(tiny_llama_dir, loaded, text)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from helpers import write_tiny_llama
 
-from mia_jax import models, runner
+from mia_jax import metrics, models, runner
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 from mia_jax.scorers import score_batch
@@ -27,13 +27,13 @@ def other(tmp_path_factory):
 
 
 def loss_of(loaded, texts):
-    return runner.scores_by_method(runner.score_texts(loaded, texts, ["loss"], progress=False), ["loss"])["loss"]
+    return metrics.scores_by_method(runner.score_texts(loaded, texts, ["loss"], progress=False), ["loss"])["loss"]
 
 
 def test_lowercase_is_the_log_ppl_ratio(tiny, tmp_path):
     recs = runner.score_dataset(tiny, TEXTS, ["min_k@0.2", "lowercase"], out_dir=tmp_path, progress=False)
     want = (-loss_of(tiny, [t.lower() for t in TEXTS])) / (-loss_of(tiny, TEXTS))
-    got = runner.scores_by_method(recs, ["lowercase"])["lowercase"]
+    got = metrics.scores_by_method(recs, ["lowercase"])["lowercase"]
     np.testing.assert_allclose(got[:6], want[:6], rtol=1e-6)
     for i in (6, 7):  # nothing to lowercase: NaN, with the reason on the record
         assert (
@@ -49,7 +49,7 @@ def test_lowercase_is_the_log_ppl_ratio(tiny, tmp_path):
 def test_ref_uses_each_models_own_tokenizer(tiny, other):
     assert other.tokenizer.encode(TEXTS[0]).ids != tiny.tokenizer.encode(TEXTS[0]).ids
     recs = runner.score_dataset(tiny, TEXTS, ["loss", "ref"], ref=other, progress=False)
-    got = runner.scores_by_method(recs, ["ref"])["ref"]
+    got = metrics.scores_by_method(recs, ["ref"])["ref"]
     np.testing.assert_allclose(got, loss_of(tiny, TEXTS) - loss_of(other, TEXTS), rtol=1e-6)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import ctrl_c_at_batch, write_tiny_mlm
 
-from mia_jax import models, runner
+from mia_jax import metrics, models, runner
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 from mia_jax.neighbors import MLMNeighbors, SelfNeighbors, cached_neighbors, drop_identical, n_replaced
@@ -34,7 +34,7 @@ def mlm_gen(request, tmp_path_factory):
 
 
 def loss_of(loaded, texts):
-    return runner.scores_by_method(runner.score_texts(loaded, texts, ["loss"], progress=False), ["loss"])["loss"]
+    return metrics.scores_by_method(runner.score_texts(loaded, texts, ["loss"], progress=False), ["loss"])["loss"]
 
 
 def check_neighbours(texts, neighbours, n, frac):
@@ -120,7 +120,7 @@ def test_neighbor_score_is_the_loss_difference(tiny, self_gen, tmp_path):
     by_hand = loss_of(tiny, TEXTS + [x for ns in neigh for x in ns])
     ends = np.cumsum([len(TEXTS)] + [len(ns) for ns in neigh])
     want = by_hand[:4] - np.array([by_hand[a:b].mean() for a, b in zip(ends[:-1], ends[1:])])
-    got = runner.scores_by_method(recs, ["neighbor"])["neighbor"]
+    got = metrics.scores_by_method(recs, ["neighbor"])["neighbor"]
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert list(recs[0]["scores"]) == ["loss", "neighbor"]
     assert (tmp_path / "neighbors" / "neighbors.jsonl").exists()

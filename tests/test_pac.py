@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from reference import scores_x64
 
-from mia_jax import models, runner
+from mia_jax import metrics, models, runner
 from mia_jax.augment import EdaAugmenter, n_swaps, random_swap
 from mia_jax.data import wikimia
 from mia_jax.neighbors import SelfNeighbors, cache_key, cached_neighbors
@@ -91,7 +91,7 @@ def tiny(tiny_llama_dir):
 
 def polarized_of(loaded, texts):
     recs = runner.score_texts(loaded, texts, ["polarized"], progress=False)
-    return runner.scores_by_method(recs, ["polarized"])["polarized"]
+    return metrics.scores_by_method(recs, ["polarized"])["polarized"]
 
 
 def test_pac_end_to_end_and_resumed(tiny, tmp_path):
@@ -102,7 +102,7 @@ def test_pac_end_to_end_and_resumed(tiny, tmp_path):
     for i in range(3):
         assert len(set(augs[i]) - {TEXTS[i]}) == 5
         want[i] -= polarized_of(tiny, augs[i]).mean()
-    got = runner.scores_by_method(recs, ["pac"])["pac"]
+    got = metrics.scores_by_method(recs, ["pac"])["pac"]
     np.testing.assert_allclose(got[:3], want[:3], rtol=1e-5, atol=1e-6)
     assert [r["n_augmentations"] for r in recs] == [5, 5, 5, 0]
     assert [r["n_identical_augmentations"] for r in recs] == [0, 0, 0, 5]

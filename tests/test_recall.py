@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mia_jax import models, runner
+from mia_jax import batching, metrics, models, runner
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 from mia_jax.scorers import recall as rc
@@ -29,7 +29,7 @@ def conditional_loss(loaded, prefix: str, text: str) -> float:
         ids = ids[1:]
     full = pre + ids
     logits = np.asarray(loaded.model(jnp.asarray([full], jnp.int32))[0], np.float64)
-    logits = logits[:, : runner.real_vocab_size(loaded)]  # padded vocabulary rows have no probability
+    logits = logits[:, : batching.real_vocab_size(loaded)]  # padded vocabulary rows have no probability
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     return float(np.mean([logp[t - 1, full[t]] for t in range(len(pre), len(full))]))
@@ -38,7 +38,7 @@ def conditional_loss(loaded, prefix: str, text: str) -> float:
 def test_prefixed_text_scores_only_its_own_tokens(tiny):
     prefix = "The prefix, read as context. "
     recs = runner.score_texts(tiny, TEXTS, ["loss"], prefixes=[prefix] * len(TEXTS), progress=False)
-    got = runner.scores_by_method(recs, ["loss"])["loss"]
+    got = metrics.scores_by_method(recs, ["loss"])["loss"]
     want = [conditional_loss(tiny, prefix, t) for t in TEXTS]
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert all(r["n_context"] == len(tiny.tokenizer.encode(prefix).ids) for r in recs)
@@ -57,7 +57,7 @@ def test_recall_and_con_recall_against_their_formulas(tiny, tmp_path):
     report = {}
     recs = runner.score_dataset(tiny, TEXTS, ["loss", "recall", "con_recall"], out_dir=tmp_path, progress=False,
                                 pass_options={"recall_prefixes": prefixes}, report=report)
-    s = runner.scores_by_method(recs, ["loss", "recall", "con_recall"])
+    s = metrics.scores_by_method(recs, ["loss", "recall", "con_recall"])
     ll_non = np.array([conditional_loss(tiny, prefixes["nonmember"], t) for t in TEXTS])
     ll_mem = np.array([conditional_loss(tiny, prefixes["member"], t) for t in TEXTS])
     np.testing.assert_allclose(s["recall"], ll_non / s["loss"], rtol=1e-5)

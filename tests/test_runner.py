@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from reference import ref_token_arrays, reference_scores
 
-from mia_jax import batching, models, runner
+from mia_jax import batching, models, runner, score_step
 from mia_jax.records import Sink
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
@@ -23,7 +23,7 @@ def per_example_reference(loaded, text):
     """One text, one forward pass, full float64 log-softmax: the published approach."""
     ids = loaded.tokenizer.encode(text).ids[: loaded.max_length]
     logits = np.asarray(loaded.model(jnp.asarray([ids], jnp.int32)), np.float64)[0]
-    arrays = ref_token_arrays(logits[:-1], np.asarray(ids[1:]), vocab_size=runner.real_vocab_size(loaded))
+    arrays = ref_token_arrays(logits[:-1], np.asarray(ids[1:]), vocab_size=batching.real_vocab_size(loaded))
     return reference_scores(*arrays, text, 0.2)
 
 
@@ -42,7 +42,7 @@ def test_scores_equal_per_example_numpy(tiny, tmp_path, batch_size):
 
 
 def test_padding_rows_of_the_head_are_excluded(tiny):
-    assert runner.real_vocab_size(tiny) == tiny.tokenizer.get_vocab_size() < tiny.config.vocab_size
+    assert batching.real_vocab_size(tiny) == tiny.tokenizer.get_vocab_size() < tiny.config.vocab_size
 
 
 def test_skips_and_truncation_are_recorded(tiny):
@@ -58,7 +58,7 @@ def test_skips_and_truncation_are_recorded(tiny):
 
 
 def test_one_compilation_per_shape(tiny):
-    fn = runner.make_stats_fn(tiny)
+    fn = score_step.make_stats_fn(tiny)
     from flax import nnx
     _, state = nnx.split(tiny.model)
     for t in (16, 16, 32, 16, 32):

@@ -3,7 +3,7 @@ import json
 
 import numpy as np
 
-from mia_jax import models, runner, samia
+from mia_jax import metrics, models, runner, samia
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 
@@ -17,7 +17,7 @@ def test_samia_pass_equals_the_library_call_and_resumes(tiny_llama_dir, tmp_path
     recs = runner.score_dataset(loaded, TEXTS, ["samia", "samia_zlib"], out_dir=tmp_path, progress=False,
                                 batch_size=2, pass_options={"samia": opts}, report=report)
     want, reasons = samia.samia_scores(loaded, TEXTS, progress=False, **opts)
-    got = runner.scores_by_method(recs, ["samia", "samia_zlib"])
+    got = metrics.scores_by_method(recs, ["samia", "samia_zlib"])
     for m in ("samia", "samia_zlib"):
         np.testing.assert_allclose(got[m], want[m], rtol=1e-12, equal_nan=True)
     assert sorted(report) == ["main", "samia"]  # one sampling pass for both methods

@@ -139,7 +139,7 @@ def test_parameter_shards_have_the_expected_shape_on_distinct_devices(report, ca
 
 @pytest.mark.parametrize("mesh,rows_per_device", [("data=8", 3), ("fsdp=8", 3), ("data=2,fsdp=2,model=2", 6)])
 def test_scoring_batch_is_split_over_data_and_fsdp(report, mesh, rows_per_device):
-    """``runner.make_stats_fn(loaded, mesh=mesh)`` on a [24, 13] batch from ``sharding.global_batch``: the ids and
+    """``score_step.make_stats_fn(loaded, mesh=mesh)`` on a [24, 13] batch from ``sharding.global_batch``: the ids and
     every TokenStats field are split by rows over data x fsdp (24 / (data*fsdp) rows per device, each row block on
     the ``model`` devices of its (data, fsdp) position), the outputs equal the unsharded model's, and the compiled
     per-device program takes only its own rows."""

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from reference import ref_token_arrays, reference_scores
 
-from mia_jax import models, runner
+from mia_jax import batching, models, runner
 from mia_jax.data import wikimia
 
 pytestmark = [
@@ -30,7 +30,7 @@ def reference(smollm2):
     for the statistics and scores."""
     texts = wikimia(32).texts
     forward = jax.jit(lambda ids: smollm2.model(ids))
-    vocab = runner.real_vocab_size(smollm2)
+    vocab = batching.real_vocab_size(smollm2)
     encoded = [smollm2.tokenizer.encode(text).ids for text in texts]
     by_length: dict[int, list[int]] = {}
     for i, ids in enumerate(encoded):

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 from helpers import write_tiny_llama
 
-from mia_jax import models, runner
+from mia_jax import batching, models, runner
 from mia_jax.errors import UserError
 
 WINDOW = 32
@@ -36,7 +36,7 @@ def long_text(loaded, n_tokens: int, seed: int = 0) -> str:
 
 def reference_window_scores(loaded, ids: list[int], window: int) -> list[dict]:
     """float64, the naive way: one forward over each window's prefix + window, the window's tokens scored."""
-    vocab = runner.real_vocab_size(loaded)
+    vocab = batching.real_vocab_size(loaded)
     graphdef, state = nnx.split(loaded.model)
     forward = jax.jit(lambda st, x: nnx.merge(graphdef, st)(x))
     out, tokens_read = [], 0

@@ -19,6 +19,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mia_jax import blind, metrics
+from mia_jax.batching import encode
+from mia_jax.blind import NAME as BLIND_NAME
 from mia_jax.errors import UserError
 from mia_jax.scorers import TokenBatch, is_multi_pass, score_batch
 from mia_jax.stats import TokenStats
@@ -104,8 +107,6 @@ def window_texts(loaded, texts: Sequence[str], records: Sequence[dict]) -> list[
     """Per text, per window: the decoded text of the window's scored (target) tokens, the text its scores are
     about. Rebuilt from the texts and the tokenizer exactly as the scoring pass cut them (``batching.encode``: every
     token after the first, cut to the context), so it needs nothing but the records' ``n_tokens``."""
-    from mia_jax.runner import encode
-
     out = []
     for enc, rec in zip(encode(loaded, texts), records):
         ids, pieces, pos = enc.ids[1:], [], 0
@@ -120,8 +121,6 @@ def blind_row(texts: list[list[str]] | None, labels: list[list[int | None]], *, 
               ) -> tuple[dict | None, str]:
     """The blind baseline over the labeled windows (groups: the text each window belongs to), as a metrics row, and
     the line that reports it (with ``blind.warning`` above its threshold) or says why it was not computed."""
-    from mia_jax import blind, metrics
-
     if texts is None:
         return None, "Blind baseline not computed: no window texts (a windows.csv without its window_text column)"
     picked = [(t, lab, i) for i, (ts, labs) in enumerate(zip(texts, labels)) for t, lab in zip(ts, labs)
@@ -167,9 +166,6 @@ def report(records: Sequence[dict], labels: list[list[int | None]], methods: Seq
     With ``blind``, the metrics also hold the blind baseline's row (``blind.NAME``) over ``texts`` (per text, per
     window: :func:`window_texts`) where it can be computed, and ``blind_note`` the line that reports it or says
     why not."""
-    from mia_jax import metrics
-    from mia_jax.blind import NAME
-
     flat_labels = np.array([lab for labs in labels for lab in labs if lab is not None], np.int64)
     out: dict = {"n_windows": int(sum(len(r.get("windows", {}).get("n_tokens", [])) for r in records)),
                  "n_labeled": int(flat_labels.size),
@@ -184,7 +180,7 @@ def report(records: Sequence[dict], labels: list[list[int | None]], methods: Seq
         if blind:
             row, out["blind_note"] = blind_row(texts, labels, n_bootstrap=n_bootstrap, seed=seed)
             if row is not None:
-                out["metrics"][NAME] = row
+                out["metrics"][BLIND_NAME] = row
         if threshold is None:
             threshold = threshold_at_fpr(scores[method], flat_labels, fpr)
             out["threshold_from"] = f"{fpr:g} FPR on the non-member windows"
