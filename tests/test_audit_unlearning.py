@@ -12,7 +12,11 @@ from helpers import DAMAGE, assert_clean_error, cut_mid_row, drop_line, write_ti
 from helpers import snapshot as folder_snapshot
 
 from mia_jax import cli, rundir
+from mia_jax.audits import common
 from mia_jax.audits import unlearning as U
+from mia_jax.audits import unlearning_probes as P
+from mia_jax.audits import unlearning_rebuild, unlearning_report
+from mia_jax.audits.unlearning_report import to_markdown
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 from mia_jax.models.sentence import SentenceEncoder
@@ -22,16 +26,16 @@ from mia_jax.models.sentence import SentenceEncoder
 
 def test_chunk_words_by_hand():
     text = " ".join(f"w{i}" for i in range(10))
-    assert U.chunk_words(text, 4, 2) == (["w0 w1 w2 w3", "w4 w5 w6 w7", "w8 w9"], 0)
-    assert U.chunk_words(text, 4, 3) == (["w0 w1 w2 w3", "w4 w5 w6 w7"], 2)  # the 2-word tail: dropped, counted
-    assert U.chunk_words(text, 5, 5) == (["w0 w1 w2 w3 w4", "w5 w6 w7 w8 w9"], 0)
-    assert U.chunk_words(text, 512, 10) == ([text], 0)  # shorter than a chunk, kept whole
-    assert U.chunk_words(text, 512, 32) == ([], 10)  # too short: a counted skip
-    assert U.chunk_words("  \n ", 4, 1) == ([], 0)
+    assert common.chunk_words(text, 4, 2) == (["w0 w1 w2 w3", "w4 w5 w6 w7", "w8 w9"], 0)
+    assert common.chunk_words(text, 4, 3) == (["w0 w1 w2 w3", "w4 w5 w6 w7"], 2)  # the 2-word tail: dropped, counted
+    assert common.chunk_words(text, 5, 5) == (["w0 w1 w2 w3 w4", "w5 w6 w7 w8 w9"], 0)
+    assert common.chunk_words(text, 512, 10) == ([text], 0)  # shorter than a chunk, kept whole
+    assert common.chunk_words(text, 512, 32) == ([], 10)  # too short: a counted skip
+    assert common.chunk_words("  \n ", 4, 1) == ([], 0)
     # verbatim: inner whitespace and line breaks stay, outer whitespace goes
-    assert U.chunk_words("  a  b\nc d\n\ne f ", 3, 1) == (["a  b\nc", "d\n\ne f"], 0)
+    assert common.chunk_words("  a  b\nc d\n\ne f ", 3, 1) == (["a  b\nc", "d\n\ne f"], 0)
     with pytest.raises(UserError):
-        U.chunk_words(text, 0, 1)
+        common.chunk_words(text, 0, 1)
 
 
 def test_make_chunks_counts():
@@ -43,8 +47,8 @@ def test_make_chunks_counts():
 
 
 def test_split_prompt():
-    assert U.split_prompt("a b\nc  d e", 3) == ("a b\nc", "d e")
-    assert U.split_prompt("a b c", 3) == ("a b c", "")
+    assert P.split_prompt("a b\nc  d e", 3) == ("a b\nc", "d e")
+    assert P.split_prompt("a b c", 3) == ("a b c", "")
 
 
 # ----------------------------------------------------------------------------- the ratio window
@@ -98,9 +102,9 @@ def test_rouge_l_by_hand():
     cands = ["the cat on a mat", "", "mat the on sat cat The", ref, "dog"]
     # LCS: "the cat on mat" = 4 of 5 candidate and 6 reference words
     p, r = 4 / 5, 4 / 6
-    f = U.rouge_l(cands, ref)
+    f = P.rouge_l(cands, ref)
     assert f[0] == pytest.approx(2 * p * r / (p + r), abs=1e-12) and f[1] == 0 and f[3] == 1 and f[4] == 0
-    assert U.rouge_l(cands[:1], ref, "recall")[0] == pytest.approx(r, abs=1e-12)
+    assert P.rouge_l(cands[:1], ref, "recall")[0] == pytest.approx(r, abs=1e-12)
     scorer = rouge_scorer.RougeScorer(["rougeL"])
     np.testing.assert_allclose(f, [scorer.score(ref, c)["rougeL"].fmeasure for c in cands], atol=0)
     rng = np.random.default_rng(1)
@@ -110,18 +114,18 @@ def test_rouge_l_by_hand():
         n = lcs(a, b)
         pr, rc = n / len(a), n / len(b)
         want = 0.0 if n == 0 else 2 * pr * rc / (pr + rc)
-        assert U.rouge_l([" ".join(a)], " ".join(b))[0] == pytest.approx(want, abs=1e-12)
+        assert P.rouge_l([" ".join(a)], " ".join(b))[0] == pytest.approx(want, abs=1e-12)
 
 
 def test_options_are_checked():
     ok = dict(chunk_words=512, min_words=32, k=0.2, ratio=1.15, max_probe=50, prompt_words=200, n_samples=20,
               max_new_tokens=None, temperature=1.0, top_k=None, batch_size=8)
-    U.check_options(**ok)
+    U.check_options(U.UnlearningConfig(**ok))
     for change, match in [(dict(ratio=1.0), "--ratio"), (dict(min_words=600), "--min-words"), (dict(k=0), "--k"),
                           (dict(prompt_words=512), "--prompt-words"), (dict(n_samples=0), "--n-samples"),
                           (dict(max_probe=-1), "--max-probe"), (dict(temperature=-1.0), "temperature")]:
         with pytest.raises(UserError, match=match):
-            U.check_options(**{**ok, **change})
+            U.check_options(U.UnlearningConfig(**{**ok, **change}))
 
 
 # ----------------------------------------------------------------------------- the command
@@ -169,7 +173,7 @@ def check_rebuild(out, again, capsys):
     old, new = json.loads((out / "unlearning.json").read_text()), json.loads((again / "unlearning.json").read_text())
     assert new.pop("rebuilt")["from"] == str(out)
     assert new == old
-    return U.rebuild(again)
+    return unlearning_rebuild.rebuild(again)
 
 
 def test_command_two_models(tiny_llama_dir, forget_set, tmp_path, capsys):
@@ -233,7 +237,7 @@ def test_same_model_flags_every_chunk(tiny_llama_dir, forget_set, tmp_path, caps
     for p in probes:
         assert p["samples"]["original"] == p["samples"]["unlearned"] and len(p["samples"]["original"]) == 3
         assert p["rougeL_original"] == p["rougeL_unlearned"]
-        assert p["rougeL_original"]["max"] == pytest.approx(max(U.rouge_l(p["samples"]["original"],
+        assert p["rougeL_original"]["max"] == pytest.approx(max(P.rouge_l(p["samples"]["original"],
                                                                           p["reference"])))
         enc = SentenceEncoder(tmp_path / "encoder")
         cos = enc.embed(p["samples"]["original"]).astype(np.float64) @ enc.embed([p["reference"]])[0]
@@ -242,7 +246,7 @@ def test_same_model_flags_every_chunk(tiny_llama_dir, forget_set, tmp_path, caps
         assert p["embed_original"]["mean"] == pytest.approx(cos.mean(), abs=1e-5)
         # the per-sample values behind the summaries
         np.testing.assert_array_equal(p["rougeL_per_sample"]["original"],
-                                      U.rouge_l(p["samples"]["original"], p["reference"]))
+                                      P.rouge_l(p["samples"]["original"], p["reference"]))
         np.testing.assert_allclose(p["embed_per_sample"]["original"], cos, atol=1e-5)
         assert p["embed_original"]["max"] == max(p["embed_per_sample"]["original"])
     md = (out / "unlearning.md").read_text()
@@ -336,7 +340,7 @@ def test_analyse_by_hand():
     assert q["questions"][0]["ratio"] == pytest.approx(1.05, abs=1e-15) and q["questions"][2]["ratio"] is None
     assert q["flagged"] == {"n": 1, "original": 0.5, "unlearned": 0.25}
     assert q["other"] == {"n": 2, "original": 0.5, "unlearned": 0.0}
-    md = res.to_markdown()
+    md = to_markdown(res)
     assert "| 1 | 0 | 5-8 |" in md and "Cos max orig" in md and "Note: by hand." in md
 
 
@@ -345,7 +349,7 @@ def test_chunks_csv_round_trips_floats(tmp_path):
 
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.lognormal(0, 5, 200), [0.1 + 0.2, 1 / 3, 5e-324, 1.7976931348623157e308, 1e-300]])
-    write_csv(tmp_path / "x.csv", ["x"], [[U._num(v)] for v in x])
+    write_csv(tmp_path / "x.csv", ["x"], [[common.finite_or_none(v)] for v in x])
     back = np.array([float(r["x"]) for r in read_csv(tmp_path / "x.csv")])
     np.testing.assert_array_equal(back, x)  # exactly: written with repr
 
@@ -354,9 +358,9 @@ def test_rebuild_by_hand(tmp_path, capsys):
     res = hand_result()
     out = tmp_path / "a"
     out.mkdir()
-    U.write_outputs(res, out, {"command": "by hand"})
-    back = U.rebuild(out)
-    assert back.to_markdown() == res.to_markdown() and back.meta == {"command": "by hand"}
+    unlearning_report.write_outputs(res, out, {"command": "by hand"})
+    back = unlearning_rebuild.rebuild(out)
+    assert to_markdown(back) == to_markdown(res) and back.meta == {"command": "by hand"}
     assert back.counts == res.counts and back.probes == res.probes and back.qa == res.qa
     for side in U.SIDES:
         for name in ("min_k", "ppl"):
@@ -377,8 +381,8 @@ def test_rebuild_by_hand(tmp_path, capsys):
         w = csv.DictWriter(fh, list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    rundir.seal(edited, list(U.REBUILD_READS))  # as if the run had written it so
-    again = U.rebuild(edited)
+    rundir.seal(edited, list(unlearning_report.REBUILD_READS))  # as if the run had written it so
+    again = unlearning_rebuild.rebuild(edited)
     assert not again.flags["min_k"].any() and again.counts["flagged_ppl"] == 0
     np.testing.assert_allclose(again.ratios["min_k"], 2 * res.ratios["min_k"], rtol=1e-15)
 
@@ -386,7 +390,7 @@ def test_rebuild_by_hand(tmp_path, capsys):
 def test_rebuild_bad_input_exits_2(tmp_path, capsys):
     good = tmp_path / "good"
     good.mkdir()
-    U.write_outputs(hand_result(), good, {})
+    unlearning_report.write_outputs(hand_result(), good, {})
 
     def broken(name, edit):
         """A copy of ``good`` edited, and sealed again when every file is there (as if the run had written it so:
@@ -394,8 +398,8 @@ def test_rebuild_bad_input_exits_2(tmp_path, capsys):
         folder = tmp_path / name
         shutil.copytree(good, folder)
         edit(folder)
-        if all((folder / f).is_file() for f in U.REBUILD_READS):
-            rundir.seal(folder, list(U.REBUILD_READS))
+        if all((folder / f).is_file() for f in unlearning_report.REBUILD_READS):
+            rundir.seal(folder, list(unlearning_report.REBUILD_READS))
         return str(folder)
 
     no_csv = broken("no_csv", lambda f: (f / "chunks.csv").unlink())
@@ -451,7 +455,7 @@ def rebuild_cli(src, out, capsys):
     return rc, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", U.REBUILD_READS)
+@pytest.mark.parametrize("name", unlearning_report.REBUILD_READS)
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_from_damaged_file_is_refused(sealed, name, damage, tmp_path, capsys):
     DAMAGE[damage](sealed / name)
@@ -474,7 +478,7 @@ def test_from_reads_strictly(sealed, name, edit, needle, tmp_path, capsys):
     """A damaged file that its manifest records as written (a run that wrote it so) is still refused: every cell,
     and the files against each other."""
     edit(sealed / name)
-    rundir.seal(sealed, list(U.REBUILD_READS))
+    rundir.seal(sealed, list(unlearning_report.REBUILD_READS))
     rc, err = rebuild_cli(sealed, tmp_path / "out", capsys)
     assert_clean_error(rc, err, needle)
     assert not (tmp_path / "out").exists()
@@ -503,7 +507,7 @@ def test_from_committed_folder_reproduces_it(sealed, tmp_path, capsys):
     into its own earlier output, and in place."""
     for name in ("chunks.csv", "probes.jsonl", "unlearning.json"):
         (sealed / name).write_bytes(b"\xef\xbb\xbf" + (sealed / name).read_bytes())
-    rundir.seal(sealed, list(U.REBUILD_READS))
+    rundir.seal(sealed, list(unlearning_report.REBUILD_READS))
     out = tmp_path / "out"
     rc, err = rebuild_cli(sealed, out, capsys)
     assert rc == 0, err
@@ -520,7 +524,7 @@ def test_from_committed_folder_reproduces_it(sealed, tmp_path, capsys):
     assert rc == 0, err
     assert {k: v for k, v in folder_snapshot(out).items() if k not in ("unlearning.json", "manifest.json")} == \
         {k: v for k, v in first.items() if k not in ("unlearning.json", "manifest.json")}
-    U.rebuild(out)  # sealed again: verifies
+    unlearning_rebuild.rebuild(out)  # sealed again: verifies
 
 
 def test_audit_into_another_runs_folder_is_refused(tiny_llama_dir, forget_set, tmp_path, capsys):

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from mia_jax import entry
-from mia_jax.audits import model_options
 from mia_jax.audits.books import (FPR, METHODS, N_BOOTSTRAP, RATE_METHOD, SNIPPET_WORDS, SNIPPETS, BooksConfig,
                                   BooksResult, audit_books, books_phrase, check_methods, check_options, prepare)
 from mia_jax.audits.books_rebuild import read_info, rebuild
@@ -54,6 +53,20 @@ def add_arguments(p) -> None:
                    help="bootstrap resamples of the AUROC intervals")
     p.add_argument("--encoding", default="utf-8", help="text encoding of the books (default: utf-8)")
     model_options(p, "OUT/books and OUT/validation")
+
+
+def model_options(p, runs: str) -> None:
+    """The options both audit commands share, on the parser ``p``: how their models are loaded and their scoring
+    runs (``runs``: where they are, for the help of ``--overwrite``) kept."""
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
+    p.add_argument("--batch-size", type=entry.positive_int, default=8)
+    p.add_argument("--chunk-size", type=entry.positive_int, default=8192,
+                   help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--allow-download", action="store_true",
+                   help="let a model that is not a local path be fetched from the Hugging Face Hub")
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"empty --out first (even a folder of another run) and rescore {runs} afresh")
+    p.add_argument("--no-progress", action="store_true")
 
 
 def run(args) -> None:

@@ -3,10 +3,20 @@ run (inputs checked and both models loaded before anything is written; the folde
 the ``--from`` rebuild. The audit itself: :mod:`mia_jax.audits.unlearning`."""
 from __future__ import annotations
 
+import contextlib
+import sys
+from pathlib import Path
+
 from mia_jax import entry
-from mia_jax.audits import model_options, unlearning
-from mia_jax.audits.unlearning import (CHUNK_WORDS, K, MAX_NEW_TOKENS, MAX_PROBE, MIN_WORDS, N_SAMPLES, PROMPT_WORDS,
-                                       QA_MAX_NEW_TOKENS, RATIO)
+from mia_jax.audits.unlearning import (CHUNK_WORDS, K, MAX_PROBE, MIN_WORDS, N_SAMPLES, PROMPT_WORDS, QA_MAX_NEW_TOKENS,
+                                       RATIO, SIDES, UnlearningConfig, UnlearningResult, audit_unlearning,
+                                       check_options, make_chunks, min_k_method, tokenizer_digest)
+from mia_jax.audits.unlearning_probes import MAX_NEW_TOKENS
+from mia_jax.audits.unlearning_rebuild import rebuild
+from mia_jax.audits.unlearning_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
+from mia_jax.commands.audit_books import model_options
+from mia_jax.errors import UserError
+from mia_jax.models.sentence import SentenceEncoder
 
 NAME = "audit-unlearning"
 HELP = "which forget-set texts does an unlearned model still know? (Min-K%% ratio audit, Shi et al. 2023 section 7)"
@@ -60,5 +70,146 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
-    """``mia-jax audit-unlearning`` with the parsed ``args`` (with ``--from``: the rebuild)."""
-    unlearning.command(args)
+    """``mia-jax audit-unlearning`` with the parsed ``args``: ``run_rebuild`` with ``--from``, else ``run_audit``."""
+    if args.from_dir is not None:
+        run_rebuild(args)
+    else:
+        run_audit(args)
+
+
+def config_of(args) -> UnlearningConfig:
+    """The audit's settings from the parsed options."""
+    return UnlearningConfig(chunk_words=args.chunk_words, min_words=args.min_words, k=args.k, ratio=args.ratio,
+                            max_probe=args.max_probe, prompt_words=args.prompt_words, n_samples=args.n_samples,
+                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            seed=args.seed, batch_size=args.batch_size, chunk_size=args.chunk_size,
+                            qa_max_new_tokens=args.qa_max_new_tokens)
+
+
+def run_audit(args) -> UnlearningResult:
+    """The audit of ``args`` (``--original``, ``--unlearned``, ``--texts``, ...): every input checked and both
+    models loaded before anything is written, then the folder and each model's scoring run claimed (resumed when
+    the same), the outputs written and the report printed. Returns the result."""
+    from mia_jax import __version__, data, models, rundir
+
+    missing = [flag for flag, v in (("--original", args.original), ("--unlearned", args.unlearned),
+                                    ("--texts", args.texts)) if v is None]
+    if missing:
+        raise UserError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (or --from DIR to "
+                        "rebuild the report of an earlier --out folder)")
+    cfg = config_of(args)
+    check_options(cfg)
+    ds = data.load_records(args.texts, args.text_field, None, encoding=args.encoding)
+    chunks, _ = make_chunks(ds.texts, args.chunk_words, args.min_words)
+    if not chunks:
+        raise UserError(f"{args.texts}: no chunks: none of its {len(ds)} texts has {args.min_words} words "
+                        "(--min-words)")
+    qa, qa_files = _load_qa(args) if args.qa else (None, None)
+    out = rundir.check_path(args.out)
+    load = dict(dtype=args.dtype, allow_download=args.allow_download)
+    loaded = {"original": models.load(args.original, **load), "unlearned": models.load(args.unlearned, **load)}
+    embedder = SentenceEncoder(args.embed_model, args.dtype) if args.embed_model else None
+    fingerprint = audit_fingerprint(args, loaded, embedder, ds.files, qa_files=qa_files)
+    # the folder is this audit's (or refused untouched); each model's scoring run is claimed on its own inside it
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite), contextlib.ExitStack() as stack:
+        run_dirs, resume = _claim_runs(args, stack, out, loaded, [c.text for c in chunks], ds.files)
+        res = audit_unlearning(loaded["original"], loaded["unlearned"], ds.texts, cfg, qa=qa, embedder=embedder,
+                               run_dirs=run_dirs, resume=resume, progress=not args.no_progress)
+        meta = {"command": " ".join(sys.argv), "package_version": __version__, "data_files": ds.files,
+                "models": {side: {"name": m.name, "source": m.source, "files": m.files, "dtype": m.dtype,
+                                  "add_bos": m.add_bos, "max_length": m.max_length,
+                                  "tokenizer_sha256": tokenizer_digest(m)} for side, m in loaded.items()},
+                "embed_model": {"name": embedder.name, "files": embedder.files} if embedder else None}
+        res.meta = meta
+        write_outputs(res, out, meta)
+    print(to_markdown(res))
+    print(f"wrote {out}/", file=sys.stderr)
+    return res
+
+
+def _load_qa(args) -> tuple[tuple[list[str], list[str]], dict]:
+    """((questions, answers), {file: sha256}) of ``--qa``; UserError for a file without questions or a row without
+    a question or an answer."""
+    from mia_jax import data
+
+    qds = data.load_records(args.qa, args.qa_question_field, None, encoding=args.encoding,
+                            extra=(args.qa_answer_field,))
+    answers = qds.extra[args.qa_answer_field]
+    if not qds.texts:
+        raise UserError(f"{args.qa}: no questions")
+    bad = [i for i, (q, a) in enumerate(zip(qds.texts, answers))
+           if not (q.strip() and isinstance(a, str) and a.strip())]
+    if bad:
+        raise UserError(f"{args.qa}: row {bad[0] + 1} has no {args.qa_question_field!r} or no "
+                        f"{args.qa_answer_field!r} text (fields: --qa-question-field, --qa-answer-field)")
+    return (qds.texts, answers), qds.files
+
+
+def _claim_runs(args, stack, out: Path, loaded: dict, texts: list[str], data_files: dict) -> tuple[dict, dict]:
+    """({side: run folder}, {side: resume?}) of each model's scoring run of the chunk ``texts``, each claimed in
+    ``stack`` with the fingerprint of its texts and options."""
+    from mia_jax import rundir, runner
+
+    methods = [min_k_method(args.k), "ppl"]
+    run_dirs, resume = {}, {}
+    for side in SIDES:
+        run_dirs[side] = rundir.check_path(out / side)
+        fp = runner.run_fingerprint(loaded[side], texts, None, methods, data_files=data_files, labeled=False,
+                                    encoding=args.encoding, text_field=args.text_field,
+                                    chunk_words=args.chunk_words, min_words=args.min_words,
+                                    batch_size=args.batch_size, chunk_size=args.chunk_size, dtype=args.dtype)
+        resume[side] = stack.enter_context(rundir.claim(run_dirs[side], fp, overwrite=args.overwrite))
+        if resume[side]:
+            print(f"resuming the {side} run in {run_dirs[side]}", file=sys.stderr)
+    return run_dirs, resume
+
+
+# Options of `audit-unlearning` that are not in the folder's fingerprint, and why (every other one is)
+NOT_IN_FINGERPRINT = ("from_dir", "out", "overwrite", "no_progress", "allow_download", "original", "unlearned",
+                      "texts", "qa", "embed_model")  # the last five: by their files' SHA-256 instead
+
+
+def audit_fingerprint(args, loaded: dict, embedder, data_files: dict, qa_files: dict | None) -> dict:
+    """What makes an audit-unlearning folder (``rundir.claim``): both models' (``loaded``: {side: LoadedModel}), the
+    ``embedder``'s and every data file's (``data_files``, ``qa_files``: {file: sha256}) SHA-256 and every option of
+    ``args`` that can change a result; a folder holding anything else is refused. Returns the fingerprint dict."""
+    from mia_jax import __version__
+
+    def resolved(files):
+        return {str(Path(f).resolve()): h for f, h in files.items()} if files is not None else None
+
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
+    return {"command": "audit-unlearning", "models": {side: resolved(m.files) for side, m in loaded.items()},
+            "embed_model": resolved(embedder.files) if embedder is not None else None,
+            "data_files": resolved(data_files), "qa_files": resolved(qa_files), **options,
+            "package_version": __version__}
+
+
+def run_rebuild(args) -> UnlearningResult:
+    """`mia-jax audit-unlearning --from DIR --out OUT`: ``rebuild`` DIR, then OUT's files as the audit writes them
+    (unlearning.json adds ``rebuilt``: from where, the command, the package version). OUT: new, empty, an earlier
+    rebuild of the same DIR, or DIR itself (in place: written only once every output is computed). Returns the
+    rebuilt result."""
+    from mia_jax import __version__, rundir
+    from mia_jax.entry import check_out
+    from mia_jax.files import write_all
+
+    given = [flag for flag, v in (("--original", args.original), ("--unlearned", args.unlearned),
+                                  ("--texts", args.texts), ("--qa", args.qa), ("--embed-model", args.embed_model))
+             if v is not None]
+    if given:
+        raise UserError(f"--from rebuilds the report from a results folder, without models or data: leave out "
+                        f"{', '.join(given)}")
+    src, out = Path(args.from_dir), check_out(args.out)
+    if out.resolve() != src.resolve() and src.resolve() in out.resolve().parents:
+        raise UserError(f"--out {out} is inside --from {src}; a rebuild never writes into a folder inside the one it "
+                        "reads: give another --out")
+    res = rebuild(src)
+    meta = {**res.meta, "rebuilt": {"from": str(src), "command": " ".join(sys.argv), "package_version": __version__}}
+    files = render_outputs(res, meta)
+    with rundir.rebuild_into(out, [src], "audit-unlearning"):
+        write_all(out, files)
+        rundir.seal(out, list(REBUILD_READS))
+    print(to_markdown(res))
+    print(f"wrote {out}/ (rebuilt from {src}/)", file=sys.stderr)
+    return res
