@@ -43,11 +43,9 @@ checks this over many random splits of synthetic and of real scores.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -55,7 +53,7 @@ import numpy as np
 from scipy import stats
 from sklearn.linear_model import LogisticRegression
 
-from mia_jax import entry, files
+from mia_jax import files
 from mia_jax.errors import UserError
 
 MIN_PER_HALF = 10  # held-out texts per set, at least (and as many in the training halves)
@@ -229,165 +227,3 @@ def run_model(path) -> dict | None:
     ref = fp.get("ref_model_files")  # by content: the same files under another path are the same model
     return {"model_sha256": sorted(fp["model_files"].values()),
             "ref_model_sha256": sorted(ref.values()) if isinstance(ref, dict) else None, "dtype": fp.get("dtype")}
-
-
-# ----------------------------------------------------------------------------- mia-jax dataset-inference
-
-def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("dataset-inference", help="was this set of texts trained on? A p-value (Maini et al. 2024)")
-    p.add_argument("--suspect", metavar="FILE", type=entry.input_file,
-                   help="the suspect texts (.jsonl / .csv / .tsv / .parquet; --text-field)")
-    p.add_argument("--validation", metavar="FILE", type=entry.input_file,
-                   help="texts of the same distribution known not to be trained on (same format)")
-    p.add_argument("--suspect-scores", metavar="RESULTS",
-                   help="instead of --suspect: a mia-jax run's results.jsonl (or its folder) scored by the same model")
-    p.add_argument("--validation-scores", metavar="RESULTS", help="instead of --validation: the same for it")
-    p.add_argument("--model", default="smollm2",
-                   help="a Hugging Face folder, a .gguf file, or an offline name (smollm2). Default: smollm2")
-    p.add_argument("--ref-model", help="reference model of the 'ref' method, if among --methods")
-    p.add_argument("--n-neighbors", type=entry.positive_int, default=10,
-                   help="neighbours per text of the 'neighbor' method")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
-    p.add_argument("--allow-download", action="store_true",
-                   help="let a --model that is not a local path be fetched from the Hugging Face Hub")
-    p.add_argument("--text-field", default="text",
-                   help="field of the texts in --suspect / --validation (default: text)")
-    p.add_argument("--encoding", default="utf-8", help="text encoding of --suspect / --validation (default: utf-8)")
-    p.add_argument("--methods", nargs="+",
-                   help=f"the per-text scores used as features (default when scoring: {' '.join(DEFAULT_METHODS)}; "
-                        f"from --*-scores files: every method both files have); single-pass methods and "
-                        f"{', '.join(MULTI_PASS_OK)}")
-    p.add_argument("--k", nargs="+", type=entry.fraction, default=list(DEFAULT_K),
-                   help=f"fractions of Min-K%%-type methods (default, the authors': {' '.join(map(str, DEFAULT_K))})")
-    p.add_argument("--batch-size", type=entry.positive_int, default=8)
-    p.add_argument("--chunk-size", type=entry.positive_int, default=8192,
-                   help="vocabulary chunk of the statistics kernel")
-    p.add_argument("--seed", type=entry.nonneg_int, default=0, help="seed of the split into halves (default: 0)")
-    p.add_argument("--out", required=True, type=entry.out_dir,
-                   help="output folder: the scores of each set in OUT/suspect and OUT/validation (resumable runs, as "
-                        "mia-jax score writes them), OUT/dataset_inference.json and .md; a folder of another run is "
-                        "refused")
-    p.add_argument("--overwrite", action="store_true",
-                   help="empty --out first (even a folder of another run) and rescore OUT/suspect and OUT/validation "
-                        "afresh")
-    p.add_argument("--no-progress", action="store_true")
-    return p
-
-
-def _methods(args) -> list[str] | None:
-    from mia_jax.scorers import expand_methods, is_multi_pass, parse_method
-
-    if args.methods is None and args.suspect_scores and args.validation_scores:
-        return None  # every method the two files share
-    methods = expand_methods(list(args.methods or DEFAULT_METHODS), args.k)
-    if args.suspect_scores and args.validation_scores:
-        return methods
-    bad = [m for m in methods if (m not in MULTI_PASS_OK if is_multi_pass(m) else
-                                  getattr(parse_method(m)[0], "resources", ()))]
-    if bad:
-        raise UserError(f"dataset-inference scores single-pass methods and {', '.join(MULTI_PASS_OK)} itself, not "
-                        f"{', '.join(bad)}: score both sets with `mia-jax score --methods ...` (and the options they "
-                        "need) and pass the runs with --suspect-scores / --validation-scores")
-    if "ref" in methods and not args.ref_model:
-        raise UserError("method 'ref' needs a reference model: add --ref-model PATH_OR_NAME")
-    return methods
-
-
-def _score(args, side: str, ds, methods: list[str], models_box: dict) -> Path:
-    """Score one set into OUT/<side> (a resumable run, as mia-jax score writes it); its results.jsonl."""
-    from mia_jax import models, neighbors, rundir, runner
-
-    if not models_box:
-        load = dict(dtype=args.dtype, allow_download=args.allow_download)
-        models_box["model"] = models.load(args.model, **load)
-        models_box["ref"] = models.load(args.ref_model, **load) if "ref" in methods else None
-        models_box["neighbors"] = (neighbors.SelfNeighbors(models_box["model"], n=args.n_neighbors, seed=0,
-                                                           batch_size=args.batch_size)
-                                   if "neighbor" in methods else None)
-    loaded, ref, gen = models_box["model"], models_box["ref"], models_box["neighbors"]
-    out = rundir.check_path(Path(args.out) / side)
-    fingerprint = runner.run_fingerprint(loaded, ds.texts, None, methods, ref=ref, neighbors=gen,
-                                         data_files=ds.files, labeled=False, encoding=args.encoding,
-                                         text_field=args.text_field, batch_size=args.batch_size,
-                                         chunk_size=args.chunk_size, dtype=args.dtype)
-    with rundir.claim(out, fingerprint, overwrite=args.overwrite) as resume:
-        if resume:
-            print(f"resuming the {side} run in {out}", file=sys.stderr)
-        runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=gen, out_dir=out, resume=resume,
-                             batch_size=args.batch_size, chunk_size=args.chunk_size, progress=not args.no_progress)
-    return out / "results.jsonl"
-
-
-# Options of `dataset-inference` that are not in the folder's fingerprint, and why (every other one is)
-NOT_IN_FINGERPRINT = ("out", "overwrite", "no_progress", "allow_download",  # not what is computed
-                      "suspect", "validation", "suspect_scores", "validation_scores",  # by their files' SHA-256
-                      "methods", "k")  # expanded into the method names
-
-
-def _fingerprint(args, methods: list[str], paths: dict, datasets: dict) -> dict:
-    """What makes a dataset-inference folder (``rundir.claim``): every input file's SHA-256 (texts or scores), the
-    methods and every other option (the models by name here; each scoring run's own fingerprint has their files)."""
-    from mia_jax import __version__
-    from mia_jax.files import sha256
-
-    options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
-    return {"command": "dataset-inference", "methods": methods,
-            "scores_files": {side: {str(p.resolve()): sha256(p)} for side, p in sorted(paths.items())},
-            "data_files": {side: {str(Path(f).resolve()): h for f, h in ds.files.items()}
-                           for side, ds in sorted(datasets.items())},
-            **options, "package_version": __version__}
-
-
-def command(args) -> Result:
-    """`mia-jax dataset-inference`: score both sets (or read their scores), run the test, write
-    OUT/dataset_inference.json and .md, print the markdown and, last, ``p-value: X``. Every input is checked before
-    anything is written."""
-    from mia_jax import __version__, data, rundir
-
-    sides = ("suspect", "validation")
-    for side in sides:
-        if bool(getattr(args, side)) == bool(getattr(args, f"{side}_scores")):
-            raise UserError(f"give exactly one of --{side} FILE (texts to score) and --{side}-scores RESULTS")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.n_neighbors < 1:
-        raise UserError(f"--n-neighbors must be at least 1, got {args.n_neighbors}")
-    methods = _methods(args)
-    paths = {side: results_path(getattr(args, f"{side}_scores")) for side in sides if getattr(args, f"{side}_scores")}
-    if methods is None:  # both from files: the methods they share, in the suspect file's order
-        other = load_features(paths["validation"])[0]
-        methods = [m for m in load_features(paths["suspect"])[0] if m in other]
-        if not methods:
-            raise UserError(f"{paths['suspect']} and {paths['validation']} share no method")
-    feats = {side: load_features(p, methods)[1] for side, p in paths.items()}
-    datasets = {side: data.load_records(getattr(args, side), args.text_field, None, encoding=args.encoding)
-                for side in sides if side not in paths}
-    out = rundir.check_path(args.out)
-    # the folder is this command's (or refused untouched); each set's scoring run is claimed on its own inside it
-    with rundir.claim(out, _fingerprint(args, methods, paths, datasets), overwrite=args.overwrite):
-        box: dict = {}
-        for side, ds in datasets.items():
-            paths[side] = _score(args, side, ds, methods, box)
-            feats[side] = load_features(paths[side], methods)[1]
-        model_s, model_v = run_model(paths["suspect"]), run_model(paths["validation"])
-        if model_s and model_v and model_s != model_v:
-            raise UserError(f"{paths['suspect']} and {paths['validation']} were scored by different models or "
-                            f"settings ({model_s} vs {model_v}); dataset inference compares one model's scores")
-        res = dataset_inference(feats["suspect"], feats["validation"], methods, seed=args.seed)
-        if len(datasets) == 2:
-            res.n_shared_texts = len(set(datasets["suspect"].texts) & set(datasets["validation"].texts))
-            if res.n_shared_texts:
-                res.notes.append(f"Warning: {res.n_shared_texts} distinct texts are in both sets; the validation set "
-                                 "should be texts the model did not see.")
-        if not (model_s and model_v):
-            res.notes.append("Note: the model of a scores file could not be read from its run's config.json; both "
-                             "sets must be scored by the same model.")
-        md = res.to_markdown()
-        record = {**asdict(res), "methods": methods, "inputs": {k: str(p) for k, p in paths.items()},
-                  "data_files": {k: ds.files for k, ds in datasets.items()}, "model": model_s or model_v,
-                  "package_version": __version__, "command": " ".join(sys.argv)}
-        (out / "dataset_inference.json").write_text(json.dumps(record, indent=2) + "\n")
-        (out / "dataset_inference.md").write_text(f"{md}\np-value: {res.p_value:.6g}\n")
-    print(md)
-    print(f"p-value: {res.p_value:.6g}")
-    return res

@@ -14,18 +14,15 @@ so only the denominator differs, by their number).
 
 Files: a compressed ``.npz`` with ``counts`` (int64 [V]) and ``meta`` (one JSON string: the tokenizer's SHA-256 and
 the model it came from, the corpus files with their SHA-256, documents, tokens, options). Made by ``mia-jax
-freq-table --model M [--corpus FILE ...] --out T.npz`` (``add_parser`` / ``command``; the default corpus is the
-bundled Pile sample).
+freq-table --model M [--corpus FILE ...] --out T.npz`` (:mod:`mia_jax.commands.freq_table`; the default corpus is
+the bundled Pile sample).
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
 import os
-import sys
-import time
 import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -206,7 +203,7 @@ def for_model(path: str | os.PathLike, loaded) -> FreqTable:
     return FreqTable.load(path, loaded.tokenizer, loaded.name)
 
 
-# ----------------------------------------------------------------------------- the `mia-jax freq-table` command
+# ----------------------------------------------------------------------------- what `mia-jax freq-table` reads
 
 def default_corpus() -> Path:
     """The bundled Pile sample (600 Pile test-split documents; mia_jax/data/files/LICENSE.md), the same file the
@@ -239,64 +236,3 @@ def load_tokenizer(model: str, tokenizer_path: str | None = None, allow_download
     tok = hf.read_tokenizer(file) if file is not None else gguf_io.tokenizer_from_gguf(
         gguf_io.read_metadata(str(source)), str(source))
     return tok, model if model in PACKAGED_MODELS else source.name
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """The ``freq-table`` subcommand on ``mia-jax``'s subparsers."""
-    from mia_jax import entry
-
-    p = subparsers.add_parser(
-        "freq-table", help="count a reference corpus's token frequencies with a model's tokenizer (for dc_pdd)",
-        description="Count how often each token of a model's tokenizer occurs in a reference corpus (the token "
-                    "frequency table of DC-PDD, method dc_pdd: pass the file to eval / score with --freq-table).")
-    p.add_argument("--model", default="smollm2",
-                   help="a Hugging Face folder, a .gguf file, or an offline name (smollm2): its tokenizer counts "
-                        "(the weights are not read). Default: smollm2")
-    p.add_argument("--tokenizer", type=entry.input_file,
-                   help="tokenizer.json to use instead of the model's own (as eval / score --tokenizer)")
-    p.add_argument("--corpus", nargs="+", metavar="FILE", type=entry.input_file,
-                   help="reference corpus: .jsonl / .csv / .tsv / .parquet file(s) (default: the bundled Pile "
-                        "sample, 600 Pile test-split documents)")
-    p.add_argument("--text-field", default="text", help="the field holding each document's text (default: text)")
-    p.add_argument("--encoding", default="utf-8", help="text encoding of --corpus (default: utf-8)")
-    p.add_argument("--max-tokens", type=entry.positive_int,
-                   help="count only each document's first N tokens (the authors: 1024). Default: every token")
-    p.add_argument("--out", required=True, help="the table to write (.npz)")
-    p.add_argument("--allow-download", action="store_true",
-                   help="let a --model that is not a local path be fetched from the Hugging Face Hub")
-    p.add_argument("--no-progress", action="store_true")
-    return p
-
-
-def command(args) -> FreqTable:
-    """``mia-jax freq-table``: count the corpus, write the table, print a one-line summary."""
-    from tqdm.auto import tqdm
-
-    from mia_jax import __version__, data
-
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    out = Path(args.out)
-    if out.is_dir():
-        raise UserError(f"--out {out} is a folder; give the table's file name, e.g. {out / 'freq.npz'}")
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: folder {out.parent} does not exist")
-    tokenizer, name = load_tokenizer(args.model, args.tokenizer, args.allow_download)
-    corpus = [Path(c) for c in args.corpus] if args.corpus else [default_corpus()]
-    datasets = [data.load_records(c, args.text_field, None, encoding=args.encoding) for c in corpus]
-    vocab = tokenizer_vocab_size(tokenizer)
-    counts = np.zeros(vocab, np.int64)
-    n_docs = sum(len(ds) for ds in datasets)
-    with tqdm(total=n_docs, desc=f"counting tokens ({name})", unit="doc", disable=args.no_progress) as bar:
-        for ds in datasets:
-            counts += count_tokens(tokenizer, ds.texts, vocab, max_tokens=args.max_tokens, progress=bar.update)
-    files = {str(Path(p).resolve()): h for ds in datasets for p, h in ds.files.items()}
-    table = FreqTable(counts, tokenizer_sha256(tokenizer), name, files, {
-        "n_documents": n_docs, "text_field": args.text_field, "max_tokens": args.max_tokens,
-        "special_tokens": "the tokenizer's defaults (as scored)", "model": args.model,
-        "tokenizer_file": str(Path(args.tokenizer).resolve()) if args.tokenizer else None,
-        "package_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    table.save(out)
-    print(f"freq-table: {n_docs} documents, {table.total} tokens, {table.n_distinct} distinct tokens (of {vocab}) "
-          f"counted with the tokenizer of {name} -> {out}", file=sys.stdout)
-    return table

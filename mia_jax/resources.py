@@ -1,6 +1,6 @@
-"""What some methods need besides the model and the texts, from the command line: their options, the objects
-handed to the runner (``resources`` for single-pass scorers, ``pass_options`` for second passes) and the entries
-of the run's fingerprint that identify them.
+"""What some methods need besides the model and the texts, from the command line (the options of
+``mia_jax.commands.scoring.add_method_options``): the objects handed to the runner (``resources`` for single-pass
+scorers, ``pass_options`` for second passes) and the entries of the run's fingerprint that identify them.
 
 - ``recall`` / ``con_recall``: prefix shots from a labeled file disjoint from the evaluated texts
   (``--recall-shots``, ``--recall-n-shots``, ``--recall-seed``; ``scorers.recall.prefix_shots``).
@@ -9,61 +9,17 @@ of the run's fingerprint that identify them.
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from mia_jax import entry, freq
+from mia_jax import freq
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 from mia_jax.scorers import parse_method
 from mia_jax.scorers.base import check_resources
 
 RECALL_METHODS = ("recall", "con_recall")
-
-
-def add_options(p: argparse.ArgumentParser) -> None:
-    """The options of the methods that need more than the model (eval / score)."""
-    p.add_argument("--recall-shots", metavar="FILE", type=entry.input_file,
-                   help="labeled texts (JSONL / CSV; --text-field / --label-field) whose non-members (label 0) and "
-                        "members (label 1) make the prefixes of 'recall' and 'con_recall'; must not share a text "
-                        "with the evaluated data")
-    p.add_argument("--recall-n-shots", type=entry.positive_int, default=10, help="shots per prefix (default: 10)")
-    p.add_argument("--recall-seed", type=entry.nonneg_int, default=0, help="seed of the shots' draw (default: 0)")
-    p.add_argument("--window", type=entry.positive_int, metavar="N",
-                   help="online detection: also score every N-token chunk of each text from the same forward pass "
-                        "(Min-K%%++ section 4.4 uses 32); single-pass methods only")
-    p.add_argument("--window-method", help="the method whose window scores flag a text's first member window "
-                                           "(default: min_k_pp@<first k> when scored, else the first method)")
-    p.add_argument("--window-threshold", type=float,
-                   help="flag windows scoring above this (default with labels: the score at 5%% FPR on the "
-                        "non-member windows; the data's --member-from-field gives window labels)")
-    p.add_argument("--member-from-field", default="member_from",
-                   help="field holding the character offset where a text's member part begins (window labels; "
-                        "default: member_from)")
-    p.add_argument("--samia-samples", type=entry.positive_int, default=10,
-                   help="sampled continuations per text for 'samia' / 'samia_zlib' (default: 10, as the authors)")
-    p.add_argument("--samia-seed", type=entry.nonneg_int, default=0, help="sampling seed of 'samia' (default: 0)")
-    p.add_argument("--freq-table", metavar="T.npz", type=entry.input_file,
-                   help="token-frequency table of a reference corpus for 'dc_pdd', counted with the model's tokenizer: "
-                        "make one with `mia-jax freq-table --model M --out T.npz` (default corpus: the bundled Pile "
-                        "sample)")
-
-
-# why no option of add_options is in the fingerprint as it is (cli.NOT_IN_FINGERPRINT)
-NOT_IN_FINGERPRINT = {
-    "recall_shots": "the prefixes made from it are fingerprinted by SHA-256 (recall_prefixes)",
-    "recall_n_shots": "the prefixes made with it are fingerprinted by SHA-256 (recall_prefixes)",
-    "recall_seed": "the prefixes drawn with it are fingerprinted by SHA-256 (recall_prefixes)",
-    "window": "in the fingerprint (window)",
-    "window_method": "report only: the flags are recomputed from the records at the end of every run",
-    "window_threshold": "report only: the flags are recomputed from the records at the end of every run",
-    "member_from_field": "report only: window labels are recomputed from the data at the end of every run",
-    "samia_samples": "in the fingerprint's samia options",
-    "samia_seed": "in the fingerprint's samia options",
-    "freq_table": "a path: the table is fingerprinted by its content's SHA-256 (freq_table)",
-}
 
 
 @dataclass

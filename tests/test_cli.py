@@ -144,7 +144,8 @@ def test_interrupted_run_resumes_and_another_job_is_refused(tiny_llama_dir, labe
 
 
 def test_every_option_is_fingerprinted_or_explained():
-    from mia_jax.cli import NOT_IN_FINGERPRINT, build_parser
+    from mia_jax.cli import build_parser
+    from mia_jax.commands.scoring import NOT_IN_FINGERPRINT
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     for name in ("eval", "score"):

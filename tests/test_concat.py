@@ -15,6 +15,7 @@ from sklearn.metrics import roc_auc_score
 
 from mia_jax import blind
 from mia_jax.audits import concat
+from mia_jax.commands import concat as concat_command
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 
@@ -162,9 +163,9 @@ def test_contamination_concat_per_dataset(tmp_path):
         concat.contamination_concat(path, datasets=["c"])
     # the `mia-jax concat` subcommand writes the same records
     parser = argparse.ArgumentParser()
-    concat.add_parsers(parser.add_subparsers(dest="command"))
+    concat_command.add_arguments(parser.add_subparsers(dest="command").add_parser(concat_command.NAME))
     out = tmp_path / "c.jsonl"
-    concat.command(parser.parse_args(["concat", "--corpus", str(path), "--out", str(out), "--seed", "5"]))
+    concat_command.run(parser.parse_args(["concat", "--corpus", str(path), "--out", str(out), "--seed", "5"]))
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert [{"text": w.pop("input"), **w} for w in written] == recs
 

@@ -14,6 +14,7 @@ from scipy import stats
 from mia_jax import dataset_inference as di
 from mia_jax import entry
 from mia_jax.cli import main
+from mia_jax.commands import dataset_inference as di_command
 from mia_jax.data import wikimia
 from mia_jax.dataset_inference import dataset_inference, load_features, welch_greater
 from mia_jax.errors import UserError
@@ -173,12 +174,12 @@ def test_load_features(tmp_path):
 
 
 def run_command(argv):
-    """The command as cli.main runs it: the entry parser from add_parser (a usage error: one line on stderr, exit 2),
+    """The command as cli.main runs it: the entry parser from add_arguments (a usage error: one line on stderr, exit 2),
     UserError -> one line (on stdout here) and exit 2."""
     parser = entry.ArgumentParser(prog="mia-jax")
-    di.add_parser(parser.add_subparsers(dest="command", required=True))
+    di_command.add_arguments(parser.add_subparsers(dest="command", required=True).add_parser(di_command.NAME))
     try:
-        di.command(parser.parse_args(argv))
+        di_command.run(parser.parse_args(argv))
     except SystemExit as e:
         return e.code
     except UserError as e:

@@ -31,7 +31,7 @@ import pytest
 from helpers import ENV, REPO, assert_clean_error, complete_records, snapshot, start, stderr_of, wait_for
 
 from mia_jax import entry, rundir
-from mia_jax.cli import RESUME
+from mia_jax.commands.options import RESUME
 
 MAIN_BLOCK = re.compile(r'^if __name__ == "__main__":', re.M)
 

@@ -36,7 +36,6 @@ from typing import Sequence
 
 import numpy as np
 
-from mia_jax import entry
 from mia_jax.errors import UserError
 
 PAPER_LENGTHS = (32, 64, 128)
@@ -342,61 +341,3 @@ def window_metrics_markdown(reports: dict) -> str:
                                       else "(needs member and non-member windows)")
                      + (f"\n\n{rep['blind_note']}" if rep.get("blind_note") else ""))
     return "\n\n".join(parts)
-
-
-def add_parsers(subparsers) -> None:
-    """``mia-jax concat`` (write a concatenation JSONL) and ``mia-jax window-metrics`` (per-dataset window AUROC)."""
-    p = subparsers.add_parser("concat", help="non-member + member concatenations for online detection (eval "
-                                             "--window): WikiMIA-concat or a contamination corpus")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--wikimia", action="store_true", help="WikiMIA-concat (Min-K%%++ section 4.4)")
-    src.add_argument("--corpus", metavar="EVAL.jsonl", type=entry.input_file,
-                     help="a contamination run's corpus/eval.jsonl (per dataset)")
-    p.add_argument("--out", required=True, help="the JSONL file to write (not a folder)")
-    p.add_argument("--lengths", nargs="+", type=entry.positive_int,
-                   help="part lengths in words, drawn per part (default: 32 64 128 for --wikimia, whole texts for "
-                        "--corpus)")
-    p.add_argument("--per-side", nargs=2, type=entry.positive_int, default=[1, 1], metavar=("NONMEMBER", "MEMBER"),
-                   help="texts per record on each side (default: 1 1)")
-    p.add_argument("--n", type=entry.positive_int,
-                   help="records (per dataset with --corpus; default: as many as the texts allow)")
-    p.add_argument("--controls", type=entry.nonneg_int, default=0,
-                   help="extra records of non-member text only (default: 0)")
-    p.add_argument("--seed", type=entry.nonneg_int, default=0)
-    w = subparsers.add_parser("window-metrics", help="window-level AUROC of an eval --window run, per dataset")
-    w.add_argument("run", type=entry.input_dir, help="the eval --window run folder")
-    w.add_argument("--data", type=entry.input_file,
-                   help="the run's --data file, to group its texts by --by (default: one group)")
-    w.add_argument("--by", default="dataset", help="the field of --data that groups the texts (default: dataset)")
-    w.add_argument("--method", help="the method that sets the 5%% FPR threshold (default: min_k_pp@ or the first)")
-    w.add_argument("--n-bootstrap", type=entry.nonneg_int, default=1000)
-    w.add_argument("--seed", type=entry.nonneg_int, default=0)
-    w.add_argument("--out", help="also write the reports as JSON to this file (not a folder)")
-
-
-def command(args) -> None:
-    """`mia-jax concat` / `mia-jax window-metrics`: every input checked (an --out that is a folder refused) before
-    anything is written."""
-    from mia_jax.files import write_all
-
-    if args.out:
-        check_out_file(args.out)
-    if args.command == "window-metrics":
-        reps = window_metrics(args.run, args.data, by=args.by, method=args.method, n_bootstrap=args.n_bootstrap,
-                              seed=args.seed)
-        print(window_metrics_markdown(reps))
-        if args.out:
-            out = Path(args.out)
-            write_all(out.parent, {out.name: json.dumps(reps, indent=2, default=str) + "\n"})
-        return
-    kw = dict(n_texts=args.n, n_controls=args.controls, seed=args.seed)
-    if args.wikimia:
-        if args.per_side != [1, 1]:
-            raise UserError("--per-side: WikiMIA-concat has one text per side (use --corpus for more)")
-        ds = wikimia_concat(args.lengths or PAPER_LENGTHS, **kw)
-        records = [{"text": t, "label": y, **{k: v[i] for k, v in ds.extra.items()}}
-                   for i, (t, y) in enumerate(zip(ds.texts, ds.labels))]
-    else:
-        records = contamination_concat(args.corpus, per_side=tuple(args.per_side), lengths=args.lengths, **kw)
-    path = write_jsonl(records, args.out)
-    print(f"wrote {len(records)} records to {path}; next: mia-jax eval --data {path} --window 32 --model M")

@@ -1,6 +1,7 @@
-"""The report of an ``eval`` / ``score`` run (``cli.run`` has validated the arguments, loaded the model and data and
-claimed the run folder): scoring through ``runner.score_dataset``, then ``run.json``, the summary tables (metrics,
-blind baseline, paired comparisons, bold by the paired bootstrap), the windowed report and the terminal lines."""
+"""The report of an ``eval`` / ``score`` run (:func:`mia_jax.commands.scoring.run` has validated the arguments,
+loaded the model and data and claimed the run folder): scoring through ``runner.score_dataset``, then ``run.json``,
+the summary tables (metrics, blind baseline, paired comparisons, bold by the paired bootstrap), the windowed report
+and the terminal lines."""
 from __future__ import annotations
 
 import json
@@ -9,15 +10,15 @@ import sys
 import time
 from pathlib import Path
 
-from mia_jax import blind, resources
-from mia_jax.audits import concat
+import jax
+
+from mia_jax import __version__, blind, comparisons, compilation, data, metrics, report, resources, sharding
+from mia_jax.audits import concat, windowed
 from mia_jax.errors import UserError
 
 
 def _blind_baseline(ds, args, required: bool):
     """Metrics of the model-free bag-of-words baseline on the same texts, and the line that reports it."""
-    from mia_jax import metrics
-
     try:
         scores = blind.blind_bow_scores(ds.texts, ds.labels, seed=args.seed)
     except UserError as e:
@@ -42,14 +43,12 @@ def _neighbor_meta(generator, records) -> dict:
 
 
 def _paired(records, labels, pairs, args) -> list[dict]:
-    """metrics.paired_bootstrap of each --compare pair over the run's records."""
-    from mia_jax import metrics
-
+    """comparisons.paired_bootstrap of each --compare pair over the run's records."""
     scores = metrics.scores_by_method(records, sorted({m for p in pairs for m in p}))
     out = []
     for a, b in pairs:
         try:
-            res = metrics.paired_bootstrap(labels, scores[a], scores[b], n_bootstrap=args.n_bootstrap,
+            res = comparisons.paired_bootstrap(labels, scores[a], scores[b], n_bootstrap=args.n_bootstrap,
                                            seed=args.seed)
         except ValueError as e:  # e.g. one class left once the texts either method could not score are dropped
             res = {"error": str(e)}
@@ -62,33 +61,30 @@ BOLD_NOTE = ("Bold AUROC: the highest and every method the paired bootstrap on t
 
 
 def _tied_with_best(labels, scores, summary, methods, args) -> set:
-    """The methods whose AUROC the run's table bolds (metrics.compare_to_best / tied_with_best); none without
+    """The methods whose AUROC the run's table bolds (comparisons.compare_to_best / tied_with_best); none without
     bootstrap resamples or with fewer than two methods."""
-    from mia_jax import metrics
-
     if args.n_bootstrap < 1 or len(methods) < 2 or len(set(labels)) < 2:
         return set()
-    entry = metrics.compare_to_best(labels, scores, {m: summary[m].get("auroc") for m in methods},
+    entry = comparisons.compare_to_best(labels, scores, {m: summary[m].get("auroc") for m in methods},
                                     n_bootstrap=args.n_bootstrap, seed=args.seed)
-    return metrics.tied_with_best(entry)
+    return comparisons.tied_with_best(entry)
 
 
 def _compile_meta(count: dict) -> dict:
     """run.json's "compile": the scoring programs the run needed (built or read from the persistent cache), the
     seconds they took, how many came from the cache, and the cache folder."""
-    from mia_jax import compilation
-
     return {"scoring_programs": count["programs"], "seconds": count["seconds"], "cache_hits": count["cache_hits"],
             "compiled": count["compiled"], "cache_dir": compilation.cache_dir()}
 
 
 def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
                      compare=(), res=None) -> None:
-    """Score the dataset (``runner.score_dataset``) into the claimed run folder ``out`` and write its report:
-    ``results.jsonl``, ``run.json``, the summary tables and plots, and what the terminal shows."""
-    import jax
-
-    from mia_jax import __version__, compilation, data, metrics, report, runner, sharding
+    """Score the dataset ``ds`` (``runner.score_dataset``) into the claimed run folder ``out`` (``resume``: reuse its
+    finished batches) and write its report: ``results.jsonl``, ``run.json``, the summary tables and plots, and what
+    the terminal shows. ``labeled``: an eval (metrics) rather than a score; ``blind_asked``: blind_bow is among
+    --methods; ``compare``: the checked --compare pairs; ``res``: the methods' ``resources.Resources``; the rest as
+    :func:`mia_jax.commands.scoring.run` makes them."""
+    from mia_jax import runner  # here, not at the top: it loads the model code (start-up time)
 
     print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
           file=sys.stderr)
@@ -103,8 +99,32 @@ def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, met
                                    pass_options=res.pass_options, resources=res.resources, **res.score_options)
     seconds = time.perf_counter() - t0
     n_tokens = sum(r["n_tokens"] for r in records)
+    meta = _run_meta(args, ds, loaded, ref, generator, methods, mesh, res, records)
+    meta.update(passes=passes, compile=_compile_meta(compiled.stop()),
+                packing={"slots": sum(p.get("slots", 0) for p in passes.values()),
+                         "tokens": sum(p.get("tokens", 0) for p in passes.values())},
+                seconds=round(seconds, 2), tokens_per_second=round(n_tokens / seconds, 1) if seconds > 0 else None)
+    counts = _count_lines(meta, loaded.max_length)
+    # a labeled eval prints the counts under its table
+    _print_scoring(meta, len(records), n_tokens, seconds, [] if labeled else counts, generator)
+    if not sharding.is_main_process():  # every process holds all records; process 0 writes the outputs
+        return
+    if args.window is not None:
+        meta["windows"] = _window_report(args, ds, loaded, records, methods, out, labeled)
+    if labeled:
+        _write_metrics(args, out, ds, loaded, records, methods, generator, meta, counts, blind_asked, compare)
+    else:
+        (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
+    print(f"wrote {out}/", file=sys.stderr)
+
+
+def _run_meta(args, ds, loaded, ref, generator, methods, mesh, res, records) -> dict:
+    """run.json up to its "passes": the command, the configuration, the versions, the device, the models, the data,
+    the methods' resources and what the records say (skipped, non-finite, truncated, duplicate texts)."""
+    from mia_jax import runner  # here, not at the top: it loads the model code (start-up time)
+
     skipped = [r for r in records if "skip_reason" in r]
-    meta = {
+    return {
         "command": " ".join(sys.argv),
         "config": {k: v for k, v in vars(args).items()},
         "methods": methods,
@@ -134,74 +154,65 @@ def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, met
         "nonfinite_logits": [r["index"] for r in skipped if r["skip_reason"].startswith(runner.NONFINITE)],
         "n_truncated": sum(1 for r in records if r.get("truncated")),
         "duplicates": data.duplicate_report(ds.texts, ds.labels),
-        "passes": passes,
-        "compile": _compile_meta(compiled.stop()),
-        "packing": {"slots": sum(p.get("slots", 0) for p in passes.values()),
-                    "tokens": sum(p.get("tokens", 0) for p in passes.values())},
-        "seconds": round(seconds, 2),
-        "tokens_per_second": round(n_tokens / seconds, 1) if seconds > 0 else None,
     }
-    counts = _count_lines(meta, loaded.max_length)
-    print(f"scored {len(records) - len(skipped)} texts ({n_tokens} tokens) in {seconds:.1f} s; "
-          f"skipped {len(skipped)}", file=sys.stderr)
+
+
+def _print_scoring(meta: dict, n_records: int, n_tokens: int, seconds: float, counts: list[str], generator) -> None:
+    """The terminal lines after scoring: texts, tokens and time, the scoring programs and padding, ``counts``
+    (:func:`_count_lines`) and the neighbour generator's counts."""
+    print(f"scored {n_records - meta['n_skipped']} texts ({n_tokens} tokens) in {seconds:.1f} s; "
+          f"skipped {meta['n_skipped']}", file=sys.stderr)
     c, pk = meta["compile"], meta["packing"]
     pad = 1 - pk["tokens"] / pk["slots"] if pk["slots"] else 0.0
     print(f"scoring programs: {c['scoring_programs']} ({c['compiled']} compiled, {c['cache_hits']} from the cache, "
           f"{c['seconds']:.1f} s); padding {pad:.1%} of {pk['slots']} token slots", file=sys.stderr)
-    if not labeled:  # a labeled eval prints them under its table
-        for line in counts:
-            print(line, file=sys.stderr)
+    for line in counts:
+        print(line, file=sys.stderr)
     if generator is not None:
         nm = meta["neighbors"]
         print(f"neighbor ({generator.name}): {nm['n_neighbors_scored']} neighbours scored, "
               f"{nm['n_identical_neighbors']} identical to their text dropped", file=sys.stderr)
-    if not sharding.is_main_process():  # every process holds all records; process 0 writes the outputs
-        return
-    if args.window is not None:
-        meta["windows"] = _window_report(args, ds, loaded, records, methods, out, labeled)
-    if labeled:
-        labels = [r["label"] for r in records]
-        summary = metrics.evaluate_records(records, methods, labels, n_bootstrap=args.n_bootstrap, seed=args.seed)
-        scores = metrics.scores_by_method(records, methods)
-        if generator is not None:
-            summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
-        notes = list(counts)
-        if blind_asked or not args.no_blind:
-            blind_metrics, note = _blind_baseline(ds, args, blind_asked)
-            if blind_metrics is not None:
-                meta["blind_baseline"] = blind_metrics
-                if blind_asked:
-                    summary[blind.NAME] = blind_metrics
-            notes.append(note)
-        comparisons = _paired(records, labels, compare, args)
-        bold = _tied_with_best(labels, scores, summary, methods, args)
-        if bold:
-            notes.append(BOLD_NOTE)
-        report.write_summary(out, summary, extra=meta, notes=notes, comparisons=comparisons, bold=bold)
-        report.plot_roc(out / "roc.png", {m: (labels, scores[m]) for m in methods},
-                        title=f"{ds.name}, {loaded.name}")
-        report.plot_histograms(out / "histograms.png", scores, labels)
-        if len(set(labels)) == 2:
-            print(report.markdown_table({m: summary[m] for m in methods}, bold))
-        else:
-            print(f"Text-level metrics not computed: every text has label {labels[0]}"
-                  + (" (see the window-level table)." if args.window is not None else "; eval needs members (1) and "
-                     "non-members (0), or use mia-jax score for unlabeled texts."))
-        print("".join(f"\n{n}" for n in notes).lstrip("\n"))
-        if comparisons:
-            print("\n" + report.comparisons_markdown(comparisons))
+
+
+def _write_metrics(args, out: Path, ds, loaded, records, methods, generator, meta: dict, counts: list[str],
+                   blind_asked: bool, compare) -> None:
+    """A labeled run's metrics: summary.json / .csv / .md with run.json (``report.write_summary``), the ROC plot
+    and histograms, and the table, notes and comparisons printed."""
+    labels = [r["label"] for r in records]
+    summary = metrics.evaluate_records(records, methods, labels, n_bootstrap=args.n_bootstrap, seed=args.seed)
+    scores = metrics.scores_by_method(records, methods)
+    if generator is not None:
+        summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
+    notes = list(counts)
+    if blind_asked or not args.no_blind:
+        blind_metrics, note = _blind_baseline(ds, args, blind_asked)
+        if blind_metrics is not None:
+            meta["blind_baseline"] = blind_metrics
+            if blind_asked:
+                summary[blind.NAME] = blind_metrics
+        notes.append(note)
+    comparisons = _paired(records, labels, compare, args)
+    bold = _tied_with_best(labels, scores, summary, methods, args)
+    if bold:
+        notes.append(BOLD_NOTE)
+    report.write_summary(out, summary, extra=meta, notes=notes, comparisons=comparisons, bold=bold)
+    report.plot_roc(out / "roc.png", {m: (labels, scores[m]) for m in methods}, title=f"{ds.name}, {loaded.name}")
+    report.plot_histograms(out / "histograms.png", scores, labels)
+    if len(set(labels)) == 2:
+        print(report.markdown_table({m: summary[m] for m in methods}, bold))
     else:
-        (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
-    print(f"wrote {out}/", file=sys.stderr)
+        print(f"Text-level metrics not computed: every text has label {labels[0]}"
+              + (" (see the window-level table)." if args.window is not None else "; eval needs members (1) and "
+                 "non-members (0), or use mia-jax score for unlabeled texts."))
+    print("".join(f"\n{n}" for n in notes).lstrip("\n"))
+    if comparisons:
+        print("\n" + report.comparisons_markdown(comparisons))
 
 
 def _window_report(args, ds, loaded, records, methods, out: Path, labeled: bool) -> dict:
     """Online detection: window-level metrics (and the blind baseline on the windows' texts, unless --no-blind)
     where the data says where each text's member part begins, each text's first flagged window; windows.csv (text,
     window, tokens, label, scores, window_text) and a printed summary."""
-    from mia_jax.audits import windowed
-    from mia_jax.report import markdown_table, write_csv
-
     method = args.window_method or next((m for m in methods if m.startswith("min_k_pp@")), methods[0])
     if method not in methods:
         raise UserError(f"--window-method {method!r} is not one of this run's methods ({', '.join(methods)})")
@@ -214,11 +225,11 @@ def _window_report(args, ds, loaded, records, methods, out: Path, labeled: bool)
     rows = [[i, j, n, lab, *(r["windows"]["scores"][m][j] for m in methods), wt]
             for i, (r, labs, wts) in enumerate(zip(records, labels, texts)) if "windows" in r
             for j, (n, lab, wt) in enumerate(zip(r["windows"]["n_tokens"], labs, wts))]
-    write_csv(out / "windows.csv", ["text", "window", "n_tokens", "label", *methods, concat.WINDOW_TEXT], rows)
+    report.write_csv(out / "windows.csv", ["text", "window", "n_tokens", "label", *methods, concat.WINDOW_TEXT], rows)
     print(f"windows of {args.window} tokens: {rep['n_windows']} ({rep['n_labeled']} labeled, {rep['n_straddling']} "
           f"straddling the member boundary or unlabeled); per-window scores in {out / 'windows.csv'}", file=sys.stderr)
     if "metrics" in rep:
-        print("Window-level detection (windows pooled over texts):\n" + markdown_table(rep["metrics"]))
+        print("Window-level detection (windows pooled over texts):\n" + report.markdown_table(rep["metrics"]))
     if rep.get("blind_note"):
         print(rep["blind_note"])
     if "threshold" in rep:

@@ -1,0 +1,225 @@
+"""What ``mia-jax eval`` and ``mia-jax score`` share: their options (:func:`add_arguments`) and the run itself
+(:func:`run`: every argument checked, the model and the data loaded and the run folder claimed with the run's
+fingerprint before :func:`mia_jax.commands.scoring_report.score_and_report` scores and reports)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jax
+
+from mia_jax import blind, compilation, data, entry, resources, rundir, sharding
+from mia_jax.audits import concat
+from mia_jax.batching import TOKENS_PER_BATCH, check_tokens_per_batch
+from mia_jax.commands import options, scoring_report
+from mia_jax.errors import UserError
+from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
+
+
+def add_arguments(p: argparse.ArgumentParser, labeled: bool) -> None:
+    """The options of ``eval`` (``labeled``) and ``score`` on ``p``."""
+    options.model(p, dtype=None, tokenizer=True)
+    p.add_argument("--ref-model", help="reference model for the 'ref' method (Smaller-Ref); its own tokenizer is used")
+    p.add_argument("--neighbor-mlm", metavar="PATH", type=entry.input_dir,
+                   help="BERT / RoBERTa masked-LM folder (config.json, *.safetensors, tokenizer.json) that proposes "
+                        "the word replacements of the 'neighbor' method (default: the target model proposes them)")
+    p.add_argument("--n-neighbors", type=entry.positive_int, default=10,
+                   help="neighbours per text for the 'neighbor' method (default: 10; Mattern et al. use 25)")
+    p.add_argument("--neighbor-seed", type=entry.nonneg_int, default=0,
+                   help="seed of the neighbour generator (default: 0)")
+    add_method_options(p)
+    options.data(p, labeled=labeled, text_field="input")
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
+                   help="scorers; a bare min_k / max_k / min_k_pp expands to one method per --k "
+                        f"(default: {' '.join(DEFAULT_METHODS)})")
+    p.add_argument("--k", nargs="+", type=entry.fraction, default=list(DEFAULT_K), help="fractions for Min-K%% methods")
+    p.add_argument("--tokens-per-batch", type=entry.positive_int,
+                   help="token slots of one scoring step: texts are packed into rows of this budget (default: "
+                        f"{TOKENS_PER_BATCH['cpu']} on CPU, {TOKENS_PER_BATCH['gpu']} on GPU and TPU)")
+    options.batches(p)
+    p.add_argument("--compilation-cache", metavar="DIR|off",
+                   help="JAX's persistent compilation cache (default: $MIA_JAX_COMPILATION_CACHE or "
+                        "~/.cache/mia_jax/jax; 'off' turns it off)")
+    options.mesh(p)
+    options.run_folder(p, out_help="output folder (default: runs/<data>-<model>); an interrupted run of the same job "
+                                   "in it resumes, a different one is refused")
+
+
+def add_method_options(p: argparse.ArgumentParser) -> None:
+    """The options of the methods that need more than the model (:mod:`mia_jax.resources` reads them)."""
+    p.add_argument("--recall-shots", metavar="FILE", type=entry.input_file,
+                   help="labeled texts (JSONL / CSV; --text-field / --label-field) whose non-members (label 0) and "
+                        "members (label 1) make the prefixes of 'recall' and 'con_recall'; must not share a text "
+                        "with the evaluated data")
+    p.add_argument("--recall-n-shots", type=entry.positive_int, default=10, help="shots per prefix (default: 10)")
+    p.add_argument("--recall-seed", type=entry.nonneg_int, default=0, help="seed of the shots' draw (default: 0)")
+    p.add_argument("--window", type=entry.positive_int, metavar="N",
+                   help="online detection: also score every N-token chunk of each text from the same forward pass "
+                        "(Min-K%%++ section 4.4 uses 32); single-pass methods only")
+    p.add_argument("--window-method", help="the method whose window scores flag a text's first member window "
+                                           "(default: min_k_pp@<first k> when scored, else the first method)")
+    p.add_argument("--window-threshold", type=float,
+                   help="flag windows scoring above this (default with labels: the score at 5%% FPR on the "
+                        "non-member windows; the data's --member-from-field gives window labels)")
+    p.add_argument("--member-from-field", default="member_from",
+                   help="field holding the character offset where a text's member part begins (window labels; "
+                        "default: member_from)")
+    p.add_argument("--samia-samples", type=entry.positive_int, default=10,
+                   help="sampled continuations per text for 'samia' / 'samia_zlib' (default: 10, as the authors)")
+    p.add_argument("--samia-seed", type=entry.nonneg_int, default=0, help="sampling seed of 'samia' (default: 0)")
+    p.add_argument("--freq-table", metavar="T.npz", type=entry.input_file,
+                   help="token-frequency table of a reference corpus for 'dc_pdd', counted with the model's tokenizer: "
+                        "make one with `mia-jax freq-table --model M --out T.npz` (default corpus: the bundled Pile "
+                        "sample)")
+
+
+# Every option of `eval` / `score` either goes into the run's fingerprint (`fingerprint`) or is listed here with the
+# reason it cannot change a record; tests check that no option is in neither.
+NOT_IN_FINGERPRINT = {
+    "command": "eval and score write different records: `labeled` is in the fingerprint",
+    "model": "identified by its files' SHA-256 (model_files): a name and a path to the same files agree",
+    "tokenizer": "its file is among model_files",
+    "ref_model": "identified by its files' SHA-256 (ref_model_files)",
+    "allow_download": "only how a model is found; the files found are fingerprinted",
+    "neighbor_mlm": "part of the neighbour generator's config (neighbors)",
+    "n_neighbors": "part of the neighbour generator's config (neighbors)",
+    "neighbor_seed": "part of the neighbour generator's config (neighbors)",
+    "data": "a path: the file is fingerprinted by resolved path and SHA-256 (data_files), its texts (texts_sha256)",
+    "benchmark": "chooses the data files (data_files) and texts (texts_sha256)",
+    "length": "chooses the data files (data_files) and texts (texts_sha256)",
+    "domain": "chooses the data files (data_files) and texts (texts_sha256)",
+    "data_dir": "chooses the data files (data_files) and texts (texts_sha256)",
+    "k": "expanded into the method names (methods)",
+    "distributed": "how the processes start; the mesh they form is in the fingerprint",
+    "n_bootstrap": "metrics only: recomputed from the records at the end of every run, resumed or not",
+    "seed": "metrics and blind baseline only: recomputed from the records at the end of every run",
+    "no_blind": "metrics only: the blind baseline never reads or writes a record",
+    "compare": "metrics only: paired comparisons are computed from the records at the end of every run",
+    "out": "the folder itself",
+    "overwrite": "decides what happens to the folder, not what a record holds",
+    "no_progress": "display only",
+    "compilation_cache": "where compiled programs are kept: the same program either way",
+    # the options of add_method_options
+    "recall_shots": "the prefixes made from it are fingerprinted by SHA-256 (recall_prefixes)",
+    "recall_n_shots": "the prefixes made with it are fingerprinted by SHA-256 (recall_prefixes)",
+    "recall_seed": "the prefixes drawn with it are fingerprinted by SHA-256 (recall_prefixes)",
+    "window": "in the fingerprint (window)",
+    "window_method": "report only: the flags are recomputed from the records at the end of every run",
+    "window_threshold": "report only: the flags are recomputed from the records at the end of every run",
+    "member_from_field": "report only: window labels are recomputed from the data at the end of every run",
+    "samia_samples": "in the fingerprint's samia options",
+    "samia_seed": "in the fingerprint's samia options",
+    "freq_table": "a path: the table is fingerprinted by its content's SHA-256 (freq_table)",
+}
+
+
+def load_data(args, labeled: bool):
+    """The ``mia_jax.data.Dataset`` the arguments name (--data, --benchmark), cut to --limit texts."""
+    if labeled and args.benchmark == "mimir":
+        ds = data.mimir(args.domain, args.data_dir)
+    elif labeled and args.benchmark == "wikimia-concat":
+        if args.window is None:
+            raise UserError("--benchmark wikimia-concat is evaluated per window: add --window 32 (the paper's)")
+        ds = concat.wikimia_concat()
+        ds.extra = {args.member_from_field: ds.extra["member_from"]}
+    elif labeled and not args.data:
+        ds = data.wikimia(args.length)
+    else:
+        extra = (args.member_from_field,) if args.window is not None else ()
+        ds = data.load_records(args.data, args.text_field, args.label_field if labeled else None,
+                               encoding=args.encoding, extra=extra)
+    if args.limit is not None:
+        ds.texts = ds.texts[: args.limit]
+        ds.labels = ds.labels[: args.limit] if ds.labels is not None else None
+        ds.extra = {k: v[: args.limit] for k, v in ds.extra.items()}
+    return ds
+
+
+def fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh, res) -> dict:
+    """What makes a run: every input that can change a record (see NOT_IN_FINGERPRINT for the rest). ``res``: the
+    run's ``resources.Resources``; the rest as :func:`run` makes them."""
+    from mia_jax import runner  # here, not at the top: it loads the model code (start-up time)
+
+    return runner.run_fingerprint(
+        loaded, ds.texts, ds.labels, methods, ref=ref, neighbors=generator, data_files=ds.files, labeled=labeled,
+        encoding=args.encoding, text_field=args.text_field, label_field=args.label_field if labeled else None,
+        limit=args.limit, batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch,
+        chunk_size=args.chunk_size, dtype=args.dtype,
+        mesh=sharding.mesh_str(mesh) if mesh is not None else None, **res.fingerprint)
+
+
+def neighbor_generator(args, loaded):
+    """The 'neighbor' method's generator: the --neighbor-mlm masked LM, else the target model ``loaded`` itself."""
+    from mia_jax import neighbors  # here, not at the top: it loads the model code (start-up time)
+
+    if args.neighbor_mlm:
+        return neighbors.MLMNeighbors(args.neighbor_mlm, n=args.n_neighbors, seed=args.neighbor_seed,
+                                      dtype=args.dtype)
+    return neighbors.SelfNeighbors(loaded, n=args.n_neighbors, seed=args.neighbor_seed,
+                                   batch_size=args.batch_size)
+
+
+def run(args, labeled: bool) -> Path:
+    """``mia-jax eval`` (``labeled``) or ``score``: check the arguments, load the data and the models, claim the run
+    folder and score and report into it; returns the folder."""
+    from mia_jax import models, runner  # here, not at the top: they load the model code (start-up time)
+
+    sharding.initialize_distributed(args.distributed)  # before anything touches a device
+    if args.out:
+        rundir.check_path(args.out)
+    check_tokens_per_batch(args.tokens_per_batch)
+    blind_asked = blind.NAME in args.methods
+    methods = expand_methods([m for m in args.methods if m != blind.NAME], args.k)  # validate before loading
+    if not methods:
+        raise UserError(f"give at least one model-based method besides {blind.NAME} (which is reported with any "
+                        "labeled eval anyway)")
+    if blind_asked and not labeled:
+        raise UserError(f"{blind.NAME} needs labels: use mia-jax eval")
+    compare = comparisons(args, methods) if labeled else []
+    ds = load_data(args, labeled)
+    if "ref" in methods and not args.ref_model:
+        raise UserError("method 'ref' needs a reference model: add --ref-model PATH_OR_NAME")
+    mesh = sharding.make_mesh(args.mesh) if args.mesh or jax.process_count() > 1 else None
+    if jax.process_count() > 1 and "neighbor" in methods:
+        raise UserError("the 'neighbor' method is not supported on several processes yet; run it on one host")
+    compilation.enable(args.compilation_cache)
+    args.dtype = args.dtype or runner.default_dtype()
+    args.tokens_per_batch = args.tokens_per_batch or runner.default_tokens_per_batch()
+    load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa: E731
+    loaded = load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer, allow_download=args.allow_download)
+    ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
+           if args.ref_model and "ref" in methods else None)
+    generator = neighbor_generator(args, loaded) if "neighbor" in methods else None
+    res = resources.build(args, methods, ds.texts, loaded)
+    out = rundir.check_path(args.out or f"runs/{ds.name}-{loaded.name}")
+    with rundir.claim(out, fingerprint(args, labeled, ds, loaded, ref, generator, methods, mesh, res),
+                      overwrite=args.overwrite) as resume:
+        if resume:
+            print(f"resuming the run in {out}", file=sys.stderr)
+        scoring_report.score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh,
+                                        blind_asked, compare, res)
+    return out
+
+
+def comparisons(args, methods: list[str]) -> list[tuple[str, str]]:
+    """The (A, B) pairs of --compare as names among this run's ``methods``, checked before anything is loaded or
+    written (a UserError names a pair that is not)."""
+    pairs = []
+    for pair in args.compare:
+        names = []
+        for name in pair:
+            try:
+                expanded = expand_methods([name], args.k)
+            except UserError:
+                expanded = [name]
+            if len(expanded) != 1 or expanded[0] not in methods:
+                raise UserError(f"--compare {' '.join(pair)}: {name!r} is not one of this run's methods "
+                                f"({', '.join(methods)})")
+            names.append(expanded[0])
+        if names[0] == names[1]:
+            raise UserError(f"--compare {' '.join(pair)}: compares a method with itself")
+        pairs.append((names[0], names[1]))
+    if pairs and args.n_bootstrap < 1:
+        raise UserError(f"--compare needs --n-bootstrap of at least 1, got {args.n_bootstrap}")
+    return pairs
