@@ -48,9 +48,12 @@ from typing import Callable, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from mia_jax import models
 from mia_jax.errors import UserError
+from mia_jax.models.checkpoint import ARCHITECTURES
 
 AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")  # the batch is split over both (fsdp shards parameters *and* data)
@@ -76,8 +79,6 @@ def partition_rules(spec) -> dict[str, P]:
 
 
 def _families() -> list[str]:
-    from mia_jax.models.checkpoint import ARCHITECTURES
-
     return sorted({a.module for a in ARCHITECTURES.values()} | {"bert"})
 
 
@@ -296,15 +297,9 @@ def gathered_for_lookup(tree, mesh: Mesh):
 
 def load_sharded(name_or_path: str, mesh: Mesh, **kwargs):
     """``models.load`` with every tensor streamed from the checkpoint straight to its sharding on ``mesh``."""
-    from mia_jax import models
-
     loaded = models.load(name_or_path, place=placer(mesh), **kwargs)
     shard_model(loaded.model, mesh)  # a no-op unless some state was not placed by the rules
     return loaded
-
-
-def replicate(mesh: Mesh, x):
-    return jax.device_put(x, NamedSharding(mesh, P()))
 
 
 # ----------------------------------------------------------------------------- multi-host
@@ -356,8 +351,6 @@ def allgather_ints(values: Sequence[int]) -> np.ndarray:
     a = np.asarray(values, np.int64).reshape(1, -1)
     if jax.process_count() == 1:
         return a
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(a[0])).reshape(jax.process_count(), -1)
 
 
@@ -365,8 +358,6 @@ def allgather_json(obj) -> list:
     """Every process's JSON-serialisable ``obj``, in process order (a plain list on one process)."""
     if jax.process_count() == 1:
         return [obj]
-    from jax.experimental import multihost_utils
-
     data = np.frombuffer(json.dumps(obj).encode("utf-8"), np.uint8)
     sizes = allgather_ints([data.size])[:, 0]
     buf = np.zeros(int(sizes.max()), np.uint8)
@@ -378,8 +369,6 @@ def allgather_json(obj) -> list:
 def sync(name: str) -> None:
     """A barrier across processes (no-op on one)."""
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -387,8 +376,6 @@ def host_local_rows(x: jax.Array, mesh: Mesh) -> np.ndarray:
     """This process's rows of a batch-sharded global array, as NumPy (the whole array on one host)."""
     if jax.process_count() == 1:
         return np.asarray(jax.device_get(x))
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, batch_spec(x.ndim)))
 
 

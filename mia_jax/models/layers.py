@@ -176,11 +176,6 @@ def rope_at(positions, inv: np.ndarray):
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def rope_tables(t: int, inv: np.ndarray):
-    """(cos, sin), each float32 [T, head_dim], for positions 0..T-1."""
-    return rope_at(jnp.arange(t), inv)
-
-
 def apply_rope(x, cos, sin):
     """x [B, T, H, Dh]; cos/sin float32 [T, Dh] (shared by the batch) or [B, T, Dh] (per-row positions)."""
     x32 = x.astype(jnp.float32)
