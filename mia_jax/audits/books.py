@@ -71,11 +71,13 @@ from typing import Sequence
 
 import numpy as np
 
+from mia_jax import metrics
 from mia_jax.audits.books_rates import (CONFIDENCE, FPR, Threshold, accuracy_threshold, book_rates,
                                         fpr_threshold)
 from mia_jax.audits.books_snippets import SNIPPET_WORDS, SNIPPETS, SnippetPlan, as_books, make_snippets
 from mia_jax.audits.common import score_texts
 from mia_jax.errors import UserError
+from mia_jax.scorers import DEFAULT_K, expand_methods
 
 RATE_METHOD = "min_k@0.2"
 METHODS = ("min_k@0.2", "ppl", "zlib", "lowercase")
@@ -139,8 +141,6 @@ def check_options(cfg: BooksConfig) -> None:
 def check_methods(methods: Sequence[str], rate_method: str) -> tuple[list[str], str]:
     """(``methods`` with ``rate_method`` added if missing, the rate method), each expanded (a bare min_k etc. means
     k = 0.2); UserError for an unknown method or a rate method that is not one."""
-    from mia_jax.scorers import DEFAULT_K, expand_methods
-
     names = expand_methods(list(methods), DEFAULT_K)
     rate = expand_methods([rate_method], DEFAULT_K)
     if len(rate) != 1:
@@ -215,8 +215,6 @@ def analyse(plan: SnippetPlan, scores: dict, config: dict, validation: SnippetPl
     (``methods``, ``rate_method``, ``fpr``, ``threshold``, ``n_bootstrap``, ``seed``, ...); ``facts``: what the
     scores do not hold: ``truncated_books`` / ``truncated_validation`` (snippets longer than the model's context,
     ``max_length``) and ``books_also_validation`` (audited books whose text is a validation book's)."""
-    from mia_jax import metrics  # sklearn: loaded when an analysis runs, not when the command starts
-
     facts = facts or {}
     rate_method, n_bootstrap, seed = config["rate_method"], config["n_bootstrap"], config["seed"]
     counts, notes = {}, []

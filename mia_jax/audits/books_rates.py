@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from scipy.stats import binomtest
 
 from mia_jax.audits.books_snippets import SnippetPlan
 from mia_jax.audits.common import finite_or_none
@@ -19,6 +20,7 @@ CONFIDENCE = 0.95
 
 @dataclass
 class Threshold:
+    """A threshold on the rate method's score and, when set on validation, its accuracy, TPR and FPR there."""
     name: str  # "accuracy", "fpr" or "given"
     value: float  # flag a snippet when its score >= value (+inf: none)
     accuracy: float | None = None  # on the validation snippets
@@ -77,8 +79,6 @@ def fpr_threshold(labels, scores, fpr: float = FPR) -> Threshold:
 
 def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The exact (Clopper-Pearson) interval of a proportion k / n (scipy's ``binomtest``)."""
-    from scipy.stats import binomtest
-
     ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="exact")
     return float(ci.low), float(ci.high)
 

@@ -3,12 +3,9 @@ books.csv (the ranked rates), snippets.csv (every snippet's scores at full preci
 info.json; written all or none and sealed (the record a ``--from`` rebuild checks its inputs against)."""
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -16,9 +13,9 @@ from mia_jax import rundir
 from mia_jax.audits.books import BooksResult, books_phrase
 from mia_jax.audits.books_rates import flags
 from mia_jax.audits.books_snippets import SnippetPlan
-from mia_jax.audits.common import figure_bytes, finite_or_none
+from mia_jax.audits.common import csv_bytes, figure_bytes, finite_or_none
 from mia_jax.files import write_all
-from mia_jax.report import fmt, jsonable, markdown, markdown_table
+from mia_jax.report import fmt, jsonable, markdown, markdown_table, pyplot
 
 THRESHOLD_NAMES = {"accuracy": "max. validation accuracy", "fpr": "validation FPR <= {fpr:g}",
                    "given": "given (--threshold)"}
@@ -120,15 +117,6 @@ def _snippet_rows(which: str, plan_: SnippetPlan, scores: dict, methods, rate_me
             for i, s in enumerate(plan_.snippets)]
 
 
-def _csv_bytes(header: Sequence[str], rows: Sequence[Sequence]) -> bytes:
-    """A CSV file as ``report.write_csv`` writes it (None as an empty cell), in memory."""
-    buf = io.StringIO(newline="")
-    w = csv.writer(buf)
-    w.writerow(header)
-    w.writerows(rows)
-    return buf.getvalue().encode("utf-8")
-
-
 def render_outputs(res: BooksResult, meta: dict) -> dict[str, bytes]:
     """{name: bytes} of books.md, books.csv, snippets.csv, histogram.png and info.json of ``res`` (info.json: the
     entries of ``meta`` (command, model, ...) first, then the result's)."""
@@ -137,7 +125,7 @@ def render_outputs(res: BooksResult, meta: dict) -> dict[str, bytes]:
     header = ["rank", "title", "label", "snippets_available", "snippets_drawn", "snippets_scored",
               f"mean_{res.rate_method}", f"median_{res.rate_method}",
               *(f"{c}_{n}" for n in names for c in ("flagged", "rate", "ci_lo", "ci_hi"))]
-    files["books.csv"] = _csv_bytes(header, [
+    files["books.csv"] = csv_bytes(header, [
         [rank, r["title"], r["label"], r["pieces"], r["snippets"], r["scored"], r["mean_score"], r["median_score"],
          *(v for n in names for v in (r["rates"][n]["flagged"], r["rates"][n]["rate"], *r["rates"][n]["ci"]))]
         for rank, r in enumerate(res.rates, 1)])
@@ -146,7 +134,7 @@ def render_outputs(res: BooksResult, meta: dict) -> dict[str, bytes]:
     if res.validation is not None:
         rows += _snippet_rows("validation", res.validation, res.validation_scores, methods, res.rate_method,
                               res.thresholds)
-    files["snippets.csv"] = _csv_bytes([*SNIPPET_COLUMNS, *methods, *(f"flagged_{n}" for n in names)], rows)
+    files["snippets.csv"] = csv_bytes([*SNIPPET_COLUMNS, *methods, *(f"flagged_{n}" for n in names)], rows)
     files["histogram.png"] = histogram_png(res)
     info = {**meta, "config": res.config, "counts": res.counts, "notes": res.notes,
             "skipped_books": res.plan.skipped,
@@ -160,8 +148,6 @@ def render_outputs(res: BooksResult, meta: dict) -> dict[str, bytes]:
 def histogram_png(res: BooksResult) -> bytes:
     """histogram.png of ``res``: the books' rates at the first threshold (the paper's Figure 4) beside the snippet
     scores of the audited and validation books with the thresholds. Returns the PNG bytes."""
-    from mia_jax.report import pyplot  # matplotlib: loaded only when a figure is drawn
-
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     first = res.thresholds[0]

@@ -10,8 +10,10 @@ from typing import Sequence
 
 import numpy as np
 
+from mia_jax import data
 from mia_jax.audits.common import chunk_words
 from mia_jax.errors import UserError
+from mia_jax.files import sha256
 
 SNIPPETS = 100
 SNIPPET_WORDS = 512
@@ -19,6 +21,7 @@ SNIPPET_WORDS = 512
 
 @dataclass
 class Book:
+    """A book: its title (unique), text, label and where it was read from."""
     title: str
     text: str
     label: int | None = None  # 1 = seen, 0 = unseen, None = unknown
@@ -27,6 +30,7 @@ class Book:
 
 @dataclass
 class Snippet:
+    """A drawn snippet: its book, its place on the book's grid and its text ("" when rebuilt from a folder)."""
     book: int  # index of its book in the book list
     position: int  # its place on the book's grid of snippets
     word_offset: int
@@ -36,6 +40,7 @@ class Snippet:
 
 @dataclass
 class SnippetPlan:
+    """Books and their drawn snippets (``make_snippets``)."""
     books: list[Book]
     snippets: list[Snippet]
     n_pieces: list[int]  # per book: full snippets available (0: skipped)
@@ -43,10 +48,12 @@ class SnippetPlan:
 
     @property
     def kept(self) -> list[int]:
+        """Indices of the books with at least one snippet."""
         return [i for i, n in enumerate(self.n_pieces) if n]
 
     @property
     def labels(self) -> np.ndarray:
+        """int64 [n_snippets]: each snippet's book's label."""
         return np.array([self.books[s.book].label for s in self.snippets], np.int64)
 
 
@@ -97,9 +104,6 @@ def load_books(path: str | Path, *, encoding: str = "utf-8", flag: str = "--book
     """(books, {file: sha256}) from a folder of .txt files (title = file stem; unlabeled), a folder with ``seen/``
     and / or ``unseen/`` subfolders of .txt files (labels 1 / 0), or a .jsonl / .csv / .tsv / .parquet file with
     ``title`` and ``text`` fields (and optionally ``label``, on every row or none)."""
-    from mia_jax import data
-    from mia_jax.files import sha256
-
     try:
         codecs.lookup(encoding)
     except LookupError:

@@ -1,14 +1,19 @@
 """What the two audits (``books``, ``unlearning``) share: cutting a text into word chunks, scoring texts through the
-runner, a number as the output files hold it (None for a value that is not finite), a figure as PNG bytes, and the
-strict reading of the CSV files an audit wrote (for its ``--from`` rebuild)."""
+runner, a number as the output files hold it (None for a value that is not finite), a CSV file and a figure as
+bytes, and the strict reading of the CSV files an audit wrote (for its ``--from`` rebuild)."""
 from __future__ import annotations
 
+import csv
+import io
 import math
 import re
 from pathlib import Path
 from typing import Sequence
 
+from mia_jax import runner
 from mia_jax.errors import UserError
+from mia_jax.metrics import scores_by_method
+from mia_jax.report import pyplot
 
 WORD = re.compile(r"\S+")  # a word: whitespace-separated
 
@@ -40,21 +45,24 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], run_dir, r
     """Score ``texts`` with ``methods`` under ``loaded`` (``runner.score_dataset``; ``run_dir``: its resumable run
     folder or None, ``resume``: continue the run in it; ``desc``: the progress bar's label). Returns (method ->
     float64 [n_texts] scores, the runner's records)."""
-    from mia_jax import runner  # the runner loads jax: not at import time
-    from mia_jax.metrics import scores_by_method
-
     recs = runner.score_dataset(loaded, texts, methods, out_dir=run_dir, resume=resume, batch_size=batch_size,
                                 chunk_size=chunk_size, progress=progress, desc=desc)
     return scores_by_method(recs, methods), recs
 
 
+def csv_bytes(header: Sequence[str], rows: Sequence[Sequence]) -> bytes:
+    """The CSV file of ``header`` and ``rows`` as ``report.write_csv`` writes it (None as an empty cell), in memory:
+    its UTF-8 bytes."""
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(rows)
+    return buf.getvalue().encode("utf-8")
+
+
 def figure_bytes(fig, dpi: int = 120) -> bytes:
     """The matplotlib figure ``fig`` as PNG bytes at ``dpi`` (laid out with ``tight_layout``, as
     ``report.save_figure`` saves it); the figure is closed. Returns the bytes."""
-    import io
-
-    from mia_jax.report import pyplot
-
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
@@ -69,8 +77,6 @@ def read_csv_rows(path: Path, columns: Sequence[str], what: str) -> list[tuple[i
     read), a header with every one of ``columns``, every record as many fields as the header; a torn, padded or
     empty row, a quote left open or bytes that are not UTF-8 are a UserError naming the file and line. ``what``: the
     command that writes the file (for the message)."""
-    import csv
-
     line = 1
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:

@@ -72,6 +72,8 @@ from mia_jax.audits.common import chunk_words, finite_or_none, score_texts
 from mia_jax.audits.unlearning_probes import (N_SAMPLES, PROMPT_WORDS, QA_MAX_NEW_TOKENS, qa_probes,
                                               story_completion)
 from mia_jax.errors import UserError
+from mia_jax.generate import check_sampling
+from mia_jax.scorers import expand_methods
 
 CHUNK_WORDS = 512
 MIN_WORDS = 32
@@ -181,8 +183,6 @@ def make_chunks(texts: Sequence[str], n_words: int, min_words: int) -> tuple[lis
 
 def check_options(cfg: UnlearningConfig) -> None:
     """UserError for a setting of ``cfg`` out of range (before anything is loaded or written)."""
-    from mia_jax.generate import check_sampling  # jax: loaded when an audit runs, not when the command starts
-
     chunk_words, min_words, k, ratio = cfg.chunk_words, cfg.min_words, cfg.k, cfg.ratio
     max_probe, prompt_words, n_samples, batch_size = cfg.max_probe, cfg.prompt_words, cfg.n_samples, cfg.batch_size
 
@@ -322,8 +322,6 @@ def qa_summary(questions: Sequence[dict], ratio: float, method: str) -> dict:
 
 def min_k_method(k: float) -> str:
     """The mia_jax method name of Min-K% at ``k`` (``min_k@0.2``)."""
-    from mia_jax.scorers import expand_methods  # the scorers load jax: not when the command starts
-
     return expand_methods(["min_k"], [k])[0]
 
 

@@ -9,7 +9,9 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from mia_jax import generate
 from mia_jax.audits.common import WORD, finite_or_none, score_texts
+from mia_jax.samia import NEW_TOKENS_MULTIPLE, text_hash
 
 PROMPT_WORDS = 200
 N_SAMPLES = 20
@@ -71,9 +73,6 @@ def sample(loaded, prompts: Sequence[str], budgets: Sequence[int], *, n_samples:
     """``n_samples`` completions of each prompt (at most its budget of tokens, stopping at EOS), as SaMIA draws them:
     ``batch_size`` prompts x ``n_samples`` rows per ``generate.generate_ids`` loop, sample j of a prompt drawn with
     the key ``row_keys(seed, text_hash(prompt), j)`` (the same draws under any model; greedy when temperature 0)."""
-    from mia_jax import generate  # jax: loaded when sampling, not when the command starts
-    from mia_jax.samia import NEW_TOKENS_MULTIPLE, text_hash
-
     prompt_ids = generate.encode_prompts(loaded, list(prompts)) if prompts else []
     order = sorted(range(len(prompts)), key=lambda i: (budgets[i], len(prompt_ids[i]), i))
     out: list[list[str]] = [[] for _ in prompts]

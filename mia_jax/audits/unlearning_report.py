@@ -4,8 +4,6 @@ unlearning.json, chunks.csv (per chunk: its place, q under both models, ratios, 
 rebuild checks its inputs against)."""
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from pathlib import Path
@@ -13,10 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from mia_jax import rundir
-from mia_jax.audits.common import figure_bytes, finite_or_none
+from mia_jax.audits.common import csv_bytes, figure_bytes, finite_or_none
 from mia_jax.audits.unlearning import SIDES, UnlearningResult
 from mia_jax.files import write_all
-from mia_jax.report import fmt, markdown
+from mia_jax.report import fmt, markdown, pyplot
 
 REBUILD_READS = ("unlearning.json", "chunks.csv", "probes.jsonl")  # what --from reads (sealed in manifest.json)
 CHUNKS_COLUMNS = ["chunk", "source_text", "chunk_in_text", "word_offset", "n_words", "min_k_nll_original",
@@ -87,11 +85,7 @@ def render_outputs(res: UnlearningResult, meta: dict) -> dict[str, bytes]:
                      finite_or_none(res.ratios["min_k"][i]), bool(res.flags["min_k"][i]),
                      finite_or_none(res.ratios["ppl"][i]), bool(res.flags["ppl"][i]), i in probed,
                      *(p.get(f"rougeL_{side}", {}).get(a) for a in ("max", "mean") for side in SIDES)])
-    buf = io.StringIO(newline="")
-    w = csv.writer(buf)
-    w.writerow(CHUNKS_COLUMNS)
-    w.writerows(rows)
-    files["chunks.csv"] = buf.getvalue().encode("utf-8")
+    files["chunks.csv"] = csv_bytes(CHUNKS_COLUMNS, rows)
     files["ratios.png"] = ratios_png(res)
     record = {**meta, "config": res.config, "methods": res.methods, "counts": res.counts, "notes": res.notes,
               "flagged_min_k": [int(i) for i in np.flatnonzero(res.flags["min_k"])],
@@ -107,8 +101,6 @@ def render_outputs(res: UnlearningResult, meta: dict) -> dict[str, bytes]:
 def ratios_png(res: UnlearningResult) -> bytes:
     """ratios.png of ``res``: the histogram of each method's log ratio over the chunks, with the window. Returns the
     PNG bytes."""
-    from mia_jax.report import pyplot  # matplotlib: loaded only when a figure is drawn
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4))
     r = res.config["ratio"]

@@ -7,12 +7,13 @@ import contextlib
 import sys
 from pathlib import Path
 
-from mia_jax import entry
+from mia_jax import __version__, entry, models, rundir, runner
 from mia_jax.audits.books import (FPR, METHODS, N_BOOTSTRAP, RATE_METHOD, SNIPPET_WORDS, SNIPPETS, BooksConfig,
                                   BooksResult, audit_books, books_phrase, check_methods, check_options, prepare)
 from mia_jax.audits.books_rebuild import read_info, rebuild
 from mia_jax.audits.books_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
 from mia_jax.errors import UserError
+from mia_jax.files import write_all
 
 NAME = "audit-books"
 HELP = "what share of each book's snippets has a model seen? (Min-K%% contamination rates, Shi et al. 2023 section 5)"
@@ -89,8 +90,6 @@ def run_audit(args) -> BooksResult:
     """The audit of ``args`` (``--books``, ``--model``, ...): every input checked and the model loaded before
     anything is written, then the folder and each scoring run claimed (resumed when the same), the outputs written
     and the report printed. Returns the result."""
-    from mia_jax import __version__, models, rundir
-
     if args.books is None or args.model is None:
         raise UserError("audit-books needs --books and --model (or --from DIR to rebuild an audit's outputs)")
     cfg = config_of(args)
@@ -125,8 +124,6 @@ def run_audit(args) -> BooksResult:
 def _claim_runs(args, stack, out: Path, loaded, plans: dict, files: dict, methods: list[str]) -> tuple[dict, dict]:
     """({set: run folder}, {set: resume?}) of the books' and validation books' scoring runs, each claimed in
     ``stack`` with the fingerprint of its texts and options."""
-    from mia_jax import rundir, runner
-
     run_dirs, resume = {}, {}
     for which, pl in plans.items():
         if pl is None:
@@ -152,8 +149,6 @@ def audit_fingerprint(args, loaded, data_files: dict, methods: list[str], rate_m
     """What makes an audit-books folder (``rundir.claim``): the model's (``loaded``) and every book file's
     (``data_files``: {file: sha256}) SHA-256, the expanded ``methods`` and ``rate_method`` and every option of
     ``args`` that can change a result; a folder holding anything else is refused. Returns the fingerprint dict."""
-    from mia_jax import __version__
-
     def resolved(files):
         return {str(Path(f).resolve()): h for f, h in files.items()}
 
@@ -166,15 +161,11 @@ def run_rebuild(args) -> BooksResult:
     """``mia-jax audit-books --from DIR --out OUT``: ``rebuild``, then the outputs into OUT (new, empty, an earlier
     rebuild of DIR, or DIR itself: every output computed before any is written), info.json keeping DIR's command,
     model and data files and noting the rebuild. Returns the rebuilt result."""
-    from mia_jax import __version__, rundir
-    from mia_jax.entry import check_out
-    from mia_jax.files import write_all
-
     given = [f for f, v in (("--books", args.books), ("--model", args.model), ("--validation", args.validation),
                             ("--threshold", args.threshold)) if v is not None]
     if given:
         raise UserError(f"--from rebuilds with the settings of the audit in its folder; leave out {', '.join(given)}")
-    source, out = Path(args.source), check_out(args.out)
+    source, out = Path(args.source), entry.check_out(args.out)
     if not source.is_dir():
         raise UserError(f"--from {source}: not a folder (the --out folder of an audit-books run)")
     res = rebuild(source)

@@ -7,7 +7,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from mia_jax import entry
+from mia_jax import __version__, data, entry, models, rundir, runner
 from mia_jax.audits.unlearning import (CHUNK_WORDS, K, MAX_PROBE, MIN_WORDS, N_SAMPLES, PROMPT_WORDS, QA_MAX_NEW_TOKENS,
                                        RATIO, SIDES, UnlearningConfig, UnlearningResult, audit_unlearning,
                                        check_options, make_chunks, min_k_method, tokenizer_digest)
@@ -16,6 +16,7 @@ from mia_jax.audits.unlearning_rebuild import rebuild
 from mia_jax.audits.unlearning_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
 from mia_jax.commands.audit_books import model_options
 from mia_jax.errors import UserError
+from mia_jax.files import write_all
 from mia_jax.models.sentence import SentenceEncoder
 
 NAME = "audit-unlearning"
@@ -90,8 +91,6 @@ def run_audit(args) -> UnlearningResult:
     """The audit of ``args`` (``--original``, ``--unlearned``, ``--texts``, ...): every input checked and both
     models loaded before anything is written, then the folder and each model's scoring run claimed (resumed when
     the same), the outputs written and the report printed. Returns the result."""
-    from mia_jax import __version__, data, models, rundir
-
     missing = [flag for flag, v in (("--original", args.original), ("--unlearned", args.unlearned),
                                     ("--texts", args.texts)) if v is None]
     if missing:
@@ -130,8 +129,6 @@ def run_audit(args) -> UnlearningResult:
 def _load_qa(args) -> tuple[tuple[list[str], list[str]], dict]:
     """((questions, answers), {file: sha256}) of ``--qa``; UserError for a file without questions or a row without
     a question or an answer."""
-    from mia_jax import data
-
     qds = data.load_records(args.qa, args.qa_question_field, None, encoding=args.encoding,
                             extra=(args.qa_answer_field,))
     answers = qds.extra[args.qa_answer_field]
@@ -148,8 +145,6 @@ def _load_qa(args) -> tuple[tuple[list[str], list[str]], dict]:
 def _claim_runs(args, stack, out: Path, loaded: dict, texts: list[str], data_files: dict) -> tuple[dict, dict]:
     """({side: run folder}, {side: resume?}) of each model's scoring run of the chunk ``texts``, each claimed in
     ``stack`` with the fingerprint of its texts and options."""
-    from mia_jax import rundir, runner
-
     methods = [min_k_method(args.k), "ppl"]
     run_dirs, resume = {}, {}
     for side in SIDES:
@@ -173,8 +168,6 @@ def audit_fingerprint(args, loaded: dict, embedder, data_files: dict, qa_files: 
     """What makes an audit-unlearning folder (``rundir.claim``): both models' (``loaded``: {side: LoadedModel}), the
     ``embedder``'s and every data file's (``data_files``, ``qa_files``: {file: sha256}) SHA-256 and every option of
     ``args`` that can change a result; a folder holding anything else is refused. Returns the fingerprint dict."""
-    from mia_jax import __version__
-
     def resolved(files):
         return {str(Path(f).resolve()): h for f, h in files.items()} if files is not None else None
 
@@ -190,17 +183,13 @@ def run_rebuild(args) -> UnlearningResult:
     (unlearning.json adds ``rebuilt``: from where, the command, the package version). OUT: new, empty, an earlier
     rebuild of the same DIR, or DIR itself (in place: written only once every output is computed). Returns the
     rebuilt result."""
-    from mia_jax import __version__, rundir
-    from mia_jax.entry import check_out
-    from mia_jax.files import write_all
-
     given = [flag for flag, v in (("--original", args.original), ("--unlearned", args.unlearned),
                                   ("--texts", args.texts), ("--qa", args.qa), ("--embed-model", args.embed_model))
              if v is not None]
     if given:
         raise UserError(f"--from rebuilds the report from a results folder, without models or data: leave out "
                         f"{', '.join(given)}")
-    src, out = Path(args.from_dir), check_out(args.out)
+    src, out = Path(args.from_dir), entry.check_out(args.out)
     if out.resolve() != src.resolve() and src.resolve() in out.resolve().parents:
         raise UserError(f"--out {out} is inside --from {src}; a rebuild never writes into a folder inside the one it "
                         "reads: give another --out")
