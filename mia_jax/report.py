@@ -131,9 +131,6 @@ def jsonable(x):
     return x
 
 
-_jsonable = jsonable  # the former name, until audits.books imports jsonable
-
-
 def _csv_header() -> list[str]:
     return [h for c in COLUMNS for h in ((f"{c}_lo", f"{c}_hi") if c.endswith("_ci") else (c,))]
 

@@ -133,6 +133,8 @@ def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
 
 
 def spec_for(arch: str, path: str, shape: Sequence[int], mesh: Mesh) -> P:
+    """The PartitionSpec of parameter ``path`` (shape ``shape``) of architecture ``arch`` on ``mesh`` (its rule, fitted
+    by :func:`fit_spec`; replicated without a rule); UserError for an architecture without rules."""
     if arch not in PARTITION_RULES:
         raise UserError(f"no partition rules for architecture {arch!r}; known: {', '.join(sorted(PARTITION_RULES))}")
     return fit_spec(PARTITION_RULES[arch].get(path, P()), shape, mesh)
@@ -198,14 +200,17 @@ def make_mesh(spec: str | Mapping[str, int] | None = None, devices: Sequence | N
 
 
 def mesh_str(mesh: Mesh) -> str:
+    """``mesh``'s axis sizes as ``"data=2,fsdp=1,model=4"``."""
     return ",".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)
 
 
 def batch_spec(ndim: int = 2) -> P:
+    """The PartitionSpec of an ``ndim``-D batch: its first axis split over ``BATCH_AXES``, the rest whole."""
     return P(BATCH_AXES, *(None,) * (ndim - 1))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """:func:`batch_spec` on ``mesh``, as a NamedSharding."""
     return NamedSharding(mesh, batch_spec(ndim))
 
 
@@ -306,6 +311,7 @@ def load_sharded(name_or_path: str, mesh: Mesh, **kwargs):
 
 
 def distributed_requested(flag: bool = False) -> bool:
+    """Whether a multi-process run is asked for: ``flag``, or ``MIA_JAX_DISTRIBUTED`` set to 1, true or yes."""
     return flag or os.environ.get(DISTRIBUTED_ENV, "").lower() in ("1", "true", "yes")
 
 
@@ -337,6 +343,7 @@ def initialize_distributed(flag: bool = False) -> bool:
 
 
 def is_main_process() -> bool:
+    """Whether this is process 0 (the one that writes the files)."""
     return jax.process_index() == 0
 
 

@@ -42,6 +42,7 @@ ACTIVATIONS: dict[str, Callable] = {
 
 
 def check_activation(option: str, name: str) -> str:
+    """``name`` when it is a supported activation, else ConfigError naming the config ``option``."""
     if name not in ACTIVATIONS:
         raise ConfigError(f"unsupported {option} {name!r}; supported: {sorted(ACTIVATIONS)}")
     return name
@@ -53,6 +54,7 @@ def mlp_activation(name: str, x):
 
 
 def check_dtype(dtype: str):
+    """The JAX dtype of the name ``dtype`` (``DTYPES``); ConfigError for another name."""
     if dtype not in DTYPES:
         raise ConfigError(f"unsupported dtype {dtype!r}; supported: {list(DTYPES)}")
     return DTYPES[dtype]
@@ -97,6 +99,7 @@ class MultiHeadConfig(BaseConfig):
 
 
 def check_model_type(model_type, supported: tuple[str, ...], family: str) -> str:
+    """``model_type`` when it is among ``supported`` (the ``family``'s), else ConfigError."""
     if model_type not in supported:
         raise ConfigError(f"unsupported model_type {model_type!r} for {family}; supported: {supported}")
     return model_type
@@ -238,6 +241,7 @@ def learned_positions(table, positions, offset: int = 0):
 
 
 def check_length(t: int, max_positions: int, family: str):
+    """UserError when a sequence of ``t`` tokens is longer than the model's ``max_positions``; None otherwise."""
     if t > max_positions:
         raise UserError(f"{family}: sequence length {t} exceeds max_position_embeddings={max_positions}; "
                         "truncate the inputs (runner max_length)")
