@@ -259,19 +259,3 @@ def analyse(plan: SnippetPlan, scores: dict, config: dict, validation: SnippetPl
         notes.append(f"Note: {counts['unscored']} audited snippets have no {rate_method} score; rates are over the "
                      "scored ones.")
     return res
-
-
-def add_parser(sub):
-    """The ``audit-books`` subparser (its options: ``mia_jax.commands.audit_books``; until cli.py uses it)."""
-    from mia_jax.commands import audit_books as command_module  # the command's own module (until cli.py uses it)
-
-    p = sub.add_parser(command_module.NAME, help=command_module.HELP)
-    command_module.add_arguments(p)
-    return p
-
-
-def command(args) -> None:
-    """``mia-jax audit-books`` (``mia_jax.commands.audit_books.run``; until cli.py uses it)."""
-    from mia_jax.commands import audit_books as command_module  # the command's own module (until cli.py uses it)
-
-    command_module.run(args)

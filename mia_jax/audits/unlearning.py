@@ -323,20 +323,3 @@ def qa_summary(questions: Sequence[dict], ratio: float, method: str) -> dict:
 def min_k_method(k: float) -> str:
     """The mia_jax method name of Min-K% at ``k`` (``min_k@0.2``)."""
     return expand_methods(["min_k"], [k])[0]
-
-
-def add_parser(sub):
-    """The ``audit-unlearning`` subparser (its options: ``mia_jax.commands.audit_unlearning``; until cli.py uses
-    it)."""
-    from mia_jax.commands import audit_unlearning as command_module  # the command's own module (until cli.py uses it)
-
-    p = sub.add_parser(command_module.NAME, help=command_module.HELP)
-    command_module.add_arguments(p)
-    return p
-
-
-def command(args) -> None:
-    """``mia-jax audit-unlearning`` (``mia_jax.commands.audit_unlearning.run``; until cli.py uses it)."""
-    from mia_jax.commands import audit_unlearning as command_module  # the command's own module (until cli.py uses it)
-
-    command_module.run(args)

@@ -12,11 +12,13 @@ from mia_jax.audits.books import (FPR, METHODS, N_BOOTSTRAP, RATE_METHOD, SNIPPE
                                   BooksResult, audit_books, books_phrase, check_methods, check_options, prepare)
 from mia_jax.audits.books_rebuild import read_info, rebuild
 from mia_jax.audits.books_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
+from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError
 from mia_jax.files import write_all
 
 NAME = "audit-books"
 HELP = "what share of each book's snippets has a model seen? (Min-K%% contamination rates, Shi et al. 2023 section 5)"
+RESUME_HINT = RESUME  # what Ctrl-C tells: the scoring runs keep every finished batch
 
 
 def add_arguments(p) -> None:

@@ -15,12 +15,14 @@ from mia_jax.audits.unlearning_probes import MAX_NEW_TOKENS
 from mia_jax.audits.unlearning_rebuild import rebuild
 from mia_jax.audits.unlearning_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
 from mia_jax.commands.audit_books import model_options
+from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError
 from mia_jax.files import write_all
 from mia_jax.models.sentence import SentenceEncoder
 
 NAME = "audit-unlearning"
 HELP = "which forget-set texts does an unlearned model still know? (Min-K%% ratio audit, Shi et al. 2023 section 7)"
+RESUME_HINT = RESUME  # what Ctrl-C tells: the scoring runs keep every finished batch
 
 
 def add_arguments(p) -> None:
