@@ -12,6 +12,8 @@ from sklearn.metrics import roc_auc_score
 
 from mia_jax import metrics, models, rundir
 from train import contaminate, tables
+from train.records import EXAMPLES, RUN_FILES, read_examples, write_examples
+from train.sweep_tables import occurrence_curve
 from train.config import TinyModelConfig
 from train.tiny import write_tiny_model
 
@@ -100,7 +102,7 @@ def test_tiny_experiment(tiny_run, capsys):
     cell = dict(zip(header.split(" | "), row.split(" | ")))["IMDB base"].strip("* ")
     b = metrics["base"]["imdb"]["min_k@0.2"]
     assert cell == f"{b['auroc']:.3f} [{b['auroc_ci'][0]:.3f}, {b['auroc_ci'][1]:.3f}]"
-    examples = tables.read_examples(out / "examples.jsonl.gz")
+    examples = read_examples(out / "examples.jsonl.gz")
     assert len(examples) == len(eval_set) and all("text" not in e for e in examples)
     assert [e["text_sha256"] for e in examples] == [hashlib.sha256(e["text"].encode()).hexdigest() for e in eval_set]
     assert [e["trained"]["min_k@0.2"] for e in examples] == [r["scores"]["min_k@0.2"] for r in records]
@@ -278,7 +280,7 @@ def test_study_report_marks_each_claim_with_its_paired_interval(tmp_path, sweeps
         assert c["verdict"] == want and c["diff"] == pytest.approx(c["auroc_a"] - c["auroc_b"], abs=1e-12)
         assert f"**{want}**" in text
     # one claim recomputed from the committed per-example scores by hand: lr 0.003 vs 0.0001 on IMDB
-    hi, lo = (tables.read_examples(folders["lr"] / sub / tables.EXAMPLES) for sub in ("lr_0.003", "lr_0.0001"))
+    hi, lo = (read_examples(folders["lr"] / sub / EXAMPLES) for sub in ("lr_0.003", "lr_0.0001"))
     imdb = [i for i, r in enumerate(hi) if r["dataset"] == "imdb"]
     vec = lambda rows: [rows[i]["trained"]["min_k@0.2"] for i in imdb]  # noqa: E731
     comp = metrics.paired_bootstrap([hi[i]["label"] for i in imdb], vec(hi), vec(lo), n_bootstrap=20, seed=0)
@@ -307,8 +309,8 @@ def test_study_report_with_one_sweep_on_two_models(tmp_path, sweeps):
         run_info = json.loads(info.read_text())
         run_info["config"]["model"]["path"] = "other-model"
         info.write_text(json.dumps(run_info))
-        rundir.seal(info.parent, list(tables.RUN_FILES))
-    rundir.seal(b, [f"{s}/{n}" for s in ("lr_0.0001", "lr_0.003") for n in tables.RUN_FILES])
+        rundir.seal(info.parent, list(RUN_FILES))
+    rundir.seal(b, [f"{s}/{n}" for s in ("lr_0.0001", "lr_0.003") for n in RUN_FILES])
     out = tmp_path / "two.md"
     assert study.main(["--lr", str(a), str(b), "--out", str(out)]) == 0
     text = out.read_text()
@@ -337,7 +339,7 @@ def test_pooled_occurrence_auroc_rank_normalises_each_dataset():
         for label, score in [(1, 2.0 + i / 10) for i in range(10)] + [(0, i / 10) for i in range(10)]:
             eval_set.append({"dataset": dataset, "label": label, "occurrences": 1 if label else 0})
             records.append({"scores": {"loss": score + shift}})
-    rows = {(g, k): r["loss"]["auroc"] for g, k, _, r in tables.occurrence_curve(records, eval_set, ["loss"])}
+    rows = {(g, k): r["loss"]["auroc"] for g, k, _, r in occurrence_curve(records, eval_set, ["loss"])}
     assert rows[("a", 1)] == rows[("b", 1)] == rows[("all", 1)] == 1.0
     raw = metrics.auroc([e["label"] for e in eval_set], [r["scores"]["loss"] for r in records])
     assert raw < 0.8
@@ -367,19 +369,19 @@ def fake_run(folder: Path, n: int = 12, datasets=("boolq", "imdb"), lr: float = 
     for r in rows[:nan]:
         r["trained"]["min_k@0.2"] = None
     folder.mkdir(parents=True, exist_ok=True)
-    tables.write_examples(folder / tables.EXAMPLES, rows)
+    write_examples(folder / EXAMPLES, rows)
     info = {"methods": methods, "config": {"score": {"n_bootstrap": 20, "seed": 0}, "train": {"lr": lr},
                                            "model": {"path": "tiny"}, "corpus": {"occurrence": occurrence}},
             "corpus": {"tokens": {"total": 1000, "background": 800}, "contamination_rate": 0.2}}
     (folder / "run.json").write_text(json.dumps(info, indent=2) + "\n")
-    rundir.seal(folder, list(tables.RUN_FILES))
+    rundir.seal(folder, list(RUN_FILES))
     return folder
 
 
 def fake_sweep(folder: Path, **kw) -> Path:
     for lr in (1e-5, 1e-4):
         fake_run(folder / f"lr_{lr:g}", lr=lr, **kw)
-    rundir.seal(folder, [f"lr_{lr:g}/{n}" for lr in (1e-5, 1e-4) for n in tables.RUN_FILES])
+    rundir.seal(folder, [f"lr_{lr:g}/{n}" for lr in (1e-5, 1e-4) for n in RUN_FILES])
     return folder
 
 
@@ -425,7 +427,7 @@ def test_rebuild_in_place_refused_before_any_write(tmp_path, capsys):
 
 
 def _corrupt(run: Path, how: str) -> None:
-    ex = run / tables.EXAMPLES
+    ex = run / EXAMPLES
     reseal = True
     if how == "truncated":
         ex.write_bytes(ex.read_bytes()[:-40])
@@ -446,7 +448,7 @@ def _corrupt(run: Path, how: str) -> None:
     elif how == "no-field":
         import gzip
 
-        rows = tables.read_examples(ex)
+        rows = read_examples(ex)
         del rows[3]["label"]
         ex.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
     elif how == "bad-run-json":
@@ -460,7 +462,7 @@ def _corrupt(run: Path, how: str) -> None:
         from mia_jax.files import sha256
 
         (run / "manifest.json").write_text(json.dumps({"files": {n: {"sha256": sha256(run / n), "bytes": (
-            run / n).stat().st_size, "rows": None} for n in tables.RUN_FILES}}))
+            run / n).stat().st_size, "rows": None} for n in RUN_FILES}}))
 
 
 @pytest.mark.parametrize("how, needle", [
@@ -486,7 +488,7 @@ def test_rebuild_bad_inputs_are_one_line(tmp_path, capsys, how, needle):
     if how not in ("truncated", "changed", "no-manifest"):  # the sweep's own record of its runs' files
         from mia_jax.files import sha256
 
-        names = [f"lr_{lr}/{n}" for lr in ("1e-05", "0.0001") for n in tables.RUN_FILES]
+        names = [f"lr_{lr}/{n}" for lr in ("1e-05", "0.0001") for n in RUN_FILES]
         (sweep / "manifest.json").write_text(json.dumps({"files": {n: {"sha256": sha256(sweep / n), "bytes": (
             sweep / n).stat().st_size, "rows": None} for n in names}}))
     if how == "no-manifest":  # the sweep's own record covers its runs' files
@@ -511,7 +513,7 @@ def test_rebuild_bad_folders(tmp_path, capsys):
         assert_clean_error(tables.main(["--from", str(tmp_path / bad)]), capsys.readouterr().err, needle)
         assert_clean_error(study.main(["--lr", str(tmp_path / bad)]), capsys.readouterr().err)
     size = fake_run(tmp_path / "size" / "size_800")
-    rundir.seal(size.parent, [f"size_800/{n}" for n in tables.RUN_FILES])
+    rundir.seal(size.parent, [f"size_800/{n}" for n in RUN_FILES])
     assert_clean_error(study.main(["--lr", str(size.parent)]), capsys.readouterr().err, "a size sweep")
     assert_clean_error(study.main(["--lr", str(size)]), capsys.readouterr().err, "one run's folder")
 

@@ -14,7 +14,6 @@ run has its own sub-folder of ``--out``; re-running the same command resumes whe
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import sys
 from pathlib import Path
@@ -23,10 +22,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mia_jax import entry, rundir
+from train.ablations import ABLATIONS, plan
 from train.config import ExperimentConfig, load_config
 
 PROG = "python train/contaminate.py"
-ABLATIONS = ("lr", "size", "occurrence", "news")
 RESUME_HINT = ("run the same command again to resume (training from its last checkpoint, scoring from its last "
                "finished batch)")
 
@@ -38,7 +37,7 @@ def build_parser() -> entry.ArgumentParser:
                    help="YAML config (configs/contamination/{tiny,cpu,paper}.yaml); defaults if omitted")
     p.add_argument("--out", required=True, type=entry.out_dir,
                    help="output folder (an interrupted run in it resumes)")
-    p.add_argument("--ablation", choices=ABLATIONS, help="run a sweep instead of a single run")
+    p.add_argument("--ablation", choices=list(ABLATIONS), help="run a sweep instead of a single run")
     p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--mesh", metavar="SPEC",
@@ -51,33 +50,6 @@ def build_parser() -> entry.ArgumentParser:
                         "command")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.lr=1e-5 corpus.n_positives=50")
     return p
-
-
-def _with(cfg: ExperimentConfig, **changes) -> ExperimentConfig:
-    """A copy of ``cfg`` with changes named by path, ``train__lr=1e-5`` for ``train.lr``."""
-    cfg = copy.deepcopy(cfg)
-    for key, value in changes.items():
-        *path, last = key.split("__")
-        node = cfg
-        for part in path:
-            node = getattr(node, part)
-        setattr(node, last, value)
-    return cfg
-
-
-def plan(cfg: ExperimentConfig, ablation: str | None) -> list[tuple[str, ExperimentConfig]]:
-    """(sub-folder, config) of every run of the sweep ('' = the output folder itself)."""
-    a = cfg.ablation
-    if ablation is None:
-        return [("", cfg)]
-    if ablation == "lr":
-        return [(f"lr_{lr:g}", _with(cfg, train__lr=float(lr))) for lr in a.lrs]
-    if ablation == "size":
-        return [(f"size_{n}", _with(cfg, corpus__background_tokens=int(n))) for n in a.background_tokens]
-    if ablation == "news":
-        return [(f"news_{n}", _with(cfg, corpus__variant="news", corpus__news__n_background=int(n)))
-                for n in a.news_background]
-    return [("occurrence", _with(cfg, corpus__occurrence="buckets"))]
 
 
 def _main(argv) -> int:
@@ -149,8 +121,9 @@ def check_before_writing(cfg: ExperimentConfig, ablation: str | None) -> None:
 
 def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
     from mia_jax import sharding
-    from train import tables
     from train.experiment import run_experiment
+    from train.records import RUN_FILES
+    from train.tables import rebuild
 
     runs = []
     for sub, run_cfg in plan(cfg, args.ablation):
@@ -162,8 +135,9 @@ def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
     if args.ablation:  # the sweep's table / figure, from the runs' per-example scores (as `python -m train.tables`)
         text = ""
         if sharding.is_main_process():
-            rundir.seal(out, [f"{sub}/{name}" for sub, *_ in runs for name in tables.RUN_FILES])
-            text = tables.rebuild(out)
+            # the sweep's fingerprint (its ablation: train/ablations.py) sealed with its runs' records
+            rundir.seal(out, [rundir.FINGERPRINT, *(f"{sub}/{name}" for sub, *_ in runs for name in RUN_FILES)])
+            text = rebuild(out)
     else:
         text = (out / "table3.md").read_text()
         if (out / "fig5c.md").exists():

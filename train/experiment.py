@@ -163,14 +163,6 @@ def seed_ref_pass(base_main: Path, ref_path: Path) -> None:
                            for r in recs])
 
 
-def evaluate_by_dataset(records: list[dict], eval_set: list[dict], methods: list[str], cfg: ExperimentConfig) -> dict:
-    """{dataset: {method: metrics}} of the records of the eval set, datasets in order of first appearance."""
-    from mia_jax import metrics
-
-    return metrics.evaluate_records(records, methods, [r["label"] for r in eval_set], n_bootstrap=cfg.score.n_bootstrap,
-                                    seed=cfg.score.seed, groups=[r["dataset"] for r in eval_set])
-
-
 def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | None = None,
                    on_step=None) -> dict:
     """Run (or resume) one contamination run in ``out``; returns its metrics dict (also in metrics.json).
@@ -219,9 +211,10 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
 
     from mia_jax import __version__, models, sharding
     from mia_jax.scorers import expand_methods
-    from train import tables
     from train.corpus import build_corpus
     from train.data import pack, separator_id
+    from train.records import EXAMPLES, RUN_FILES, example_rows, write_examples
+    from train.run_tables import run_results, write_run
 
     timings = {}
     methods = expand_methods(cfg.score.methods, cfg.score.k)
@@ -276,7 +269,7 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
                             report=scoring["trained"], mesh=scoring_mesh, neighbors=generator)
     timings["score_trained_s"] = time.perf_counter() - t0
 
-    examples = tables.example_rows(corpus.eval, trained_records, base_records, seed=cfg.score.seed)
+    examples = example_rows(corpus.eval, trained_records, base_records, seed=cfg.score.seed)
     info = {
         "command": " ".join(sys.argv), "config": dataclasses.asdict(cfg), "package_version": __version__,
         "jax_version": jax.__version__, "device": str(jax.devices()[0]), "platform": platform.platform(),
@@ -291,12 +284,12 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
     info = json.loads(json.dumps(info, default=str))
     if main:  # on several processes every one holds every record; process 0 writes
         # the per-example scores and run.json first: every table is then what `python -m train.tables --from` rebuilds
-        tables.write_examples(out / tables.EXAMPLES, examples)
+        write_examples(out / EXAMPLES, examples)
         (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
-        results = tables.write_run(out, examples, info)
-        rundir.seal(out, list(tables.RUN_FILES))  # the record `python -m train.tables --from` checks its inputs against
+        results = write_run(out, examples, info)
+        rundir.seal(out, list(RUN_FILES))  # the record `python -m train.tables --from` checks its inputs against
     else:
-        results = tables.run_results(examples, methods, base_methods, n_bootstrap=cfg.score.n_bootstrap,
+        results = run_results(examples, methods, base_methods, n_bootstrap=cfg.score.n_bootstrap,
                                      seed=cfg.score.seed)
     return dict(results, examples=examples, config=info["config"], corpus=info["corpus"])
 

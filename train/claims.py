@@ -1,0 +1,141 @@
+"""The paper's claims (Shi et al. 2023, section 6) tested on the contamination sweeps, each a paired bootstrap of
+A - B on the same examples, marked reproduced / not reproduced / not distinguishable (train/study.py's report)."""
+from __future__ import annotations
+
+import numpy as np
+
+from mia_jax import metrics
+from mia_jax.report import markdown, with_ci
+from train.cells import DATASET_NAMES, headline, method_name
+from train.records import same_examples, score_vector
+from train.sweep_tables import group_scores
+
+VERDICT = {"A > B": "reproduced", "B > A": "not reproduced", "not distinguishable": "not distinguishable"}
+NA = "n/a"  # the verdict of a claim with no comparison (a class with fewer than metrics.MIN_PER_CLASS examples)
+
+
+def _claim(name: str, paper: str, comp: dict | str, a: str, b: str) -> dict:
+    if isinstance(comp, str):  # the reason there is no comparison
+        return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": None, "auroc_a_ci": None, "auroc_b": None,
+                "auroc_b_ci": None, "diff": None, "ci": None, "verdict": NA, "note": comp}
+    c = comp["auroc"]
+    return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": c["a"], "auroc_a_ci": c["a_ci"],
+            "auroc_b": c["b"], "auroc_b_ci": c["b_ci"], "diff": c["diff"], "ci": c["ci"],
+            "verdict": VERDICT[c["verdict"]], "n_used": comp["n_used"],
+            "n_bootstrap": comp["n_bootstrap"], "seed": comp["seed"]}
+
+
+def _cfg(run: dict) -> tuple[int, int]:
+    score = run["config"]["score"]
+    return int(score.get("n_bootstrap", 1000)) or 1000, int(score.get("seed", 0))
+
+
+def _paired(rows_a, rows_b, model_a, model_b, m_a, m_b, n_bootstrap, seed, dataset=None) -> dict | str:
+    """The paired bootstrap of A - B, or the reason it is n/a (a class with fewer than metrics.MIN_PER_CLASS
+    examples, in a dataset for the average)."""
+    idx = [i for i, r in enumerate(rows_a) if dataset is None or r["dataset"] == dataset]
+    lab = np.array([rows_a[i]["label"] for i in idx])
+    a = score_vector([rows_a[i] for i in idx], model_a, m_a)
+    b = score_vector([rows_b[i] for i in idx], model_b, m_b)
+    groups = None if dataset is not None else [rows_a[i]["dataset"] for i in idx]
+    try:
+        return metrics.paired_bootstrap(lab, a, b, groups=groups, n_bootstrap=n_bootstrap, seed=seed)
+    except ValueError as e:
+        return str(e).replace("n/a: ", "")
+
+
+def table3_claims(run: dict, tag: str = "") -> list[dict]:
+    rows, methods = run["examples"], run["methods"]
+    mk = headline(methods, "min_k")
+    out = []
+    for base, label in (("ppl", "PPL"), ("zlib", "Zlib"), ("lowercase", "Lowercase"), ("neighbor", "Neighbor")):
+        if mk is None or base not in methods:
+            continue
+        comp = _paired(rows, rows, "trained", "trained", mk, base, *_cfg(run))
+        out.append(_claim(f"Table 3{tag}: Min-K% > {label} (average over datasets)", "reproduced in the paper", comp,
+                          method_name(mk), label))
+    return out
+
+
+def lr_claims(runs: list[tuple[str, dict]], tag: str = "") -> list[dict]:
+    by_lr = sorted(runs, key=lambda r: r[1]["config"]["train"]["lr"])
+    lo, hi = by_lr[0][1], by_lr[-1][1]
+    if len(by_lr) < 2 or not same_examples(lo["examples"], hi["examples"]):
+        return []
+    mk = headline(hi["methods"], "min_k")
+    lr_hi, lr_lo = hi["config"]["train"]["lr"], lo["config"]["train"]["lr"]
+    out = []
+    for d in [None, *dict.fromkeys(r["dataset"] for r in hi["examples"])]:
+        comp = _paired(hi["examples"], lo["examples"], "trained", "trained", mk, mk, *_cfg(hi), dataset=d)
+        where = "average" if d is None else DATASET_NAMES.get(d, d)
+        out.append(_claim(f"Table 4{tag}: lr {lr_hi:g} > lr {lr_lo:g}, Min-K%, {where}", "every dataset", comp,
+                          f"lr {lr_hi:g}", f"lr {lr_lo:g}"))
+    return out
+
+
+def size_claim(runs: list[tuple[str, dict]], figure: str, larger_is_easier: bool, tag: str = "") -> list[dict]:
+    by_size = sorted(runs, key=lambda r: r[1]["corpus"]["tokens"]["total"])
+    small, large = by_size[0][1], by_size[-1][1]
+    if len(by_size) < 2 or not same_examples(small["examples"], large["examples"]):
+        return []
+    mk = headline(large["methods"], "min_k")
+    a, b = (large, small) if larger_is_easier else (small, large)
+    comp = _paired(a["examples"], b["examples"], "trained", "trained", mk, mk, *_cfg(large))
+    tok = {id(r): r["corpus"]["tokens"]["total"] for r in (small, large)}
+    name = (f"{figure}{tag}: Min-K% AUROC, {tok[id(a)]:,} > {tok[id(b)]:,} corpus tokens (average)")
+    return [_claim(name, "larger corpus easier" if larger_is_easier else "larger corpus harder", comp,
+                   f"{tok[id(a)]:,} tokens", f"{tok[id(b)]:,} tokens")]
+
+
+def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
+    rows, methods = run["examples"], run["methods"]
+    mk = headline(methods, "min_k")
+    idx, sc = group_scores([{"scores": r["trained"]} for r in rows], rows, [mk], "all")
+    occ = np.array([rows[i].get("occurrences", 0) for i in idx])
+    lab = np.array([rows[i]["label"] for i in idx])
+    ks = sorted(set(occ[lab == 1].tolist()))
+    if len(ks) < 2:
+        return []
+    try:
+        comp = metrics.subset_bootstrap(sc[mk], lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
+                                        n_bootstrap=_cfg(run)[0], seed=_cfg(run)[1])
+        comp["n_used"] = int(((lab == 0) | (occ == ks[-1]) | (occ == 1)).sum())
+    except ValueError as e:
+        comp = str(e).replace("n/a: ", "")
+    return [_claim(f"Figure 5c{tag}: Min-K% AUROC, k = {ks[-1]} > k = 1 (pooled after rank normalisation)",
+                   "more occurrences easier", comp, f"k={ks[-1]}", "k=1")]
+
+
+def claims_markdown(claims: list[dict]) -> str:
+    header = ["Claim", "A", "B", "AUROC A [95% CI]", "AUROC B [95% CI]", "A - B [95% CI]", "Verdict"]
+    rows = []
+    for c in claims:
+        if c["verdict"] == NA:  # no comparison: n/a with the reason, never bold
+            rows.append([c["claim"], c["a"], c["b"], "n/a", "n/a", "n/a", f"n/a ({c['note']})"])
+            continue
+        rows.append([c["claim"], c["a"], c["b"], with_ci(c["auroc_a"], c["auroc_a_ci"]),
+                     with_ci(c["auroc_b"], c["auroc_b_ci"]),
+                     f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"**{c['verdict']}**"])
+    return markdown(header, rows)
+
+
+def lr_study(runs: list[tuple[str, dict]], outputs: dict, tag: str = "") -> tuple[list[str], list[dict]]:
+    """A learning-rate sweep's part of the report (Table 3 of its highest learning rate, from ``outputs``: its
+    rebuilt files) and its claims (Table 3 and Table 4)."""
+    main = max(runs, key=lambda r: r[1]["config"]["train"]["lr"])
+    return [outputs[f"{main[0]}/table3.md"]], table3_claims(main[1], tag) + lr_claims(runs, tag)
+
+
+def size_study(runs: list[tuple[str, dict]], outputs: dict, tag: str = "") -> tuple[list[str], list[dict]]:
+    """A background-size sweep's claim (Figure 5a: a larger corpus is easier); no part of its own."""
+    return [], size_claim(runs, "Figure 5a", larger_is_easier=True, tag=tag)
+
+
+def news_study(runs: list[tuple[str, dict]], outputs: dict, tag: str = "") -> tuple[list[str], list[dict]]:
+    """A news sweep's claim (Figure 5b: a larger corpus is harder); no part of its own."""
+    return [], size_claim(runs, "Figure 5b", larger_is_easier=False, tag=tag)
+
+
+def occurrence_study(runs: list[tuple[str, dict]], outputs: dict, tag: str = "") -> tuple[list[str], list[dict]]:
+    """An occurrence sweep's claim (Figure 5c: more occurrences are easier); no part of its own."""
+    return [], occurrence_claim(runs[0][1], tag)
