@@ -1,22 +1,32 @@
-"""What some methods need besides the model and the texts, from the command line (the options of
-``mia_jax.commands.scoring.add_method_options``): the objects handed to the runner (``resources`` for single-pass
-scorers, ``pass_options`` for second passes) and the entries of the run's fingerprint that identify them.
+"""What some methods need besides the model and the texts, from the command line, one registry (:data:`NEEDS`):
+for each need, its options (of ``mia-jax eval`` / ``score``, added by
+``mia_jax.commands.scoring.add_method_options``), why each option is not in the run's fingerprint as given, and
+its builder: the objects handed to the runner (``resources`` for single-pass scorers, ``pass_options`` for second
+passes, ``score_options`` for every scoring call) and the entries of the run's fingerprint that identify them.
 
-- ``recall`` / ``con_recall``: prefix shots from a labeled file disjoint from the evaluated texts
+- ``recall``: ``recall`` / ``con_recall``: prefix shots from a labeled file disjoint from the evaluated texts
   (``--recall-shots``, ``--recall-n-shots``, ``--recall-seed``; ``scorers.recall.prefix_shots``).
-- ``samia`` / ``samia_zlib``: the sampling options (``--samia-samples``, ``--samia-seed``; the rest at the
-  authors' defaults, ``mia_jax.samia``).
+- ``window``: online detection, every method also scored per window (``--window`` and the report's options;
+  ``mia_jax.audits.windowed``).
+- ``samia``: ``samia`` / ``samia_zlib``: the sampling options (``--samia-samples``, ``--samia-seed``; the rest at
+  the authors' defaults, ``mia_jax.samia``).
+- ``freq_table``: every method whose scorer reads a ``freq_table`` (``dc_pdd``): ``--freq-table``.
+
+A new method with an option adds its entry here (:class:`Need`: options, builder, fingerprint entries); :func:`build`
+runs every entry in order.
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from mia_jax import freq
+from mia_jax import data, entry, freq
+from mia_jax.audits import windowed
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
-from mia_jax.scorers import parse_method
+from mia_jax.scorers import parse_method, recall
 from mia_jax.scorers.base import check_resources
 
 RECALL_METHODS = ("recall", "con_recall")
@@ -31,45 +41,154 @@ class Resources:
     files: dict = field(default_factory=dict)  # {path: SHA-256} of the files read
 
 
-def build(args, methods: Sequence[str], texts: Sequence[str], loaded=None) -> Resources:
-    """The resources of this run's ``methods`` from ``args``; a method whose resource is missing, or an option
-    given for no method that uses it, is a UserError before anything is scored."""
-    from mia_jax import data
-    from mia_jax.scorers import recall
+@dataclass(frozen=True)
+class Need:
+    """What some methods need besides the model and the texts. ``add_arguments(p)``: its options on ``p``;
+    ``not_in_fingerprint``: {option dest: why the option, as given, is not an entry of the run's fingerprint};
+    ``build(args, methods, texts, loaded, out)``: checks the options against the run's ``methods`` (a UserError
+    before anything is scored: a method whose resource is missing, an option given for no method that uses it) and
+    adds what the runner is handed to ``out`` (a :class:`Resources`), with the ``fingerprint`` entries that
+    identify it."""
 
-    out = Resources()
+    name: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    build: Callable[..., None]
+    fingerprint: tuple[str, ...]
+    not_in_fingerprint: dict[str, str]
+
+
+def recall_options(p: argparse.ArgumentParser) -> None:
+    """``--recall-shots``, ``--recall-n-shots`` and ``--recall-seed`` on ``p``."""
+    p.add_argument("--recall-shots", metavar="FILE", type=entry.input_file,
+                   help="labeled texts (JSONL / CSV; --text-field / --label-field) whose non-members (label 0) and "
+                        "members (label 1) make the prefixes of 'recall' and 'con_recall'; must not share a text "
+                        "with the evaluated data")
+    p.add_argument("--recall-n-shots", type=entry.positive_int, default=10, help="shots per prefix (default: 10)")
+    p.add_argument("--recall-seed", type=entry.nonneg_int, default=0, help="seed of the shots' draw (default: 0)")
+
+
+def build_recall(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """The prefixes of ``recall`` / ``con_recall`` (``out.pass_options["recall_prefixes"]``, their digest in the
+    fingerprint) drawn from ``args.recall_shots`` against the evaluated ``texts``."""
     wants_recall = any(m in RECALL_METHODS for m in methods)
     if args.recall_shots and not wants_recall:
         raise UserError("--recall-shots is given but neither 'recall' nor 'con_recall' is among --methods")
-    if wants_recall:
-        if not args.recall_shots:
-            raise UserError("'recall' / 'con_recall' need prefix shots: add --recall-shots FILE (labeled texts "
-                            "disjoint from the evaluated ones, e.g. held-out non-members and known members)")
-        shots = data.load_records(args.recall_shots, args.text_field, getattr(args, "label_field", None) or "label",
-                                  encoding=args.encoding)
-        prefixes = recall.prefix_shots(shots.texts, shots.labels, texts, n_shots=args.recall_n_shots,
-                                       seed=args.recall_seed)
-        out.pass_options["recall_prefixes"] = prefixes
-        out.fingerprint["recall_prefixes"] = recall.prefix_digest(prefixes)
-        out.files.update(shots.files or {})
-    if getattr(args, "window", None) is not None:
-        from mia_jax.audits import windowed
+    if not wants_recall:
+        return
+    if not args.recall_shots:
+        raise UserError("'recall' / 'con_recall' need prefix shots: add --recall-shots FILE (labeled texts "
+                        "disjoint from the evaluated ones, e.g. held-out non-members and known members)")
+    shots = data.load_records(args.recall_shots, args.text_field, getattr(args, "label_field", None) or "label",
+                              encoding=args.encoding)
+    prefixes = recall.prefix_shots(shots.texts, shots.labels, texts, n_shots=args.recall_n_shots,
+                                   seed=args.recall_seed)
+    out.pass_options["recall_prefixes"] = prefixes
+    out.fingerprint["recall_prefixes"] = recall.prefix_digest(prefixes)
+    out.files.update(shots.files or {})
 
-        windowed.check_window(args.window, methods, loaded.max_length if loaded is not None else args.window + 1)
-        out.score_options["window"] = args.window
-        out.fingerprint["window"] = args.window
-    if any(m in ("samia", "samia_zlib") for m in methods):
-        if args.samia_samples < 1:
-            raise UserError(f"--samia-samples must be at least 1, got {args.samia_samples}")
-        out.pass_options["samia"] = {"n_samples": args.samia_samples, "seed": args.samia_seed}
-        out.fingerprint["samia"] = dict(out.pass_options["samia"])
+
+def window_options(p: argparse.ArgumentParser) -> None:
+    """``--window``, ``--window-method``, ``--window-threshold`` and ``--member-from-field`` on ``p``."""
+    p.add_argument("--window", type=entry.positive_int, metavar="N",
+                   help="online detection: also score every N-token chunk of each text from the same forward pass "
+                        "(Min-K%%++ section 4.4 uses 32); single-pass methods only")
+    p.add_argument("--window-method", help="the method whose window scores flag a text's first member window "
+                                           "(default: min_k_pp@<first k> when scored, else the first method)")
+    p.add_argument("--window-threshold", type=float,
+                   help="flag windows scoring above this (default with labels: the score at 5%% FPR on the "
+                        "non-member windows; the data's --member-from-field gives window labels)")
+    p.add_argument("--member-from-field", default="member_from",
+                   help="field holding the character offset where a text's member part begins (window labels; "
+                        "default: member_from)")
+
+
+def build_window(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """``--window``, checked against the ``methods`` and the model ``loaded``, into every scoring call and the
+    fingerprint."""
+    if getattr(args, "window", None) is None:
+        return
+    windowed.check_window(args.window, methods, loaded.max_length if loaded is not None else args.window + 1)
+    out.score_options["window"] = args.window
+    out.fingerprint["window"] = args.window
+
+
+def samia_options(p: argparse.ArgumentParser) -> None:
+    """``--samia-samples`` and ``--samia-seed`` on ``p``."""
+    p.add_argument("--samia-samples", type=entry.positive_int, default=10,
+                   help="sampled continuations per text for 'samia' / 'samia_zlib' (default: 10, as the authors)")
+    p.add_argument("--samia-seed", type=entry.nonneg_int, default=0, help="sampling seed of 'samia' (default: 0)")
+
+
+def build_samia(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """The sampling options of ``samia`` / ``samia_zlib`` into their second pass and the fingerprint."""
+    if not any(m in ("samia", "samia_zlib") for m in methods):
+        return
+    if args.samia_samples < 1:
+        raise UserError(f"--samia-samples must be at least 1, got {args.samia_samples}")
+    out.pass_options["samia"] = {"n_samples": args.samia_samples, "seed": args.samia_seed}
+    out.fingerprint["samia"] = dict(out.pass_options["samia"])
+
+
+def freq_options(p: argparse.ArgumentParser) -> None:
+    """``--freq-table`` on ``p``."""
+    p.add_argument("--freq-table", metavar="T.npz", type=entry.input_file,
+                   help="token-frequency table of a reference corpus for 'dc_pdd', counted with the model's tokenizer: "
+                        "make one with `mia-jax freq-table --model M --out T.npz` (default corpus: the bundled Pile "
+                        "sample)")
+
+
+def build_freq(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """The token-frequency table of the methods whose scorer reads one (``out.resources["freq_table"]``), refused
+    unless the model's tokenizer counted it; its content's SHA-256 in the fingerprint."""
     wants_freq = any("freq_table" in getattr(parse_method(m)[0], "resources", ()) for m in methods)
     if args.freq_table and not wants_freq:
         raise UserError("--freq-table is given but no method among --methods uses it (dc_pdd)")
-    if wants_freq:
-        check_resources(methods, {"freq_table": args.freq_table})  # the option is missing: say how to make one
-        table = freq.for_model(args.freq_table, loaded)  # refused unless the model's tokenizer counted it
-        out.resources["freq_table"] = table
-        out.fingerprint["freq_table"] = table.sha256()
-        out.files[str(Path(args.freq_table).resolve())] = sha256(args.freq_table)
+    if not wants_freq:
+        return
+    check_resources(methods, {"freq_table": args.freq_table})  # the option is missing: say how to make one
+    table = freq.for_model(args.freq_table, loaded)  # refused unless the model's tokenizer counted it
+    out.resources["freq_table"] = table
+    out.fingerprint["freq_table"] = table.sha256()
+    out.files[str(Path(args.freq_table).resolve())] = sha256(args.freq_table)
+
+
+_REPORT_ONLY = "report only: the flags are recomputed from the records at the end of every run"
+
+# in the order their options are listed and their entries enter the fingerprint
+NEEDS: dict[str, Need] = {n.name: n for n in (
+    Need("recall", recall_options, build_recall, ("recall_prefixes",), {
+        "recall_shots": "the prefixes made from it are fingerprinted by SHA-256 (recall_prefixes)",
+        "recall_n_shots": "the prefixes made with it are fingerprinted by SHA-256 (recall_prefixes)",
+        "recall_seed": "the prefixes drawn with it are fingerprinted by SHA-256 (recall_prefixes)"}),
+    Need("window", window_options, build_window, ("window",), {
+        "window": "in the fingerprint (window)",
+        "window_method": _REPORT_ONLY,
+        "window_threshold": _REPORT_ONLY,
+        "member_from_field": "report only: window labels are recomputed from the data at the end of every run"}),
+    Need("samia", samia_options, build_samia, ("samia",), {
+        "samia_samples": "in the fingerprint's samia options",
+        "samia_seed": "in the fingerprint's samia options"}),
+    Need("freq_table", freq_options, build_freq, ("freq_table",), {
+        "freq_table": "a path: the table is fingerprinted by its content's SHA-256 (freq_table)"}),
+)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of every need in :data:`NEEDS` on ``p``, in the registry's order."""
+    for need in NEEDS.values():
+        need.add_arguments(p)
+
+
+def not_in_fingerprint() -> dict[str, str]:
+    """{option dest: why it is not an entry of the run's fingerprint as given} of every need's options."""
+    return {dest: why for need in NEEDS.values() for dest, why in need.not_in_fingerprint.items()}
+
+
+def build(args, methods: Sequence[str], texts: Sequence[str], loaded=None) -> Resources:
+    """The resources of this run's ``methods`` from ``args`` (every need of :data:`NEEDS`, in order) for the
+    evaluated ``texts`` and the model ``loaded``; a method whose resource is missing, or an option given for no
+    method that uses it, is a UserError before anything is scored."""
+    out = Resources()
+    for need in NEEDS.values():
+        need.build(args, methods, texts, loaded, out)
     return out

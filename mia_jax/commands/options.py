@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-from mia_jax import entry
+from mia_jax import benchmarks, entry
 
 # What Ctrl-C tells the user of a command that keeps its finished work (a command module's RESUME_HINT).
 RESUME = ("every finished batch is in the output folder's passes/*.jsonl: run the same command again to resume from "
           "them")
 DTYPES = ["float32", "bfloat16"]
-BENCHMARKS = ["wikimia", "wikimia-concat", "mimir"]
 
 
 def model(p: argparse.ArgumentParser, *, dtype: str | None = "float32", weights: bool = True,
@@ -36,20 +35,14 @@ def model(p: argparse.ArgumentParser, *, dtype: str | None = "float32", weights:
 
 
 def data(p: argparse.ArgumentParser, *, labeled: bool, text_field: str) -> None:
-    """The texts to score on ``p``: ``--data`` (required unless ``labeled``, where ``--benchmark`` and its
-    ``--length`` / ``--domain`` / ``--data-dir`` are the other choice), ``--encoding`` / ``--text-field``
+    """The texts to score on ``p``: ``--data`` (required unless ``labeled``, where ``--benchmark`` and each
+    benchmark's own options, :mod:`mia_jax.benchmarks`, are the other choice), ``--encoding`` / ``--text-field``
     (:func:`text`; default ``text_field``), ``--label-field`` when ``labeled``, and ``--limit``."""
     src = p.add_mutually_exclusive_group(required=not labeled)
     src.add_argument("--data", type=entry.input_file, help="a .jsonl / .csv / .tsv / .parquet file")
     if labeled:
-        src.add_argument("--benchmark", choices=BENCHMARKS,
-                         help="a benchmark (default: wikimia; wikimia-concat: Min-K%%++ section 4.4, non-member + "
-                              "member WikiMIA texts of 32 / 64 / 128 words, scored per --window)")
-        p.add_argument("--length", type=entry.positive_int, default=32,
-                       help="WikiMIA text length: 32, 64, 128 or 256 (wikimia-concat draws 32, 64, 128)")
-        p.add_argument("--domain", default="wikipedia_en", help="MIMIR domain (arxiv, github, pile_cc, ...)")
-        p.add_argument("--data-dir", type=entry.input_dir, help="MIMIR ngram_7_0.2 folder (default: $MIA_JAX_MIMIR "
-                                                                "or ../shared/data/mimir/ngram_7_0.2)")
+        src.add_argument("--benchmark", choices=list(benchmarks.BENCHMARKS), help=benchmarks.choice_help())
+        benchmarks.add_arguments(p)
     text(p, "--data", text_field)
     if labeled:
         p.add_argument("--label-field", default="label", help="the field holding each text's label: 1 = member, "

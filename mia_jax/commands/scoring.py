@@ -9,8 +9,7 @@ from pathlib import Path
 
 import jax
 
-from mia_jax import blind, compilation, data, entry, resources, rundir, sharding
-from mia_jax.audits import concat
+from mia_jax import benchmarks, blind, compilation, data, entry, resources, rundir, sharding
 from mia_jax.batching import TOKENS_PER_BATCH, check_tokens_per_batch
 from mia_jax.commands import options, scoring_report
 from mia_jax.errors import UserError
@@ -47,31 +46,8 @@ def add_arguments(p: argparse.ArgumentParser, labeled: bool) -> None:
 
 
 def add_method_options(p: argparse.ArgumentParser) -> None:
-    """The options of the methods that need more than the model (:mod:`mia_jax.resources` reads them)."""
-    p.add_argument("--recall-shots", metavar="FILE", type=entry.input_file,
-                   help="labeled texts (JSONL / CSV; --text-field / --label-field) whose non-members (label 0) and "
-                        "members (label 1) make the prefixes of 'recall' and 'con_recall'; must not share a text "
-                        "with the evaluated data")
-    p.add_argument("--recall-n-shots", type=entry.positive_int, default=10, help="shots per prefix (default: 10)")
-    p.add_argument("--recall-seed", type=entry.nonneg_int, default=0, help="seed of the shots' draw (default: 0)")
-    p.add_argument("--window", type=entry.positive_int, metavar="N",
-                   help="online detection: also score every N-token chunk of each text from the same forward pass "
-                        "(Min-K%%++ section 4.4 uses 32); single-pass methods only")
-    p.add_argument("--window-method", help="the method whose window scores flag a text's first member window "
-                                           "(default: min_k_pp@<first k> when scored, else the first method)")
-    p.add_argument("--window-threshold", type=float,
-                   help="flag windows scoring above this (default with labels: the score at 5%% FPR on the "
-                        "non-member windows; the data's --member-from-field gives window labels)")
-    p.add_argument("--member-from-field", default="member_from",
-                   help="field holding the character offset where a text's member part begins (window labels; "
-                        "default: member_from)")
-    p.add_argument("--samia-samples", type=entry.positive_int, default=10,
-                   help="sampled continuations per text for 'samia' / 'samia_zlib' (default: 10, as the authors)")
-    p.add_argument("--samia-seed", type=entry.nonneg_int, default=0, help="sampling seed of 'samia' (default: 0)")
-    p.add_argument("--freq-table", metavar="T.npz", type=entry.input_file,
-                   help="token-frequency table of a reference corpus for 'dc_pdd', counted with the model's tokenizer: "
-                        "make one with `mia-jax freq-table --model M --out T.npz` (default corpus: the bundled Pile "
-                        "sample)")
+    """The options of the methods that need more than the model (:data:`mia_jax.resources.NEEDS`) on ``p``."""
+    resources.add_arguments(p)
 
 
 # Every option of `eval` / `score` either goes into the run's fingerprint (`fingerprint`) or is listed here with the
@@ -87,9 +63,7 @@ NOT_IN_FINGERPRINT = {
     "neighbor_seed": "part of the neighbour generator's config (neighbors)",
     "data": "a path: the file is fingerprinted by resolved path and SHA-256 (data_files), its texts (texts_sha256)",
     "benchmark": "chooses the data files (data_files) and texts (texts_sha256)",
-    "length": "chooses the data files (data_files) and texts (texts_sha256)",
-    "domain": "chooses the data files (data_files) and texts (texts_sha256)",
-    "data_dir": "chooses the data files (data_files) and texts (texts_sha256)",
+    **{dest: "chooses the data files (data_files) and texts (texts_sha256)" for dest in benchmarks.option_dests()},
     "k": "expanded into the method names (methods)",
     "distributed": "how the processes start; the mesh they form is in the fingerprint",
     "n_bootstrap": "metrics only: recomputed from the records at the end of every run, resumed or not",
@@ -100,31 +74,14 @@ NOT_IN_FINGERPRINT = {
     "overwrite": "decides what happens to the folder, not what a record holds",
     "no_progress": "display only",
     "compilation_cache": "where compiled programs are kept: the same program either way",
-    # the options of add_method_options
-    "recall_shots": "the prefixes made from it are fingerprinted by SHA-256 (recall_prefixes)",
-    "recall_n_shots": "the prefixes made with it are fingerprinted by SHA-256 (recall_prefixes)",
-    "recall_seed": "the prefixes drawn with it are fingerprinted by SHA-256 (recall_prefixes)",
-    "window": "in the fingerprint (window)",
-    "window_method": "report only: the flags are recomputed from the records at the end of every run",
-    "window_threshold": "report only: the flags are recomputed from the records at the end of every run",
-    "member_from_field": "report only: window labels are recomputed from the data at the end of every run",
-    "samia_samples": "in the fingerprint's samia options",
-    "samia_seed": "in the fingerprint's samia options",
-    "freq_table": "a path: the table is fingerprinted by its content's SHA-256 (freq_table)",
+    **resources.not_in_fingerprint(),  # the options of add_method_options
 }
 
 
 def load_data(args, labeled: bool):
     """The ``mia_jax.data.Dataset`` the arguments name (--data, --benchmark), cut to --limit texts."""
-    if labeled and args.benchmark == "mimir":
-        ds = data.mimir(args.domain, args.data_dir)
-    elif labeled and args.benchmark == "wikimia-concat":
-        if args.window is None:
-            raise UserError("--benchmark wikimia-concat is evaluated per window: add --window 32 (the paper's)")
-        ds = concat.wikimia_concat()
-        ds.extra = {args.member_from_field: ds.extra["member_from"]}
-    elif labeled and not args.data:
-        ds = data.wikimia(args.length)
+    if labeled and not args.data:
+        ds = benchmarks.load(args.benchmark or benchmarks.DEFAULT, args)
     else:
         extra = (args.member_from_field,) if args.window is not None else ()
         ds = data.load_records(args.data, args.text_field, args.label_field if labeled else None,
