@@ -12,9 +12,10 @@ from mia_jax.audits.books import (FPR, METHODS, N_BOOTSTRAP, RATE_METHOD, SNIPPE
                                   BooksResult, audit_books, books_phrase, check_methods, check_options, prepare)
 from mia_jax.audits.books_rebuild import read_info, rebuild
 from mia_jax.audits.books_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
+from mia_jax.commands.audit_options import (claim_runs, from_option, model_options, out_option, resolved,
+                                            write_rebuild)
 from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError
-from mia_jax.files import write_all
 
 NAME = "audit-books"
 HELP = "what share of each book's snippets has a model seen? (Min-K%% contamination rates, Shi et al. 2023 section 5)"
@@ -26,17 +27,15 @@ def add_arguments(p) -> None:
     p.add_argument("--books", help="the books to audit: a folder of BOOK.txt files (or of seen/ and unseen/ "
                                    "subfolders), or a .jsonl with title and text fields")
     p.add_argument("--model", help="a Hugging Face folder, a .gguf file or an offline name")
-    p.add_argument("--from", dest="source", metavar="DIR",
-                   type=entry.source_dir("audit-books", example="results/audits/books"),
-                   help="rebuild every output of the audit in DIR (its --out) from DIR/snippets.csv, books.csv and "
-                        "info.json (checked against DIR/manifest.json), without the model, into --out (new, empty, "
-                        "an earlier rebuild of DIR, or DIR itself); its settings are DIR's (no --books, --model, "
-                        "--validation or --threshold)")
+    from_option(p, "audit-books", "source",
+                help="rebuild every output of the audit in DIR (its --out) from DIR/snippets.csv, books.csv and "
+                     "info.json (checked against DIR/manifest.json), without the model, into --out (new, empty, "
+                     "an earlier rebuild of DIR, or DIR itself); its settings are DIR's (no --books, --model, "
+                     "--validation or --threshold)")
     p.add_argument("--validation", help="labeled books that set the thresholds: a .jsonl with title, text and label "
                                         "(1 = seen, 0 = unseen), or a folder with seen/ and unseen/ subfolders")
-    p.add_argument("--out", required=True, type=entry.out_dir,
-                   help="output folder: books.md, books.csv, snippets.csv, histogram.png, info.json, manifest.json; "
-                        "the scoring runs in OUT/books and OUT/validation. A folder of another run is refused")
+    out_option(p, "books.md, books.csv, snippets.csv, histogram.png, info.json, manifest.json; the scoring runs in "
+                  "OUT/books and OUT/validation")
     p.add_argument("--snippets", type=entry.positive_int, default=SNIPPETS,
                    help=f"snippets drawn per book (default {SNIPPETS})")
     p.add_argument("--snippet-words", type=entry.positive_int, default=SNIPPET_WORDS,
@@ -56,20 +55,6 @@ def add_arguments(p) -> None:
                    help="bootstrap resamples of the AUROC intervals")
     p.add_argument("--encoding", default="utf-8", help="text encoding of the books (default: utf-8)")
     model_options(p, "OUT/books and OUT/validation")
-
-
-def model_options(p, runs: str) -> None:
-    """The options both audit commands share, on the parser ``p``: how their models are loaded and their scoring
-    runs (``runs``: where they are, for the help of ``--overwrite``) kept."""
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
-    p.add_argument("--batch-size", type=entry.positive_int, default=8)
-    p.add_argument("--chunk-size", type=entry.positive_int, default=8192,
-                   help="vocabulary chunk of the statistics kernel")
-    p.add_argument("--allow-download", action="store_true",
-                   help="let a model that is not a local path be fetched from the Hugging Face Hub")
-    p.add_argument("--overwrite", action="store_true",
-                   help=f"empty --out first (even a folder of another run) and rescore {runs} afresh")
-    p.add_argument("--no-progress", action="store_true")
 
 
 def run(args) -> None:
@@ -126,19 +111,14 @@ def run_audit(args) -> BooksResult:
 def _claim_runs(args, stack, out: Path, loaded, plans: dict, files: dict, methods: list[str]) -> tuple[dict, dict]:
     """({set: run folder}, {set: resume?}) of the books' and validation books' scoring runs, each claimed in
     ``stack`` with the fingerprint of its texts and options."""
-    run_dirs, resume = {}, {}
-    for which, pl in plans.items():
-        if pl is None:
-            continue
-        run_dirs[which] = rundir.check_path(out / which)
-        fp = runner.run_fingerprint(loaded, [s.text for s in pl.snippets], None, methods, data_files=files,
-                                    labeled=False, encoding=args.encoding, snippets=args.snippets,
-                                    snippet_words=args.snippet_words, seed=args.seed, batch_size=args.batch_size,
-                                    chunk_size=args.chunk_size, dtype=args.dtype)
-        resume[which] = stack.enter_context(rundir.claim(run_dirs[which], fp, overwrite=args.overwrite))
-        if resume[which]:
-            print(f"resuming the {which} run in {run_dirs[which]}", file=sys.stderr)
-    return run_dirs, resume
+    def fingerprint_of(which):
+        return runner.run_fingerprint(loaded, [s.text for s in plans[which].snippets], None, methods,
+                                      data_files=files, labeled=False, encoding=args.encoding,
+                                      snippets=args.snippets, snippet_words=args.snippet_words, seed=args.seed,
+                                      batch_size=args.batch_size, chunk_size=args.chunk_size, dtype=args.dtype)
+
+    names = [which for which, pl in plans.items() if pl is not None]
+    return claim_runs(stack, out, names, fingerprint_of, args.overwrite)
 
 
 # Options of `audit-books` that are not in the folder's fingerprint, and why (every other one is)
@@ -151,9 +131,6 @@ def audit_fingerprint(args, loaded, data_files: dict, methods: list[str], rate_m
     """What makes an audit-books folder (``rundir.claim``): the model's (``loaded``) and every book file's
     (``data_files``: {file: sha256}) SHA-256, the expanded ``methods`` and ``rate_method`` and every option of
     ``args`` that can change a result; a folder holding anything else is refused. Returns the fingerprint dict."""
-    def resolved(files):
-        return {str(Path(f).resolve()): h for f, h in files.items()}
-
     options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
     return {"command": "audit-books", "model_files": resolved(loaded.files), "data_files": resolved(data_files),
             "methods": methods, "rate_method": rate_method, **options, "package_version": __version__}
@@ -174,9 +151,7 @@ def run_rebuild(args) -> BooksResult:
     meta = {**read_info(source), "rebuilt": {"command": " ".join(sys.argv), "from": str(source),
                                              "package_version": __version__}}
     files = render_outputs(res, meta)
-    with rundir.rebuild_into(out, [source], "audit-books"):
-        write_all(out, files)
-        rundir.seal(out, list(REBUILD_READS))
+    write_rebuild(out, source, "audit-books", files, REBUILD_READS)
     print(to_markdown(res))
     print(f"wrote {out}/", file=sys.stderr)
     return res

@@ -14,10 +14,10 @@ from mia_jax.audits.unlearning import (CHUNK_WORDS, K, MAX_PROBE, MIN_WORDS, N_S
 from mia_jax.audits.unlearning_probes import MAX_NEW_TOKENS
 from mia_jax.audits.unlearning_rebuild import rebuild
 from mia_jax.audits.unlearning_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
-from mia_jax.commands.audit_books import model_options
+from mia_jax.commands.audit_options import (claim_runs, from_option, model_options, out_option, resolved,
+                                            write_rebuild)
 from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError
-from mia_jax.files import write_all
 from mia_jax.models.sentence import SentenceEncoder
 
 NAME = "audit-unlearning"
@@ -33,16 +33,14 @@ def add_arguments(p) -> None:
     p.add_argument("--texts", metavar="FORGET", type=entry.input_file,
                    help="the forget set (.jsonl / .csv / .tsv / .parquet); required "
                         "unless --from")
-    p.add_argument("--from", dest="from_dir", metavar="DIR",
-                   type=entry.source_dir("audit-unlearning", example="results/audits/unlearning"),
-                   help="rebuild the report from an earlier --out folder (its unlearning.json, chunks.csv and "
-                        "probes.jsonl, checked against its manifest.json; its config, not this command's options) "
-                        "into --out (new, empty, an earlier rebuild of DIR, or DIR itself), without the models")
+    from_option(p, "audit-unlearning", "from_dir",
+                help="rebuild the report from an earlier --out folder (its unlearning.json, chunks.csv and "
+                     "probes.jsonl, checked against its manifest.json; its config, not this command's options) "
+                     "into --out (new, empty, an earlier rebuild of DIR, or DIR itself), without the models")
     p.add_argument("--text-field", default="text", help="field of the texts (default: text)")
     p.add_argument("--encoding", default="utf-8", help="text encoding of --texts and --qa (default: utf-8)")
-    p.add_argument("--out", required=True, type=entry.out_dir,
-                   help="output folder: unlearning.md / .json, chunks.csv, ratios.png, probes.jsonl, manifest.json; "
-                        "the scoring runs in OUT/original and OUT/unlearned. A folder of another run is refused")
+    out_option(p, "unlearning.md / .json, chunks.csv, ratios.png, probes.jsonl, manifest.json; the scoring runs in "
+                  "OUT/original and OUT/unlearned")
     p.add_argument("--chunk-words", type=entry.positive_int, default=CHUNK_WORDS,
                    help=f"words per chunk (default {CHUNK_WORDS})")
     p.add_argument("--min-words", type=entry.positive_int, default=MIN_WORDS,
@@ -148,17 +146,13 @@ def _claim_runs(args, stack, out: Path, loaded: dict, texts: list[str], data_fil
     """({side: run folder}, {side: resume?}) of each model's scoring run of the chunk ``texts``, each claimed in
     ``stack`` with the fingerprint of its texts and options."""
     methods = [min_k_method(args.k), "ppl"]
-    run_dirs, resume = {}, {}
-    for side in SIDES:
-        run_dirs[side] = rundir.check_path(out / side)
-        fp = runner.run_fingerprint(loaded[side], texts, None, methods, data_files=data_files, labeled=False,
-                                    encoding=args.encoding, text_field=args.text_field,
-                                    chunk_words=args.chunk_words, min_words=args.min_words,
-                                    batch_size=args.batch_size, chunk_size=args.chunk_size, dtype=args.dtype)
-        resume[side] = stack.enter_context(rundir.claim(run_dirs[side], fp, overwrite=args.overwrite))
-        if resume[side]:
-            print(f"resuming the {side} run in {run_dirs[side]}", file=sys.stderr)
-    return run_dirs, resume
+    def fingerprint_of(side):
+        return runner.run_fingerprint(loaded[side], texts, None, methods, data_files=data_files, labeled=False,
+                                      encoding=args.encoding, text_field=args.text_field,
+                                      chunk_words=args.chunk_words, min_words=args.min_words,
+                                      batch_size=args.batch_size, chunk_size=args.chunk_size, dtype=args.dtype)
+
+    return claim_runs(stack, out, SIDES, fingerprint_of, args.overwrite)
 
 
 # Options of `audit-unlearning` that are not in the folder's fingerprint, and why (every other one is)
@@ -170,9 +164,6 @@ def audit_fingerprint(args, loaded: dict, embedder, data_files: dict, qa_files: 
     """What makes an audit-unlearning folder (``rundir.claim``): both models' (``loaded``: {side: LoadedModel}), the
     ``embedder``'s and every data file's (``data_files``, ``qa_files``: {file: sha256}) SHA-256 and every option of
     ``args`` that can change a result; a folder holding anything else is refused. Returns the fingerprint dict."""
-    def resolved(files):
-        return {str(Path(f).resolve()): h for f, h in files.items()} if files is not None else None
-
     options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
     return {"command": "audit-unlearning", "models": {side: resolved(m.files) for side, m in loaded.items()},
             "embed_model": resolved(embedder.files) if embedder is not None else None,
@@ -198,9 +189,7 @@ def run_rebuild(args) -> UnlearningResult:
     res = rebuild(src)
     meta = {**res.meta, "rebuilt": {"from": str(src), "command": " ".join(sys.argv), "package_version": __version__}}
     files = render_outputs(res, meta)
-    with rundir.rebuild_into(out, [src], "audit-unlearning"):
-        write_all(out, files)
-        rundir.seal(out, list(REBUILD_READS))
+    write_rebuild(out, src, "audit-unlearning", files, REBUILD_READS)
     print(to_markdown(res))
     print(f"wrote {out}/ (rebuilt from {src}/)", file=sys.stderr)
     return res

@@ -1,0 +1,68 @@
+"""What the two audit commands (``audit-books``, ``audit-unlearning``) share: the options that load their models and
+keep their scoring runs, ``--from`` and ``--out``, the claim of their scoring runs inside the audit's folder, the
+resolved file hashes of their fingerprints and the write of a ``--from`` rebuild."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Callable
+
+from mia_jax import entry, rundir
+from mia_jax.files import write_all
+
+
+def from_option(p, command: str, dest: str, help: str) -> None:
+    """``--from DIR`` (stored as ``dest``) on the parser ``p``: an earlier --out folder of ``command`` to rebuild
+    (``help``: what it reads and writes)."""
+    p.add_argument("--from", dest=dest, metavar="DIR",
+                   type=entry.source_dir(command, example=f"results/audits/{command.removeprefix('audit-')}"),
+                   help=help)
+
+
+def out_option(p, outputs: str) -> None:
+    """The required ``--out`` folder on the parser ``p`` (``outputs``: what it holds, for the help)."""
+    p.add_argument("--out", required=True, type=entry.out_dir,
+                   help=f"output folder: {outputs}. A folder of another run is refused")
+
+
+def model_options(p, runs: str) -> None:
+    """The options both audit commands share, on the parser ``p``: how their models are loaded and their scoring
+    runs (``runs``: where they are, for the help of ``--overwrite``) kept."""
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
+    p.add_argument("--batch-size", type=entry.positive_int, default=8)
+    p.add_argument("--chunk-size", type=entry.positive_int, default=8192,
+                   help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--allow-download", action="store_true",
+                   help="let a model that is not a local path be fetched from the Hugging Face Hub")
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"empty --out first (even a folder of another run) and rescore {runs} afresh")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def claim_runs(stack: contextlib.ExitStack, out: Path, names, fingerprint_of: Callable[[str], dict],
+               overwrite: bool) -> tuple[dict, dict]:
+    """({name: run folder}, {name: resume?}) of the scoring runs ``out/<name>`` for each of ``names``, each claimed
+    in ``stack`` with ``fingerprint_of(name)`` (``overwrite``: start it afresh); a resumed one is said on stderr."""
+    run_dirs, resume = {}, {}
+    for name in names:
+        run_dirs[name] = rundir.check_path(out / name)
+        fp = fingerprint_of(name)
+        resume[name] = stack.enter_context(rundir.claim(run_dirs[name], fp, overwrite=overwrite))
+        if resume[name]:
+            print(f"resuming the {name} run in {run_dirs[name]}", file=sys.stderr)
+    return run_dirs, resume
+
+
+def resolved(files: dict | None) -> dict | None:
+    """{absolute path: sha256} of ``files`` ({file: sha256}) for a fingerprint; None stays None."""
+    return {str(Path(f).resolve()): h for f, h in files.items()} if files is not None else None
+
+
+def write_rebuild(out: Path, source: Path, command: str, files: dict, reads) -> None:
+    """Write a ``--from`` rebuild's ``files`` ({name: content}) into ``out`` (``rundir.rebuild_into``: new, empty,
+    an earlier rebuild of ``source``, or ``source`` itself) and seal it over the files it was rebuilt from
+    (``reads``)."""
+    with rundir.rebuild_into(out, [source], command):
+        write_all(out, files)
+        rundir.seal(out, list(reads))
