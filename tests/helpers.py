@@ -4,6 +4,7 @@ logits of a transformers model, real subprocess runs interrupted mid-way, and a 
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -313,3 +314,41 @@ def drop_line(path, n: int = 1) -> None:
 # the damages a --from rebuild must refuse by name: {what: how(path)}
 DAMAGE = {"cut mid-row": cut_mid_row, "a missing line": drop_line, "empty": lambda p: Path(p).write_bytes(b""),
           "missing": lambda p: Path(p).unlink()}
+
+
+# ----------------------------------------------------------------------------- a --from rebuild of a committed folder
+
+def sealed_copy(committed, tmp_path) -> Path:
+    """A copy of the committed results folder ``committed`` (sealed: manifest.json) in ``tmp_path/src``."""
+    src = Path(tmp_path) / "src"
+    shutil.copytree(committed, src)
+    return src
+
+
+def rebuild_cli(command: str, src, out, capsys) -> tuple[int, str]:
+    """``mia-jax COMMAND --from SRC --out OUT`` in this process: (exit code, its stderr); what was captured before
+    is dropped."""
+    from mia_jax.cli import main  # the commands load jax: only the tests that rebuild pay for it
+
+    capsys.readouterr()
+    rc = main([command, "--from", str(src), "--out", str(out)])
+    return rc, capsys.readouterr().err
+
+
+def check_damage_refused(command: str, sealed, name: str, damage: str, out, capsys) -> None:
+    """``--from sealed`` with its file ``name`` damaged (``damage``, a key of DAMAGE, done already) is refused by
+    name, one line, with ``sealed`` untouched and ``out`` never made."""
+    before = snapshot(sealed)
+    rc, err = rebuild_cli(command, sealed, out, capsys)
+    assert_clean_error(rc, err, name, "manifest.json" if damage == "missing" else "changed or cut")
+    assert snapshot(sealed) == before and not Path(out).exists()
+
+
+def check_refused_into(command: str, sealed, other_run, other, capsys) -> None:
+    """A rebuild of ``sealed`` into ``other`` (a copy of the folder ``other_run`` of another run) is refused, one
+    line, both folders untouched."""
+    shutil.copytree(other_run, other)
+    before, src_before = snapshot(other), snapshot(sealed)
+    rc, err = rebuild_cli(command, sealed, other, capsys)
+    assert_clean_error(rc, err, str(other), "refusing to write into it")
+    assert snapshot(other) == before and snapshot(sealed) == src_before

@@ -3,6 +3,7 @@ thresholds on hand-made scores and against brute force / metrics.tpr_at_fpr, Clo
 closed forms at 0/n and n/n, the book loaders, and `audit-books` end to end on a tiny random model (every output
 recomputed from snippets.csv; `--from` rebuilds the same files from the folder alone)."""
 import csv
+import functools
 import hashlib
 import json
 import re
@@ -13,7 +14,9 @@ import numpy as np
 import pytest
 from scipy.stats import beta, binomtest
 
-from helpers import DAMAGE, assert_clean_error, cut_mid_row, drop_line, snapshot
+import helpers
+from helpers import (DAMAGE, assert_clean_error, check_damage_refused, check_refused_into, cut_mid_row, drop_line,
+                     sealed_copy, snapshot)
 
 from mia_jax import entry, metrics
 from mia_jax.audits import books as B
@@ -439,28 +442,17 @@ COMMITTED = Path(__file__).resolve().parents[1] / "results" / "audits" / "books"
 @pytest.fixture
 def sealed(tmp_path):
     """A copy of the committed audit (sealed: manifest.json)."""
-    src = tmp_path / "src"
-    shutil.copytree(COMMITTED, src)
-    return src
+    return sealed_copy(COMMITTED, tmp_path)
 
 
-def rebuild_cli(src, out, capsys):
-    from mia_jax.cli import main
-
-    capsys.readouterr()
-    rc = main(["audit-books", "--from", str(src), "--out", str(out)])
-    return rc, capsys.readouterr().err
+rebuild_cli = functools.partial(helpers.rebuild_cli, "audit-books")
 
 
 @pytest.mark.parametrize("name", books_report.REBUILD_READS)
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_from_damaged_file_is_refused(sealed, name, damage, tmp_path, capsys):
     DAMAGE[damage](sealed / name, 5) if damage == "a missing line" else DAMAGE[damage](sealed / name)
-    before = snapshot(sealed)
-    out = tmp_path / "out"
-    rc, err = rebuild_cli(sealed, out, capsys)
-    assert_clean_error(rc, err, name, "manifest.json" if damage == "missing" else "changed or cut")
-    assert snapshot(sealed) == before and not out.exists()
+    check_damage_refused("audit-books", sealed, name, damage, tmp_path / "out", capsys)
 
 
 def test_from_without_manifest_is_refused(sealed, tmp_path, capsys):
@@ -500,12 +492,7 @@ def test_from_books_csv_against_snippets(sealed, tmp_path, capsys):
 
 
 def test_from_into_another_runs_folder_is_refused(sealed, tmp_path, capsys):
-    other = tmp_path / "other"
-    shutil.copytree(COMMITTED.parent / "unlearning", other)
-    before, src_before = snapshot(other), snapshot(sealed)
-    rc, err = rebuild_cli(sealed, other, capsys)
-    assert_clean_error(rc, err, str(other), "refusing to write into it")
-    assert snapshot(other) == before and snapshot(sealed) == src_before
+    check_refused_into("audit-books", sealed, COMMITTED.parent / "unlearning", tmp_path / "other", capsys)
 
 
 def test_from_committed_folder_reproduces_it(sealed, tmp_path, capsys):

@@ -2,13 +2,16 @@
 signs) against a float64 log-space reference, ROUGE-L against an LCS by hand and rouge-score, the sentence encoder
 against transformers + torch, and `mia-jax audit-unlearning` end to end with two tiny models."""
 import csv
+import functools
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import DAMAGE, assert_clean_error, cut_mid_row, drop_line, write_tiny_llama, write_tiny_mlm
+import helpers
+from helpers import (DAMAGE, assert_clean_error, check_damage_refused, check_refused_into, cut_mid_row, drop_line,
+                     sealed_copy, write_tiny_llama, write_tiny_mlm)
 from helpers import snapshot as folder_snapshot
 
 from mia_jax import cli, rundir
@@ -444,26 +447,17 @@ COMMITTED = Path(__file__).resolve().parents[1] / "results" / "audits" / "unlear
 @pytest.fixture
 def sealed(tmp_path):
     """A copy of the committed audit (sealed: manifest.json)."""
-    src = tmp_path / "src"
-    shutil.copytree(COMMITTED, src)
-    return src
+    return sealed_copy(COMMITTED, tmp_path)
 
 
-def rebuild_cli(src, out, capsys):
-    capsys.readouterr()
-    rc = run_cli(["audit-unlearning", "--from", str(src), "--out", str(out)])
-    return rc, capsys.readouterr().err
+rebuild_cli = functools.partial(helpers.rebuild_cli, "audit-unlearning")
 
 
 @pytest.mark.parametrize("name", unlearning_report.REBUILD_READS)
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_from_damaged_file_is_refused(sealed, name, damage, tmp_path, capsys):
     DAMAGE[damage](sealed / name)
-    before = folder_snapshot(sealed)
-    out = tmp_path / "out"
-    rc, err = rebuild_cli(sealed, out, capsys)
-    assert_clean_error(rc, err, name, "manifest.json" if damage == "missing" else "changed or cut")
-    assert folder_snapshot(sealed) == before and not out.exists()
+    check_damage_refused("audit-unlearning", sealed, name, damage, tmp_path / "out", capsys)
 
 
 @pytest.mark.parametrize("name, edit, needle", [
@@ -485,12 +479,7 @@ def test_from_reads_strictly(sealed, name, edit, needle, tmp_path, capsys):
 
 
 def test_from_into_another_runs_folder_is_refused(sealed, tmp_path, capsys):
-    other = tmp_path / "other"
-    shutil.copytree(COMMITTED.parent / "books", other)
-    before, src_before = folder_snapshot(other), folder_snapshot(sealed)
-    rc, err = rebuild_cli(sealed, other, capsys)
-    assert_clean_error(rc, err, str(other), "refusing to write into it")
-    assert folder_snapshot(other) == before and folder_snapshot(sealed) == src_before
+    check_refused_into("audit-unlearning", sealed, COMMITTED.parent / "books", tmp_path / "other", capsys)
     # the rebuild of another source is another run too
     first = tmp_path / "first"
     assert rebuild_cli(sealed, first, capsys)[0] == 0
