@@ -2,6 +2,7 @@
 counts and seconds (JAX monitoring events), and the machine's float32 matmul rate (XLA and NumPy)."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import threading
@@ -77,12 +78,13 @@ def matmul_rate(n=2048, repeats=5):
     rates = {}
     for name, call in (("xla", lambda: f(xa, xb).block_until_ready()), ("numpy", lambda: a @ b)):
         call()
-        best = min(_timed(call) for _ in range(repeats))
+        best = min(timed(call) for _ in range(repeats))
         rates[name] = 2 * n**3 / best / 1e9
     return rates
 
 
-def _timed(call):
+def timed(call) -> float:
+    """Seconds that ``call()`` takes."""
     t0 = time.perf_counter()
     call()
     return time.perf_counter() - t0
@@ -116,6 +118,30 @@ def set_matmul_precision(precision: str, torch: bool = False) -> None:
         import torch as _torch
 
         _torch.set_float32_matmul_precision({"float32": "highest", "tf32": "high"}[precision])
+
+
+def three_ints(letters: str, meaning: str, example: str, name: str):
+    """An argparse type of a ``letters`` option (e.g. ``B,T,V``): three whole numbers > 0, else the error names
+    them (``meaning``) and gives an ``example``; ``name``: the type's name in argparse's messages."""
+    def parse(text: str) -> tuple[int, int, int]:
+        parts = text.split(",")
+        if len(parts) != 3:
+            raise argparse.ArgumentTypeError(f"{text!r}: give {letters} ({meaning}), e.g. {example}")
+        return tuple(entry.positive_int(p.strip()) for p in parts)
+
+    parse.__name__ = name
+    return parse
+
+
+def bench_main(prog: str, build_parser, worker, driver, argv, flag: str = "worker") -> int:
+    """A benchmark script's ``main`` (``entry.run`` as ``prog``): ``argv`` parsed by ``build_parser()``; with the
+    hidden option ``flag`` set, ``worker(args)`` (one measurement in its own process), else ``driver(args)`` (which
+    starts the workers and reports). Returns the exit code."""
+    def run(argv) -> int:
+        args = build_parser().parse_args(argv)
+        return worker(args) if getattr(args, flag) else driver(args)
+
+    return entry.run(prog, run, argv)
 
 
 def add_accelerator_args(ap, torch_what: str = "torch") -> None:
@@ -188,7 +214,7 @@ def repeat(fn, min_seconds: float, max_passes: int = 200) -> list[float]:
     one pass)."""
     times = []
     while not times or (sum(times) < min_seconds and len(times) < max_passes):
-        times.append(_timed(fn))
+        times.append(timed(fn))
     return times
 
 

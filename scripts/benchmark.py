@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
-from bench_tools import (Compiles, PeakRSS, _timed, add_accelerator_args, matmul_rate, runnable,  # noqa: E402
-                         set_matmul_precision, torch_env)
+from bench_tools import (Compiles, PeakRSS, add_accelerator_args, bench_main, matmul_rate, runnable,  # noqa: E402
+                         set_matmul_precision, timed, torch_env)
 
 from mia_jax import entry  # noqa: E402
 
@@ -166,7 +166,7 @@ def _best(f, args, repeats):
 
     for _ in range(2):
         jax.block_until_ready(f(*args))
-    return min(_timed(lambda: jax.block_until_ready(f(*args))) for _ in range(repeats))
+    return min(timed(lambda: jax.block_until_ready(f(*args))) for _ in range(repeats))
 
 
 def worker_b(args, loaded, encoded, texts, result):
@@ -329,13 +329,11 @@ def build_parser() -> entry.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    return entry.run(PROG, _main, argv)
+    return bench_main(PROG, build_parser, run_worker, compare, argv)
 
 
-def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    if args.worker:
-        return run_worker(args)
+def compare(args) -> int:
+    """Each approach measured in its own worker process, then the report."""
     approaches = runnable(args.approaches, "c")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
-from bench_tools import runnable, torch_env  # noqa: E402
+from bench_tools import bench_main, runnable, torch_env  # noqa: E402
 
 from mia_jax import entry  # noqa: E402
 
@@ -172,13 +172,11 @@ def build_parser() -> entry.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    return entry.run(PROG, _main, argv)
+    return bench_main(PROG, build_parser, run_worker, compare, argv)
 
 
-def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    if args.worker:
-        return run_worker(args)
+def compare(args) -> int:
+    """Each approach measured in its own worker process, then the report."""
     approaches = runnable(args.approaches, "torch")
     print(f"load average before: {load_average()}", file=sys.stderr)
     results = []

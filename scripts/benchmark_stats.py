@@ -8,26 +8,24 @@ a few steady-state runs after compilation.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mia_jax import entry
-from mia_jax.stats import TokenStats, token_stats_from_hidden
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
+from bench_tools import three_ints  # noqa: E402
+
+from mia_jax import entry  # noqa: E402
+from mia_jax.stats import TokenStats, token_stats_from_hidden  # noqa: E402
 
 PROG = "python scripts/benchmark_stats.py"
 
 
-def shape(text: str) -> tuple[int, int, int]:
-    """argparse type of a ``B,T,V`` shape: three whole numbers > 0."""
-    parts = text.split(",")
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"{text!r}: give B,T,V (batch, tokens, vocabulary), e.g. 8,128,49152")
-    return tuple(entry.positive_int(p.strip()) for p in parts)
+shape = three_ints("B,T,V", "batch, tokens, vocabulary", "8,128,49152", "shape")
 
 
 def full_log_softmax(hidden, w, targets):
@@ -65,10 +63,11 @@ def build_parser() -> entry.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    return entry.run(PROG, _main, argv)
+    return entry.run(PROG, report, argv)
 
 
-def _main(argv) -> int:
+def report(argv) -> int:
+    """The table of every ``--shapes`` entry: peak, temporary memory and time of both approaches."""
     args = build_parser().parse_args(argv)
     print(f"device: {jax.devices()[0]}, hidden size {args.dim}, chunk {args.chunk_size}")
     print("| [B, T, V] | float32 logits | full log_softmax: peak / temp / time "

@@ -54,8 +54,8 @@ from types import SimpleNamespace
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
-from bench_tools import (PeakRSS, _timed, add_accelerator_args, matmul_rate, runnable,  # noqa: E402
-                         set_matmul_precision, torch_env, torch_sync)
+from bench_tools import (PeakRSS, add_accelerator_args, bench_main, matmul_rate, runnable,  # noqa: E402
+                         set_matmul_precision, timed, torch_env, torch_sync)
 
 from mia_jax import entry  # noqa: E402
 
@@ -83,7 +83,7 @@ def worker_data(args, result):
     steps = [b.batch(s) for s in range(args.steps + 1)]
     np.savez(args.data, ids=np.stack([x[0] for x in steps]), mask=np.stack([x[1] for x in steps]))
     result.update(source=loaded.source, arch=type(loaded.model).__name__, flops=step_flops(loaded, args),
-                  host_batch_s=min(_timed(lambda: b.batch(1)) for _ in range(5)))
+                  host_batch_s=min(timed(lambda: b.batch(1)) for _ in range(5)))
 
 
 def load_batches(args):
@@ -101,7 +101,7 @@ def _best(f, repeats):
     import jax
 
     jax.block_until_ready(f())
-    return min(_timed(lambda: jax.block_until_ready(f())) for _ in range(repeats))
+    return min(timed(lambda: jax.block_until_ready(f())) for _ in range(repeats))
 
 
 def worker_jax(args, result):
@@ -174,7 +174,7 @@ def worker_jax(args, result):
         "layers_forward": _best(lambda: layers(params, mids), r),
         "loss_forward_backward": _best(lambda: loss_fb(hidden, emb), r),
         "optimizer_update": _best(lambda: update(params, opt_state, params), r),
-        "device_put": min(_timed(lambda: jax.block_until_ready(jax.device_put((all_ids[1], all_mask[1]))))
+        "device_put": min(timed(lambda: jax.block_until_ready(jax.device_put((all_ids[1], all_mask[1]))))
                           for _ in range(r)),
     }
     result["profile"] = prof
@@ -266,13 +266,11 @@ def build_parser() -> entry.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    return entry.run(PROG, _main, argv)
+    return bench_main(PROG, build_parser, run_worker, compare, argv)
 
 
-def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    if args.worker:
-        return run_worker(args)
+def compare(args) -> int:
+    """Each approach measured in its own worker process, then the report."""
     approaches = runnable(args.approaches, "torch")
     results = {}
     passed = ["--model", args.model, "--steps", str(args.steps), "--batch-size", str(args.batch_size),

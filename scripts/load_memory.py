@@ -24,18 +24,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the toolkit of this checkout, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
+
+from bench_tools import bench_main, three_ints  # noqa: E402
 
 from mia_jax import entry  # noqa: E402
 
 PROG = "python scripts/load_memory.py"
 
 
-def synthetic_shape(text: str) -> tuple[int, int, int]:
-    """argparse type of ``--synthetic D,L,V``: three whole numbers > 0."""
-    parts = text.split(",")
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"{text!r}: give D,L,V (hidden size, layers, vocabulary), e.g. 1024,16,32000")
-    return tuple(entry.positive_int(p.strip()) for p in parts)
+synthetic_shape = three_ints("D,L,V", "hidden size, layers, vocabulary", "1024,16,32000", "synthetic_shape")
 
 
 def child(model: str, mesh: str | None) -> dict:
@@ -118,14 +116,17 @@ def build_parser() -> entry.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    return entry.run(PROG, _main, argv)
+    return bench_main(PROG, build_parser, run_child, measure, argv, flag="child")
 
 
-def _main(argv) -> int:
-    args = build_parser().parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args.child[0], args.child[1] or None)))
-        return 0
+def run_child(args) -> int:
+    """The hidden ``--child MODEL MESH``: one load in this process, its figures printed as JSON."""
+    print(json.dumps(child(args.child[0], args.child[1] or None)))
+    return 0
+
+
+def measure(args) -> int:
+    """Each load measured in a child process, then the report."""
     if args.synthetic:
         import tempfile
 
