@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -48,7 +49,7 @@ from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, skip_reason
 from mia_jax.rundir import check_interrupted
 from mia_jax.score_step import shared_score_step
-from mia_jax.scorers import MULTI_PASS, TokenBatch, is_multi_pass, parse_method, requirements, resource_arrays
+from mia_jax.scorers import MULTI_PASS, is_multi_pass, parse_method, requirements, resource_arrays
 from mia_jax.scorers.dispatch import check_ids
 from mia_jax.scorers.base import check_resources
 from mia_jax.scorers.likelihood import zlib_bytes
@@ -100,125 +101,190 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     ``tokens`` (token slots of the steps run vs real tokens in them), ``scoring_programs`` (the distinct step
     shapes run). A resume that reuses records says so on stderr.
     """
+    tokens_per_batch = _check_arguments(loaded, methods, tokens_per_batch, compute, resources, window)
+    p = _start(loaded, texts, methods, labels=labels, prefixes=prefixes, out_path=out_path, resume=resume,
+               mesh=mesh, compute=compute, resources=resources, window=window)
+    todo = [i for i in p.mine if p.skips[i] is None]
+    if mesh is not None:
+        shd.shard_model(loaded.model, mesh)
+    steps = _plan(loaded, [len(p.encoded[i].ids) for i in todo], todo, tokens_per_batch, batch_size, mesh, p.multi,
+                  compute is None, lambda idx: all(i in p.sink for i in idx))
+    reused = _count_resumed(p, steps, todo, report, desc, out_path)
+    p.sink.open()
+    try:
+        _, p.state = nnx.split(loaded.model)
+        p.pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
+        p.step_fn = None if compute is not None else shared_score_step(loaded, methods, chunk_size, mesh,
+                                                                         window is not None)
+        p.res = resource_arrays(methods, resources) if compute is None else {}
+        p.bar = tqdm(total=len(todo), initial=reused, desc=desc, unit="text",
+                     disable=not progress or not shd.is_main_process())
+        pending = None
+        for step in steps:  # one step in flight while the host writes the one before
+            current = _dispatch(p, step)
+            if pending is not None:
+                _finish(p, *pending)
+            pending = current
+        if pending is not None:
+            _finish(p, *pending)
+        p.bar.close()
+    finally:
+        p.sink.close()
+    p.counts["scoring_programs"] = len(p.shapes)
+    return p.sink.finish()
+
+
+@dataclass
+class _Pass:
+    """One ``score_texts`` pass: its inputs and the state its phases share (plan, resume, step loop, finish)."""
+    texts: Sequence[str]
+    methods: Sequence[str]
+    labels: Sequence[int] | None
+    mesh: object
+    compute: object
+    window: int | None
+    resources: dict | None
+    needs_text: bool  # zlib: each text's compressed length
+    decode: object  # the tokenizer's decode for windowed zlib, else None
+    multi: bool  # several processes, each scoring its own slice
+    mine: Sequence[int]  # this process's texts
+    encoded: dict  # {index: batching.Encoded}
+    skips: dict  # {index: skip reason or None}
+    sink: Sink
+    counts: dict = field(default_factory=dict)
+    shapes: set = field(default_factory=set)
+    state: object = None  # the model's state (nnx.split)
+    pad: int = 0
+    step_fn: object = None
+    res: dict = field(default_factory=dict)  # the scorers' resources as arrays
+    bar: object = None
+
+    def label(self, i: int) -> int | None:
+        """Text ``i``'s label, or None without labels."""
+        return self.labels[i] if self.labels is not None else None
+
+
+def _check_arguments(loaded, methods, tokens_per_batch, compute, resources, window) -> int:
+    """The arguments of ``score_texts`` checked (a ``UserError`` or ``ValueError`` if wrong); returns the token
+    budget of a step."""
     if compute is None:
         for m in methods:
             parse_method(m)
         check_resources(methods, resources)
     tokens_per_batch = check_tokens_per_batch(tokens_per_batch, "tokens_per_batch") or default_tokens_per_batch()
-    needs_text = compute is None and requirements(methods).zlib_bytes  # zlib: each text's compressed length
     if window is not None:
         windowed.check_window(window, methods, loaded.max_length)
+    return tokens_per_batch
+
+
+def _start(loaded, texts, methods, *, labels, prefixes, out_path, resume, mesh, compute, resources, window) -> _Pass:
+    """A pass's texts encoded (this process's slice), its sink opened for resume and the records of the texts it
+    skips added to it; returns the pass."""
+    needs_text = compute is None and requirements(methods).zlib_bytes
     decode = loaded.tokenizer.decode if window is not None and needs_text else None
     multi = mesh is not None and jax.process_count() > 1
     mine = shd.process_slice(len(texts)) if multi else range(len(texts))
     encoded = dict(zip(mine, encode(loaded, [texts[i] for i in mine],
                                     None if prefixes is None else [prefixes[i] for i in mine])))
-    label = (lambda i: labels[i]) if labels is not None else (lambda i: None)  # noqa: E731
     sink = Sink(out_path, len(texts), methods, mine, resume=resume, multi=multi)
     skips = {i: skip_reason(texts[i], len(encoded[i].ids) - encoded[i].n_context + bool(encoded[i].n_context))
              for i in mine}
+    p = _Pass(texts, methods, labels, mesh, compute, window, resources, needs_text, decode, multi, mine, encoded,
+              skips, sink)
     for i, reason in skips.items():
         if reason is not None:
-            sink.records[i] = make_record(i, label(i), encoded[i], {m: None for m in methods}, reason)
-    todo = [i for i in mine if skips[i] is None]
-    if mesh is not None:
-        shd.shard_model(loaded.model, mesh)
-    steps = _plan(loaded, [len(encoded[i].ids) for i in todo], todo, tokens_per_batch, batch_size, mesh, multi,
-                  compute is None, lambda idx: all(i in sink for i in idx))
-    remaining = sum(len(s.items) for s in steps if not all(i in sink for i in s.items))
+            sink.records[i] = make_record(i, p.label(i), encoded[i], {m: None for m in methods}, reason)
+    return p
+
+
+def _count_resumed(p: _Pass, steps: list[Step], todo: list[int], report: dict | None, desc: str, out_path) -> int:
+    """The pass's counts started (in ``report`` when given) and a resume that reuses records said on stderr;
+    returns how many texts to score are already in the sink."""
+    remaining = sum(len(s.items) for s in steps if not all(i in p.sink for i in s.items))
     reused = len(todo) - remaining
-    counts = {"texts": len(mine), "reused": reused, "computed": 0, "batches_computed": 0,
-              "skipped": len(mine) - len(todo), "slots": 0, "tokens": 0, "scoring_programs": 0}
+    p.counts = {"texts": len(p.mine), "reused": reused, "computed": 0, "batches_computed": 0,
+                "skipped": len(p.mine) - len(todo), "slots": 0, "tokens": 0, "scoring_programs": 0}
     if report is not None:
-        report.update(counts)
-        counts = report
+        report.update(p.counts)
+        p.counts = report
     if reused and shd.is_main_process():
         print(f"{desc}: resuming from {out_path}: {reused} of {len(todo)} texts already scored, "
               f"{len(todo) - reused} to compute", file=sys.stderr, flush=True)
-    shapes = set()
-    sink.open()
-    try:
-        _, state = nnx.split(loaded.model)
-        pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
-        step_fn = None if compute is not None else shared_score_step(loaded, methods, chunk_size, mesh,
-                                                                       window is not None)
-        res = resource_arrays(methods, resources) if compute is None else {}
-        bar = tqdm(total=len(todo), initial=reused, desc=desc, unit="text",
-                   disable=not progress or not shd.is_main_process())
+    return reused
 
-        def dispatch(step):  # returns at once: the computation runs while the previous step's records are written
-            arrays = packed_arrays(step, {i: encoded[i].ids for i in step.items}, pad)
-            seg = arrays["segment_ids"]
-            # a scored prediction: the next slot holds a token of the same text, not of its prefix
-            mask = (seg[:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1])
-            zb = np.ones((step.rows, step.segments), np.float32)
-            for r, row in enumerate(step.contents):
-                for s, (item, start, _) in enumerate(row):
-                    mask[r, start: start + max(encoded[item].n_context - 1, 0)] = False
-                    if needs_text:
-                        zb[r, s] = zlib_bytes(texts[item])
-            shapes.add(step.shape)
-            counts["slots"] += step.rows * step.length
-            counts["tokens"] += int((seg > 0).sum())
-            if compute is not None:
-                return step, mask, arrays["ids"]
-            if res:
-                check_ids(methods, arrays["ids"][:, 1:], mask, res)  # e.g. DC-PDD: an id beyond its table is an error
-            batch = {"ids": arrays["ids"], "segment_ids": seg, "starts": arrays["starts"], "spans": arrays["spans"],
-                     "mask": mask, "zlib_bytes": zb}
-            if mesh is not None:
-                batch = {k: shd.global_batch(mesh, v) for k, v in batch.items()}
-            return step, mask, step_fn(state, {**batch, "resources": res})
 
-        def finish(step, mask, out):
-            idx = step.items
-            per_text, reasons, wins = {}, {}, {}
-            if compute is not None:
-                if not idx or all(i in sink for i in idx):
-                    return
-                got = compute(out[: len(idx)], mask[: len(idx)], [texts[i] for i in idx])
-                per_text = {i: {m: float(np.asarray(v, np.float64)[r]) for m, v in got.items()}
-                            for r, i in enumerate(idx)}
+def _dispatch(p: _Pass, step: Step) -> tuple:
+    """Step ``step`` started; returns at once (step, its scored-prediction mask, its device output or, with
+    ``compute``, its ids): the computation runs while the previous step's records are written."""
+    encoded = p.encoded
+    arrays = packed_arrays(step, {i: encoded[i].ids for i in step.items}, p.pad)
+    seg = arrays["segment_ids"]
+    # a scored prediction: the next slot holds a token of the same text, not of its prefix
+    mask = (seg[:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1])
+    zb = np.ones((step.rows, step.segments), np.float32)
+    for r, row in enumerate(step.contents):
+        for s, (item, start, _) in enumerate(row):
+            mask[r, start: start + max(encoded[item].n_context - 1, 0)] = False
+            if p.needs_text:
+                zb[r, s] = zlib_bytes(p.texts[item])
+    p.shapes.add(step.shape)
+    p.counts["slots"] += step.rows * step.length
+    p.counts["tokens"] += int((seg > 0).sum())
+    if p.compute is not None:
+        return step, mask, arrays["ids"]
+    if p.res:
+        check_ids(p.methods, arrays["ids"][:, 1:], mask, p.res)  # e.g. DC-PDD: an id beyond its table is an error
+    batch = {"ids": arrays["ids"], "segment_ids": seg, "starts": arrays["starts"], "spans": arrays["spans"],
+             "mask": mask, "zlib_bytes": zb}
+    if p.mesh is not None:
+        batch = {k: shd.global_batch(p.mesh, v) for k, v in batch.items()}
+    return step, mask, p.step_fn(p.state, {**batch, "resources": p.res})
+
+
+def _finish(p: _Pass, step: Step, mask: np.ndarray, out) -> None:
+    """The records of a dispatched step made and added to the sink (unless all are there already)."""
+    idx = step.items
+    reasons, wins = {}, {}
+    if p.compute is not None:
+        if not idx or all(i in p.sink for i in idx):
+            return
+        got = p.compute(out[: len(idx)], mask[: len(idx)], [p.texts[i] for i in idx])
+        per_text = {i: {m: float(np.asarray(v, np.float64)[r]) for m, v in got.items()} for r, i in enumerate(idx)}
+    else:
+        host = ((lambda x: np.asarray(jax.device_get(x))) if p.mesh is None
+                else (lambda x: shd.host_local_rows(x, p.mesh)))
+        scores = {m: host(v) for m, v in out["scores"].items()}
+        broken = host(out["nonfinite"])
+        tokens = TokenStats(*(host(x) for x in out["tokens"])) if p.window is not None else None
+        if not idx or all(i in p.sink for i in idx):
+            return  # only here to keep the processes in step
+        per_text = _step_scores(p, step, scores, broken, reasons)
+        if tokens is not None:
+            wins = windowed.step_window_scores(step, tokens, mask, p.encoded, p.texts, p.methods, p.window, p.decode,
+                                               p.resources)
+    p.counts["computed"] += len(idx)
+    p.counts["batches_computed"] += 1
+    recs = [make_record(i, p.label(i), p.encoded[i], per_text[i], reasons.get(i)) for i in idx]
+    for rec in recs:
+        if rec["index"] in wins and "skip_reason" not in rec:
+            rec["windows"] = wins[rec["index"]]
+    p.sink.add(recs)
+    p.bar.update(len(idx))
+    check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here, after the step is saved
+
+
+def _step_scores(p: _Pass, step: Step, scores: dict, broken: np.ndarray, reasons: dict) -> dict[int, dict]:
+    """Each text's scores of a step from the device's [rows, segments] arrays: {index: {method: score or None}};
+    a text with non-finite logits gets None scores and its reason in ``reasons``."""
+    per_text = {}
+    for r, row in enumerate(step.contents):
+        for s, (item, _, _) in enumerate(row):
+            if broken[r, s]:  # no score of a text the model could not compute is kept
+                per_text[item] = {m: None for m in p.methods}
+                reasons[item] = f"{NONFINITE}: NaN or infinite at {broken[r, s]} of its scored tokens"
             else:
-                host = ((lambda x: np.asarray(jax.device_get(x))) if mesh is None
-                        else (lambda x: shd.host_local_rows(x, mesh)))
-                scores = {m: host(v) for m, v in out["scores"].items()}
-                broken = host(out["nonfinite"])
-                tokens = TokenStats(*(host(x) for x in out["tokens"])) if window is not None else None
-                if not idx or all(i in sink for i in idx):
-                    return  # only here to keep the processes in step
-                for r, row in enumerate(step.contents):
-                    for s, (item, _, _) in enumerate(row):
-                        if broken[r, s]:  # no score of a text the model could not compute is kept
-                            per_text[item] = {m: None for m in methods}
-                            reasons[item] = f"{NONFINITE}: NaN or infinite at {broken[r, s]} of its scored tokens"
-                        else:
-                            per_text[item] = {m: float(scores[m][r, s]) for m in methods}
-                if tokens is not None:
-                    wins = _windows(step, tokens, mask, encoded, texts, methods, window, decode, resources)
-            counts["computed"] += len(idx)
-            counts["batches_computed"] += 1
-            recs = [make_record(i, label(i), encoded[i], per_text[i], reasons.get(i)) for i in idx]
-            for rec in recs:
-                if rec["index"] in wins and "skip_reason" not in rec:
-                    rec["windows"] = wins[rec["index"]]
-            sink.add(recs)
-            bar.update(len(idx))
-            check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here, after the step is saved
-
-        pending = None
-        for step in steps:  # one step in flight while the host writes the one before
-            current = dispatch(step)
-            if pending is not None:
-                finish(*pending)
-            pending = current
-        if pending is not None:
-            finish(*pending)
-        bar.close()
-    finally:
-        sink.close()
-    counts["scoring_programs"] = len(shapes)
-    return sink.finish()
+                per_text[item] = {m: float(scores[m][r, s]) for m in p.methods}
+    return per_text
 
 
 def _plan(loaded, lengths, todo, tokens_per_batch, batch_size, mesh, multi, packed, done) -> list[Step]:
@@ -236,19 +302,6 @@ def _plan(loaded, lengths, todo, tokens_per_batch, batch_size, mesh, multi, pack
              for s in local]
     gather = shd.allgather_ints if multi else (lambda v: np.asarray(v, np.int64).reshape(1, -1))
     return align(steps, loaded.max_length, gather, done)
-
-
-def _windows(step, tokens, mask, encoded, texts, methods, window, decode, resources) -> dict[int, list]:
-    """Each text's windowed scores (``audits.windowed``) from its per-token statistics [rows, segments, L] (its
-    first prediction at column 0, ``score_step.gather_segments``)."""
-    out = {}
-    for r, row in enumerate(step.contents):
-        for s, (item, start, n) in enumerate(row):
-            stats = TokenStats(*(x[r, s, None, : n - 1] for x in tokens))
-            batch = TokenBatch(stats, mask[None, r, start: start + n - 1], [texts[item]],
-                               np.asarray(encoded[item].ids[1:], np.int64)[None], resources or {})
-            out[item] = windowed.window_scores(batch, methods, window, decode)[0]
-    return out
 
 
 def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None, neighbors=None,
