@@ -9,12 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import rundir
 from mia_jax.audits.books import BooksResult, books_phrase
 from mia_jax.audits.books_rates import flags
 from mia_jax.audits.books_snippets import SnippetPlan
-from mia_jax.audits.common import csv_bytes, figure_bytes, finite_or_none
-from mia_jax.files import write_all
+from mia_jax.audits.common import csv_bytes, figure_bytes, finite_or_none, label_axes, write_sealed
 from mia_jax.report import fmt, jsonable, markdown, markdown_table, pyplot
 
 THRESHOLD_NAMES = {"accuracy": "max. validation accuracy", "fpr": "validation FPR <= {fpr:g}",
@@ -180,15 +178,11 @@ def histogram_png(res: BooksResult) -> bytes:
         if math.isfinite(t.value):
             bx.axvline(t.value, color="k", ls=style, lw=1,
                        label=f"threshold: {threshold_name(t.name, res.config['fpr'])}")
-    bx.set_xlabel(f"snippet score: {res.rate_method} (higher = seen)")
-    bx.set_ylabel("density")
-    bx.set_title("Snippet scores")
-    bx.legend(fontsize=7)
+    label_axes(bx, f"snippet score: {res.rate_method} (higher = seen)", "density", "Snippet scores", 7)
     return figure_bytes(fig)
 
 
 def write_outputs(res: BooksResult, out: Path, meta: dict) -> None:
-    """``render_outputs`` of ``res`` and ``meta`` into the folder ``out``, all or none (``files.write_all``), then
-    sealed (``rundir.seal``: the record a ``--from`` rebuild checks its inputs against)."""
-    write_all(out, render_outputs(res, meta))
-    rundir.seal(out, list(REBUILD_READS))
+    """``render_outputs`` of ``res`` and ``meta`` into the folder ``out``, all or none, then sealed
+    (``common.write_sealed``)."""
+    write_sealed(out, render_outputs(res, meta), REBUILD_READS)

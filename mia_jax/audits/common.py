@@ -10,8 +10,9 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from mia_jax import runner
+from mia_jax import rundir, runner
 from mia_jax.errors import UserError
+from mia_jax.files import write_all
 from mia_jax.metrics import scores_by_method
 from mia_jax.report import pyplot
 
@@ -58,6 +59,21 @@ def csv_bytes(header: Sequence[str], rows: Sequence[Sequence]) -> bytes:
     w.writerow(header)
     w.writerows(rows)
     return buf.getvalue().encode("utf-8")
+
+
+def write_sealed(out: Path, files: dict, reads: Sequence[str]) -> None:
+    """An audit's output ``files`` ({name: content}) into the folder ``out``, all or none (``files.write_all``), then
+    sealed over ``reads`` (``rundir.seal``: the record a ``--from`` rebuild checks the files it reads against)."""
+    write_all(out, files)
+    rundir.seal(out, list(reads))
+
+
+def label_axes(ax, xlabel: str, ylabel: str, title: str, legend_size: int) -> None:
+    """The axes ``ax`` labelled (``xlabel``, ``ylabel``), titled and given a legend in ``legend_size`` points."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
 
 
 def figure_bytes(fig, dpi: int = 120) -> bytes:

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import rundir
-from mia_jax.audits.common import csv_bytes, figure_bytes, finite_or_none
+from mia_jax.audits.common import csv_bytes, figure_bytes, finite_or_none, label_axes, write_sealed
 from mia_jax.audits.unlearning import SIDES, UnlearningResult
-from mia_jax.files import write_all
 from mia_jax.report import fmt, markdown, pyplot
 
 REBUILD_READS = ("unlearning.json", "chunks.csv", "probes.jsonl")  # what --from reads (sealed in manifest.json)
@@ -111,16 +109,13 @@ def ratios_png(res: UnlearningResult) -> bytes:
             ax.hist(x, bins=edges, alpha=0.6, color=color,
                     label=f"{res.methods[name]} ({res.counts[f'flagged_{name}']} of {x.size} flagged)")
     ax.axvspan(-math.log(r), math.log(r), color="grey", alpha=0.2, label=f"window (1/{r:g}, {r:g})")
-    ax.set_xlabel("log( q(unlearned) / q(original) )")
-    ax.set_ylabel("chunks")
     ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.set_title("Forget-set chunks: score ratio, unlearned vs original")
-    ax.legend(fontsize=8)
+    label_axes(ax, "log( q(unlearned) / q(original) )", "chunks",
+               "Forget-set chunks: score ratio, unlearned vs original", 8)
     return figure_bytes(fig)
 
 
 def write_outputs(res: UnlearningResult, out: Path, meta: dict) -> None:
-    """``render_outputs`` of ``res`` and ``meta`` into the folder ``out``, all or none (``files.write_all``), then
-    sealed (``rundir.seal``: the record a ``--from`` rebuild checks its inputs against)."""
-    write_all(out, render_outputs(res, meta))
-    rundir.seal(out, list(REBUILD_READS))
+    """``render_outputs`` of ``res`` and ``meta`` into the folder ``out``, all or none, then sealed
+    (``common.write_sealed``)."""
+    write_sealed(out, render_outputs(res, meta), REBUILD_READS)

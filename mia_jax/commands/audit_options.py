@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from mia_jax import entry, rundir
-from mia_jax.files import write_all
+from mia_jax.audits.common import write_sealed
 
 
 def from_option(p, command: str, dest: str, help: str) -> None:
@@ -64,5 +64,4 @@ def write_rebuild(out: Path, source: Path, command: str, files: dict, reads) -> 
     an earlier rebuild of ``source``, or ``source`` itself) and seal it over the files it was rebuilt from
     (``reads``)."""
     with rundir.rebuild_into(out, [source], command):
-        write_all(out, files)
-        rundir.seal(out, list(reads))
+        write_sealed(out, files, reads)
