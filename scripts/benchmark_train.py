@@ -4,7 +4,7 @@
     python scripts/benchmark_train.py --model smollm2 --steps 2 --approaches jax
 
 Both approaches train the float32 model loaded from the same GGUF file on the same batches of real Pile text
-(``train/data/pile_sample.jsonl`` packed into ``--seq-len``-token sequences by ``train.data.pack``; step s takes
+(``mia_jax/data/files/pile_sample.jsonl`` packed into ``--seq-len``-token sequences by ``train.data.pack``; step s takes
 ``train.data.Batches(..., shuffle=False).batch(s)``): ``--batch-size`` sequences per step in ``--grad-accum``
 micro-batches, the mean next-token loss over the step's real tokens, gradient clipping at global norm 1.0, AdamW
 (lr 1e-4, betas 0.9 / 0.999, eps 1e-8, weight decay 0.01 on every parameter: torch's defaults).
