@@ -26,7 +26,30 @@ Conventions
   an average over datasets.
 * **Cluster bootstrap** (``clusters=`` in :func:`evaluate` and :func:`paired_bootstrap`): when examples come in
   clusters (the snippets of one book, the windows of one text), whole clusters are resampled instead of examples
-  (see :func:`evaluate`); the point estimates are the same, only the intervals change.
+  (below); the point estimates are the same, only the intervals change.
+
+Cluster bootstrap
+-----------------
+``clusters`` (one hashable key per example, e.g. the title of the book a snippet comes from): examples of one
+cluster are not independent (a book's snippets share its style, its names, whether the model saw it), so resampling
+examples as if they were treats 48 snippets of 12 books as 48 independent draws and gives intervals that are too
+narrow. Each resample here draws whole clusters with replacement and keeps every example of a drawn cluster (as many
+times as the cluster was drawn); the statistic is computed on that multiset. This is the usual cluster (block)
+bootstrap of one-way clustered data: Field & Welsh (2007, *Bootstrapping clustered data*, JRSS B 69(3), 369-390;
+read: its summary) find its variance estimates consistent both under a random-effect and under a transformation
+model of such data (for means and sums of squares; an AUROC is not among the statistics they treat). With few
+clusters the interval is wide, and it should be.
+
+* When every cluster holds one label (a book is seen or unseen), the resample is **stratified**: the member clusters
+  and the non-member clusters are drawn separately, each at its observed count of clusters, so every resample has
+  both classes (the class balance of examples may vary with cluster sizes).
+* When some cluster holds both labels, all clusters are drawn together (as many as there are); a resample with one
+  class only has no AUROC and is **redrawn** (the interval is conditional on both classes, as the stratified ones
+  are by construction); ``n_redrawn`` counts the redraws.
+
+The point estimates are the same as without ``clusters``. Clusters with a NaN/inf score are kept with their other
+examples (a cluster whose every score is NaN/inf is gone). With one example per cluster the draws are exactly those
+of the plain stratified bootstrap (clusters numbered in order of first appearance), so the intervals are the same.
 
 The comparisons live in :mod:`mia_jax.comparisons`, the resampling they share with :func:`evaluate` in
 :mod:`mia_jax.bootstrap`.
@@ -108,29 +131,9 @@ def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confiden
     ``tpr_at_5pct_fpr_ci`` are stratified percentile-bootstrap intervals, identical for the same ``seed``;
     ``None`` when ``n_bootstrap == 0``.
 
-    ``clusters`` (one hashable key per example, e.g. the title of the book a snippet comes from): a **cluster
-    bootstrap**. Examples of one cluster are not independent (a book's snippets share its style, its names, whether
-    the model saw it), so resampling examples as if they were treats 48 snippets of 12 books as 48 independent
-    draws and gives intervals that are too narrow. Each resample here draws whole clusters with replacement and
-    keeps every example of a drawn cluster (as many times as the cluster was drawn); the statistic is computed on
-    that multiset. This is the usual cluster (block) bootstrap of one-way clustered data: Field & Welsh (2007,
-    *Bootstrapping clustered data*, JRSS B 69(3), 369-390; read: its summary) find its variance estimates consistent
-    both under a random-effect and under a transformation model of such data (for means and sums of squares; an
-    AUROC is not among the statistics they treat). With few clusters the interval is wide, and it should be.
-
-    - When every cluster holds one label (a book is seen or unseen), the resample is **stratified**: the member
-      clusters and the non-member clusters are drawn separately, each at its observed count of clusters, so every
-      resample has both classes (the class balance of examples may vary with cluster sizes).
-    - When some cluster holds both labels, all clusters are drawn together (as many as there are); a resample with
-      one class only has no AUROC and is **redrawn** (the interval is conditional on both classes, as the
-      stratified ones are by construction); ``n_redrawn`` counts the redraws.
-
-    The point estimates are the same as without ``clusters``. Clusters with a NaN/inf score are kept with their
-    other examples (a cluster whose every score is NaN/inf is gone). With ``clusters`` the dict also has
-    ``clusters`` (how many among the scored examples), ``bootstrap: "cluster"``, ``cluster_stratified`` (True,
-    False, or None with one class) and ``n_redrawn``. With one example per cluster the draws are exactly those of
-    the plain stratified bootstrap (clusters numbered in order of first appearance), so the intervals are the
-    same."""
+    ``clusters`` (one hashable key per example): a cluster bootstrap (the module docstring's *Cluster bootstrap*);
+    the dict then also has ``clusters`` (how many among the scored examples), ``bootstrap: "cluster"``,
+    ``cluster_stratified`` (True, False, or None with one class) and ``n_redrawn`` (resamples redrawn)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if n_bootstrap < 0:

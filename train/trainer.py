@@ -44,6 +44,7 @@ NOT_IN_FINGERPRINT = ("checkpoint_every", "keep_checkpoints", "progress", "mesh"
 
 
 def learning_rate(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
+    """The learning-rate schedule of ``cfg`` over ``total_steps``: linear warm-up, then constant or cosine decay."""
     warm = min(cfg.warmup_steps, total_steps)
     if cfg.schedule == "constant":
         main = optax.constant_schedule(cfg.lr)
@@ -55,6 +56,8 @@ def learning_rate(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
 
 
 def optimizer(cfg: TrainConfig, total_steps: int) -> optax.GradientTransformation:
+    """The optimizer of ``cfg`` over ``total_steps``: AdamW (weight decay on matrices only), after gradient clipping
+    when ``max_grad_norm`` is set and on the flipped gradient when the objective is ``ascent``."""
     adamw = optax.adamw(learning_rate(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                         weight_decay=cfg.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
     # gradient ascent: the gradient's sign flipped before Adam (Adam's update is odd in the gradient, so this is
@@ -101,6 +104,8 @@ def make_train_step(model: nnx.Module, opt: optax.GradientTransformation, comput
 
 @dataclass
 class TrainResult:
+    """What ``train`` returns: the trained float32 ``params``, per-step metrics, the step count, the step resumed from,
+    and the time and throughput of the steps run here."""
     params: dict  # float32 nested dict (nnx.to_pure_dict layout)
     metrics: list[dict]  # per step: step, loss, grad_norm, lr, tokens
     steps: int
@@ -110,6 +115,8 @@ class TrainResult:
 
 
 def fingerprint(cfg: TrainConfig, **extra) -> dict:
+    """What defines a training run (``cfg`` less display-only keys, plus ``extra``): a checkpoint resumes only under the
+    same."""
     # objective "lm" is what every run did before the field existed: left out, so those runs still resume
     return {"train": {k: v for k, v in asdict(cfg).items()
                       if k not in NOT_IN_FINGERPRINT and (k, v) != ("objective", "lm")}, **extra}
@@ -160,29 +167,11 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     schedule = learning_rate(cfg, total)
     target = dict(zip(("params", "opt_state"), placement.state_targets(model, opt, mesh)))
     fp_path = workdir / "fingerprint.json"
-    latest = _latest_step(workdir)
-    if latest is not None:
-        old = json.loads(fp_path.read_text()) if fp_path.exists() else {}
-        changes = rundir.diff(old, run_fingerprint)
-        if changes:
-            raise UserError(f"{workdir} holds checkpoints of a different training run; refusing to resume with a "
-                            f"changed config ({'; '.join(changes[:8])}). Use another --out, restore the original "
-                            "config, or delete the folder (--overwrite) to start afresh")
+    _check_same_run(workdir, fp_path, run_fingerprint)
     workdir.mkdir(parents=True, exist_ok=True)
     mngr = _manager(workdir, cfg)
-    latest = mngr.latest_step()
-    metrics: list[dict] = []
-    start, resumed_from = 0, None
-    if latest is not None:
-        # each array is read straight onto its sharding on *this* mesh (the checkpoint's mesh does not matter)
-        restored = mngr.restore(latest, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                                meta=ocp.args.JsonRestore()))
-        params, opt_state = restored["state"]["params"], restored["state"]["opt_state"]
-        metrics = restored["meta"]["metrics"]
-        start = resumed_from = int(latest)
-    else:
-        params = placement.place_params(model, placement.shardings_of(target["params"]))
-        opt_state = jax.jit(opt.init, out_shardings=placement.shardings_of(target["opt_state"]))(params)
+    params, opt_state, metrics, resumed_from = _restore_or_init(mngr, model, opt, target)
+    start = resumed_from or 0
     if main:
         fp_path.write_text(json.dumps(run_fingerprint, indent=2) + "\n")
 
@@ -208,15 +197,8 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
         bar.set_postfix(loss=f"{metrics[-1]['loss']:.4f}", tok_s=f"{tokens_timed / seconds:.0f}" if seconds else "-")
         bar.update(1)
         if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
-            try:
-                mngr.save(step + 1, args=ocp.args.Composite(
-                    state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-                    meta=ocp.args.JsonSave({"metrics": metrics, "fingerprint": run_fingerprint,
-                                            "mesh": sharding.mesh_str(mesh)})))
-                mngr.wait_until_finished()
-            except BaseException:
-                _settle(workdir / "checkpoints")
-                raise
+            _save(mngr, step + 1, params, opt_state, {"metrics": metrics, "fingerprint": run_fingerprint,
+                                                      "mesh": sharding.mesh_str(mesh)}, workdir)
         if on_step is not None:
             on_step(step + 1)
         rundir.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here
@@ -226,6 +208,44 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
         (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     return TrainResult(placement.to_host(params), metrics, total, resumed_from, seconds,
                        tokens_timed / seconds if seconds else None)
+
+
+def _check_same_run(workdir: Path, fp_path: Path, run_fingerprint: dict) -> None:
+    """Raises ``UserError`` when ``workdir`` holds checkpoints of a run whose fingerprint (``fp_path``) differs."""
+    if _latest_step(workdir) is not None:
+        old = json.loads(fp_path.read_text()) if fp_path.exists() else {}
+        changes = rundir.diff(old, run_fingerprint)
+        if changes:
+            raise UserError(f"{workdir} holds checkpoints of a different training run; refusing to resume with a "
+                            f"changed config ({'; '.join(changes[:8])}). Use another --out, restore the original "
+                            "config, or delete the folder (--overwrite) to start afresh")
+
+
+def _restore_or_init(mngr: ocp.CheckpointManager, model: nnx.Module, opt, target: dict) -> tuple:
+    """(params, opt_state, metrics, step resumed from or None): the latest checkpoint's, else fresh ones placed on
+    ``target``'s shardings."""
+    latest = mngr.latest_step()
+    if latest is None:
+        params = placement.place_params(model, placement.shardings_of(target["params"]))
+        return params, jax.jit(opt.init, out_shardings=placement.shardings_of(target["opt_state"]))(params), [], None
+    # each array is read straight onto its sharding on *this* mesh (the checkpoint's mesh does not matter)
+    restored = mngr.restore(latest, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                            meta=ocp.args.JsonRestore()))
+    return (restored["state"]["params"], restored["state"]["opt_state"], restored["meta"]["metrics"],
+            int(latest))
+
+
+def _save(mngr: ocp.CheckpointManager, step: int, params, opt_state, meta: dict, workdir: Path) -> None:
+    """The checkpoint of ``step`` written (state and ``meta``) and waited for; on a failure the unfinished
+    folder settles before the error goes on (``_settle``)."""
+    try:
+        mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params,
+                                                                             "opt_state": opt_state}),
+                                                meta=ocp.args.JsonSave(meta)))
+        mngr.wait_until_finished()
+    except BaseException:
+        _settle(workdir / "checkpoints")
+        raise
 
 
 def _latest_step(workdir: Path) -> int | None:
