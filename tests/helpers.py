@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -352,3 +353,23 @@ def check_refused_into(command: str, sealed, other_run, other, capsys) -> None:
     rc, err = rebuild_cli(command, sealed, other, capsys)
     assert_clean_error(rc, err, str(other), "refusing to write into it")
     assert snapshot(other) == before and snapshot(sealed) == src_before
+
+
+def transformers_gguf_ppl(path: str, loaded, texts, model_class: str, ids) -> float:
+    """transformers' perplexity of the token ``ids`` under the GGUF file ``path`` (loaded as ``model_class``, as
+    ``from_pretrained(gguf_file=...)`` does, without needing accelerate), once ``loaded``'s tokenizer is checked to
+    give transformers' ids on each of ``texts``. Skips the test without torch or transformers."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, fname = path.rsplit("/", 1)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    for text in texts:
+        assert loaded.tokenizer.encode(text).ids == hf_tok(text)["input_ids"], text
+    cls = getattr(transformers, model_class)
+    ref = cls(transformers.AutoConfig.from_pretrained(folder, gguf_file=fname)).eval()
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=ref)["tensors"]
+    ref.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    with torch.no_grad():
+        return float(torch.exp(ref(torch.tensor([ids]), labels=torch.tensor([ids])).loss))

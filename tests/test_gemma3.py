@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import PARAGRAPH, TEXTS, nll, tiny_tokenizer, torch_logits
+from helpers import PARAGRAPH, TEXTS, nll, tiny_tokenizer, torch_logits, transformers_gguf_ppl
 
 from mia_jax.errors import UserError
 from mia_jax.models import Gemma3, Gemma3Config, load, resolve_model
@@ -245,18 +245,7 @@ def test_gemma3_270m_perplexity_matches_transformers(tmp_path, monkeypatch):
     ours = float(np.exp(nll(np.asarray(jax.nn.log_softmax(loaded.model(jnp.asarray([ids]))[0])), ids)))
     assert 8 < ours < 40  # measured: 17.95
 
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    folder, fname = path.rsplit("/", 1)
-    hf_tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-    for text in [PARAGRAPH, *TEXTS, "a  b   c\n\nd\te", "<start_of_turn>user\nhi<end_of_turn>"]:
-        assert loaded.tokenizer.encode(text).ids == hf_tok(text)["input_ids"], text
-    ref = transformers.Gemma3ForCausalLM(transformers.AutoConfig.from_pretrained(folder, gguf_file=fname)).eval()
-    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=ref)["tensors"]
-    ref.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    with torch.no_grad():
-        ref_ppl = float(torch.exp(ref(torch.tensor([ids]), labels=torch.tensor([ids])).loss))
+    ref_ppl = transformers_gguf_ppl(path, loaded, [PARAGRAPH, *TEXTS, "a  b   c\n\nd\te",
+                                                   "<start_of_turn>user\nhi<end_of_turn>"], "Gemma3ForCausalLM", ids)
     print(f"Gemma-3-270m ppl: mia_jax {ours:.4f} transformers {ref_ppl:.4f}")
     assert abs(ours / ref_ppl - 1) < 0.02

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import PARAGRAPH, TEXTS, nll, tiny_tokenizer, torch_logits
+from helpers import PARAGRAPH, TEXTS, nll, tiny_tokenizer, torch_logits, transformers_gguf_ppl
 from tokenizers import processors
 
 from mia_jax.errors import UserError
@@ -297,20 +297,7 @@ def test_smollm2_perplexity_matches_transformers():
     shuffled = ids[:1] + random.Random(0).sample(ids[1:], len(ids) - 1)
     assert 8 < ours < 30 and ppl(shuffled) > 200  # measured: 16.4 and ~2100
 
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    folder, fname = path.rsplit("/", 1)
-    hf_tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-    for text in [PARAGRAPH, *TEXTS]:
-        assert loaded.tokenizer.encode(text).ids == hf_tok(text)["input_ids"], text
-    # what from_pretrained(gguf_file=...) does, without needing accelerate
-    ref = transformers.LlamaForCausalLM(transformers.AutoConfig.from_pretrained(folder, gguf_file=fname)).eval()
-    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=ref)["tensors"]
-    ref.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    with torch.no_grad():
-        ref_ppl = float(torch.exp(ref(torch.tensor([ids]), labels=torch.tensor([ids])).loss))
+    ref_ppl = transformers_gguf_ppl(path, loaded, [PARAGRAPH, *TEXTS], "LlamaForCausalLM", ids)
     print(f"SmolLM2 ppl: mia_jax {ours:.4f} transformers {ref_ppl:.4f}")
     assert abs(ours / ref_ppl - 1) < 0.02
 
