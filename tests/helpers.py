@@ -373,3 +373,14 @@ def transformers_gguf_ppl(path: str, loaded, texts, model_class: str, ids) -> fl
     ref.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
     with torch.no_grad():
         return float(torch.exp(ref(torch.tensor([ids]), labels=torch.tensor([ids])).loss))
+
+
+def check_rebuild_twice(main, src, out, expected: set) -> dict:
+    """``main(["--from", src, "--out", out])`` into a new folder (writing at least the files ``expected``), then
+    again into its own earlier rebuild: accepted, nothing changed. Returns the folder's ``snapshot``."""
+    assert main(["--from", str(src), "--out", str(out)]) == 0
+    first = snapshot(out)
+    assert expected <= set(first)
+    assert main(["--from", str(src), "--out", str(out)]) == 0  # its own earlier rebuild: accepted
+    assert snapshot(out) == first
+    return first

@@ -388,15 +388,12 @@ def fake_sweep(folder: Path, **kw) -> Path:
 def test_rebuild_out_rules(tmp_path, capsys):
     """--out: a new folder, then the same rebuild into it again; an eval run's folder (or any other) refused
     untouched; in place rewrites the tables."""
-    from helpers import assert_clean_error, snapshot
+    from helpers import assert_clean_error, check_rebuild_twice, snapshot
 
     src = fake_sweep(tmp_path / "sweep")
     out = tmp_path / "out"
-    assert tables.main(["--from", str(src), "--out", str(out)]) == 0
-    first = snapshot(out)
-    assert {"table4.md", "table4.csv", "lr_0.0001/table3.md", "lr_1e-05/roc.png"} <= set(first)
-    assert tables.main(["--from", str(src), "--out", str(out)]) == 0  # its own earlier rebuild: accepted
-    assert snapshot(out) == first
+    first = check_rebuild_twice(tables.main, src, out,
+                                {"table4.md", "table4.csv", "lr_0.0001/table3.md", "lr_1e-05/roc.png"})
     other = tmp_path / "eval-run"  # a finished run of another kind
     other.mkdir()
     (other / "config.json").write_text('{"command": "eval"}\n')
