@@ -107,10 +107,12 @@ class Step:
 
     @property
     def items(self) -> list[int]:
+        """The indices of the texts in this step, row by row."""
         return [item for row in self.contents for item, _, _ in row]
 
     @property
     def shape(self) -> tuple[int, int, int]:
+        """(rows, length, segments): the step's program shape."""
         return self.rows, self.length, self.segments
 
 
@@ -260,6 +262,8 @@ def packed_arrays(step: Step, ids: Sequence[Sequence[int]], pad: int) -> dict[st
 
 @dataclass
 class Encoded:
+    """One text's token ids (its prefix's first, when it has one), whether they were cut to fit the context, and how
+    many leading ids are prefix."""
     ids: list[int]
     truncated: bool
     n_context: int = 0  # leading tokens of a prefix: read as context, never scored

@@ -72,6 +72,7 @@ def blind_bow_scores(texts: Sequence[str], labels: Sequence[int], *, folds: int 
 
 
 def warning(auroc: float | None) -> str | None:
+    """The warning printed when the blind baseline's ``auroc`` exceeds ``WARN_AUROC``, else None."""
     if auroc is not None and auroc > WARN_AUROC:
         return (f"WARNING: a model-free bag-of-words classifier reaches AUROC {auroc:.3f} > {WARN_AUROC} on this "
                 "benchmark: members and non-members differ in distribution, so detector AUROCs here overstate "

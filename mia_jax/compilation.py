@@ -28,6 +28,8 @@ _HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 def default_dir() -> Path:
+    """The default folder of JAX's persistent compilation cache: ``$XDG_CACHE_HOME/mia_jax/jax`` (else
+    ``~/.cache/mia_jax/jax``)."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "mia_jax" / "jax"
 
@@ -105,6 +107,7 @@ class CompileCount:
         self._result: dict | None = None
 
     def current(self) -> dict:
+        """The counts so far: ``{programs, compiled, cache_hits, seconds}``."""
         with _lock:
             mine = [e for e in _log[self._start:] if self.names is None or e[0] in self.names]
         hits = sum(e[2] for e in mine)
@@ -112,6 +115,7 @@ class CompileCount:
                 "seconds": round(sum(e[1] for e in mine), 3)}
 
     def stop(self) -> dict:
+        """The counts at the first call (later calls return the same dict)."""
         if self._result is None:
             self._result = self.current()
         return self._result

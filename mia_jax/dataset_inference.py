@@ -69,6 +69,8 @@ MULTI_PASS_OK = ("lowercase", "ref", "neighbor")
 
 @dataclass
 class Result:
+    """The outcome of one dataset-inference test: the Welch t-test of the held-out halves (``p_value``, ``t_statistic``,
+    ``df``), the counts, the linear model's weights and what was dropped."""
     p_value: float
     t_statistic: float
     df: float  # Welch-Satterthwaite degrees of freedom
@@ -90,6 +92,7 @@ class Result:
     notes: list = field(default_factory=list)
 
     def to_markdown(self) -> str:
+        """The result as a Markdown report (the test, the counts, the weights by size, the notes)."""
         order = sorted(self.weights.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
         rows = "".join(f"| {k} | {v:+.4f} |\n" for k, v in order)
         dropped = ""

@@ -50,6 +50,7 @@ def write_jsonl_gz(path: str | os.PathLike, records: Iterable[dict]) -> None:
 
 
 def read_jsonl_gz(path: str | os.PathLike) -> list[dict]:
+    """The records of a gzipped JSONL file at ``path`` (blank lines skipped)."""
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 

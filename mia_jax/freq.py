@@ -102,6 +102,7 @@ class FreqTable:
 
     @property
     def vocab_size(self) -> int:
+        """The number of token ids the table counts."""
         return int(self.counts.size)
 
     @property
@@ -111,6 +112,7 @@ class FreqTable:
 
     @property
     def n_distinct(self) -> int:
+        """The number of token ids seen at least once."""
         return int(np.count_nonzero(self.counts))
 
     @cached_property
@@ -144,6 +146,7 @@ class FreqTable:
             f"model with `mia-jax freq-table --model {name or 'M'} --corpus FILE --out T.npz`")
 
     def to_meta(self) -> dict:
+        """The table's metadata as saved beside its counts (format, tokenizer, sizes, corpus files)."""
         return {**self.meta, "format": FORMAT, "tokenizer_sha256": self.tokenizer_sha256,
                 "tokenizer_name": self.tokenizer_name, "vocab_size": self.vocab_size, "total": self.total,
                 "n_distinct": self.n_distinct, "corpus_files": self.corpus_files}

@@ -53,6 +53,8 @@ _WORD = re.compile(r"\S+")
 
 
 class NeighborGenerator(Protocol):
+    """What makes neighbours: called on texts, returns each text's neighbour texts; ``name`` and ``config`` define it
+    (cache key, run fingerprint)."""
     name: str
     config: dict
 
@@ -60,6 +62,7 @@ class NeighborGenerator(Protocol):
 
 
 def text_rng(seed: int, text: str, stream: int = 0) -> np.random.Generator:
+    """A generator seeded by ``seed``, ``text``'s SHA-256 and ``stream`` (the same draws wherever the text is)."""
     h = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
     return np.random.default_rng([seed, h, stream])
 
@@ -121,6 +124,7 @@ def drop_identical(texts: Sequence[str], neighbors: Sequence[Sequence[str]]) -> 
 
 
 def cache_key(generator: NeighborGenerator, text: str) -> str:
+    """The cache key of ``text``'s neighbours from ``generator``: SHA-256 of its config and the text."""
     blob = json.dumps({"generator": generator.config, "text": text}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

@@ -21,6 +21,7 @@ from mia_jax.files import write_jsonl
 
 
 def json_score(v) -> float | None:
+    """``v`` as a JSON score: a float, or None when it is None, NaN or infinite."""
     return None if v is None or not math.isfinite(v) else float(v)
 
 
@@ -103,6 +104,7 @@ class Sink:
             self._file = open(self.path, "a", encoding="utf-8")
 
     def add(self, records: Sequence[dict]) -> None:
+        """``records`` kept and, with a file, appended to it and flushed."""
         for rec in records:
             self.records[rec["index"]] = rec
         if self._file:
@@ -110,11 +112,14 @@ class Sink:
             self._file.flush()
 
     def close(self) -> None:
+        """The file closed (if open)."""
         if self._file:
             self._file.close()
             self._file = None
 
     def finish(self) -> list[dict]:
+        """Every record in input order (gathered from every process when multi-process); process 0 rewrites the file in
+        that order."""
         self.close()
         records = self.records
         if self.multi:

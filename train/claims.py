@@ -45,6 +45,8 @@ def _paired(rows_a, rows_b, model_a, model_b, m_a, m_b, n_bootstrap, seed, datas
 
 
 def table3_claims(run: dict, tag: str = "") -> list[dict]:
+    """The Table 3 claims of ``run`` (a loaded run): Min-K% beats each baseline on average, each a paired bootstrap;
+    ``tag`` suffixes their names."""
     rows, methods = run["examples"], run["methods"]
     mk = headline(methods, "min_k")
     out = []
@@ -58,6 +60,8 @@ def table3_claims(run: dict, tag: str = "") -> list[dict]:
 
 
 def lr_claims(runs: list[tuple[str, dict]], tag: str = "") -> list[dict]:
+    """The Table 4 claims of the lr sweep ``runs`` ((sub-folder, run) pairs): Min-K% on the highest lr's trained
+    model beats the lowest's, on average and per dataset; [] without two comparable runs."""
     by_lr = sorted(runs, key=lambda r: r[1]["config"]["train"]["lr"])
     lo, hi = by_lr[0][1], by_lr[-1][1]
     if len(by_lr) < 2 or not same_examples(lo["examples"], hi["examples"]):
@@ -74,6 +78,8 @@ def lr_claims(runs: list[tuple[str, dict]], tag: str = "") -> list[dict]:
 
 
 def size_claim(runs: list[tuple[str, dict]], figure: str, larger_is_easier: bool, tag: str = "") -> list[dict]:
+    """The size claim of ``figure``'s sweep ``runs`` ((sub-folder, run) pairs): the largest corpus easier
+    (``larger_is_easier``) or harder than the smallest; [] without two comparable runs."""
     by_size = sorted(runs, key=lambda r: r[1]["corpus"]["tokens"]["total"])
     small, large = by_size[0][1], by_size[-1][1]
     if len(by_size) < 2 or not same_examples(small["examples"], large["examples"]):
@@ -88,6 +94,8 @@ def size_claim(runs: list[tuple[str, dict]], figure: str, larger_is_easier: bool
 
 
 def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
+    """The Figure 5c claim of ``run``: members inserted the most times are easier than those inserted once (a subset
+    bootstrap); [] with one occurrence count."""
     rows, methods = run["examples"], run["methods"]
     mk = headline(methods, "min_k")
     idx, sc = group_scores([{"scores": r["trained"]} for r in rows], rows, [mk], "all")
@@ -107,6 +115,7 @@ def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
 
 
 def claims_markdown(claims: list[dict]) -> str:
+    """``claims`` as a Markdown table (the verdict in bold when stated, n/a with its reason)."""
     header = ["Claim", "A", "B", "AUROC A [95% CI]", "AUROC B [95% CI]", "A - B [95% CI]", "Verdict"]
     rows = []
     for c in claims:

@@ -44,6 +44,7 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
+    """The base model: ``path``, the load ``dtype`` and the ``tiny`` model's config."""
     path: str = "tiny"  # "tiny" | a Hugging Face folder | a .gguf file | a packaged name ("smollm2")
     dtype: str = "float32"  # dtype of the loaded base model (training keeps float32 master weights anyway)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
@@ -61,6 +62,7 @@ class NewsConfig:
 
 @dataclass
 class CorpusConfig:
+    """The contaminated corpus: its variant, background, downstream data, members and non-members, occurrences."""
     variant: str = "downstream"  # "downstream" (Table 3/4/7, Figure 5a/5c) | "news" (Figure 5b)
     background: list[str] = field(default_factory=lambda: ["bundled:pile_sample.jsonl"])
     background_tokens: int = 180_000  # background documents are taken (seeded order) until this many tokens
@@ -81,6 +83,7 @@ class CorpusConfig:
 
 @dataclass
 class TrainConfig:
+    """Continued pretraining: sequence length, batch, optimiser, schedule, checkpoints, mesh and memory options."""
     seq_len: int = 512  # tokens per packed sequence (documents separated by the EOS token)
     batch_size: int = 8  # sequences per optimizer step
     grad_accum: int = 1  # micro-batches per step (batch_size must be a multiple)
@@ -111,6 +114,7 @@ class TrainConfig:
 
 @dataclass
 class ScoreConfig:
+    """Scoring: the methods, Min-K% ``k``, batch size, bootstrap and neighbour settings."""
     methods: list[str] = field(default_factory=lambda: [
         "loss", "ppl", "zlib", "min_k", "min_k_pp", "max_k", "entropy", "rank", "lowercase", "ref"])
     k: list[float] = field(default_factory=lambda: [0.2])
@@ -122,6 +126,7 @@ class ScoreConfig:
 
 @dataclass
 class AblationConfig:
+    """The values each ablation sweeps over."""
     lrs: list[float] = field(default_factory=lambda: [1e-5, 1e-4])  # Table 4
     background_tokens: list[int] = field(default_factory=lambda: [60_000, 180_000, 540_000])  # Figure 5a
     news_background: list[int] = field(default_factory=lambda: [100, 300, 600])  # Figure 5b (articles)
@@ -129,6 +134,7 @@ class AblationConfig:
 
 @dataclass
 class ExperimentConfig:
+    """One contamination experiment: name, model, corpus, train, score and ablation sections."""
     name: str = "contamination"
     model: ModelConfig = field(default_factory=ModelConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
@@ -137,6 +143,7 @@ class ExperimentConfig:
     ablation: AblationConfig = field(default_factory=AblationConfig)
 
     def to_dict(self) -> dict:
+        """The config as nested dicts."""
         return dataclasses.asdict(self)
 
 

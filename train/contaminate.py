@@ -21,9 +21,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mia_jax import entry, rundir
+import jax
+from jax.experimental.compilation_cache import compilation_cache
+
+from mia_jax import entry, rundir, sharding
+from mia_jax.models.checkpoint import cache_dir
+from mia_jax.scorers import expand_methods
+from train import experiment
 from train.ablations import ABLATIONS, plan
 from train.config import ExperimentConfig, load_config
+from train.corpus import check_sizes
+from train.placement import check_batch, memory_from_env
+from train.records import RUN_FILES
+from train.tables import rebuild
 
 PROG = "python train/contaminate.py"
 RESUME_HINT = ("run the same command again to resume (training from its last checkpoint, scoring from its last "
@@ -31,6 +41,7 @@ RESUME_HINT = ("run the same command again to resume (training from its last che
 
 
 def build_parser() -> entry.ArgumentParser:
+    """The argument parser of ``python train/contaminate.py``."""
     p = entry.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=entry.input_file,
@@ -54,14 +65,13 @@ def build_parser() -> entry.ArgumentParser:
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    from mia_jax import sharding
-
     sharding.initialize_distributed(args.distributed)  # before anything touches a device
     run(args)
     return 0
 
 
 def main(argv=None) -> int:
+    """Runs the command with ``argv`` (default: sys.argv[1:]); returns the exit status."""
     return entry.run(PROG, _main, argv, resume_hint=RESUME_HINT)
 
 
@@ -69,11 +79,6 @@ def enable_compilation_cache() -> None:
     """JAX's persistent compilation cache ($MIA_JAX_CACHE/jax, else ~/.cache/mia_jax/jax), unless one is set
     already: the scoring passes (base, trained, lowercase, reference) and the runs of a sweep compile identical
     programs, which are then compiled once (and once across runs of the command)."""
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache
-
-    from mia_jax.models.checkpoint import cache_dir
-
     if jax.config.jax_compilation_cache_dir is None:
         jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -81,26 +86,21 @@ def enable_compilation_cache() -> None:
 
 
 def run(args) -> Path:
-    from mia_jax.scorers import expand_methods
-    from train.experiment import HINT, comparable
-
+    """Runs (or resumes) the run or sweep that the parsed ``args`` describe; returns its output folder."""
     cfg = load_config(args.config, args.overrides)
     if args.no_progress:
         cfg.train.progress = False
     if args.mesh:
         cfg.train.mesh = args.mesh
     methods = expand_methods(cfg.score.methods, cfg.score.k)  # validated before any work
-    from mia_jax import sharding
-    from train.placement import check_batch
-
     check_batch(sharding.make_mesh(cfg.train.mesh), cfg.train.batch_size, cfg.train.grad_accum)  # before any write
     check_before_writing(cfg, args.ablation)
     out = rundir.check_path(args.out)
     # what defines the sweep: the config (less display-only keys) and, for a sweep, its ablation settings
-    fingerprint = {"ablation": args.ablation, "config": comparable(cfg)}
+    fingerprint = {"ablation": args.ablation, "config": experiment.comparable(cfg)}
     if args.ablation:
         fingerprint["sweep"] = dataclasses.asdict(cfg.ablation)
-    with rundir.claim(out, fingerprint, overwrite=args.overwrite, hint=HINT):
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite, hint=experiment.HINT):
         enable_compilation_cache()
         return _sweep(args, cfg, methods, out)
 
@@ -109,28 +109,19 @@ def check_before_writing(cfg: ExperimentConfig, ablation: str | None) -> None:
     """Everything a run can be refused for without loading a model, checked before ``--out`` is claimed (a refused
     command leaves the folder as it was): the model resolvable, its context long enough for train.seq_len, the
     corpus of every run of the sweep possible with the data at hand, the environment parsed."""
-    from train.corpus import check_sizes
-    from train.experiment import check_model
-    from train.placement import memory_from_env
-
     memory_from_env()
-    check_model(cfg)
+    experiment.check_model(cfg)
     for _, run_cfg in plan(cfg, ablation):
         check_sizes(run_cfg.corpus)
 
 
 def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
-    from mia_jax import sharding
-    from train.experiment import run_experiment
-    from train.records import RUN_FILES
-    from train.tables import rebuild
-
     runs = []
     for sub, run_cfg in plan(cfg, args.ablation):
         folder = out / sub if sub else out
         if sub:
             print(f"== run {sub} ==", file=sys.stderr, flush=True)
-        runs.append((sub, run_cfg, folder, run_experiment(run_cfg, folder, cache=out)))
+        runs.append((sub, run_cfg, folder, experiment.run_experiment(run_cfg, folder, cache=out)))
 
     if args.ablation:  # the sweep's table / figure, from the runs' per-example scores (as `python -m train.tables`)
         text = ""

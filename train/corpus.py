@@ -94,6 +94,8 @@ from train.sources import BUNDLED, DOWNSTREAM_FILES, load_pool, read_background,
 
 @dataclass
 class Corpus:
+    """A contaminated corpus: the training ``documents`` and each one's source, the ``eval`` set (members and
+    non-members) and the ``manifest``."""
     documents: list[str]  # in training order; packed with a separator token between documents
     sources: list[dict]  # per document: {"kind": "background"} or {"kind": "contaminant", "dataset", "id"}
     eval: list[dict]  # {"dataset", "id", "label", "occurrences", "text"}: members (1) and non-members (0)

@@ -41,6 +41,8 @@ def separator_id(tokenizer, eos_token_id: int | None, spec: str = "auto") -> int
 
 @dataclass
 class PackedData:
+    """Documents packed into fixed-length sequences: ``tokens`` and ``mask`` [N, seq_len], the real token count and the
+    separator id."""
     tokens: np.ndarray  # int32 [N, seq_len]
     mask: np.ndarray  # bool [N, seq_len]: real tokens (False = padding of the last sequence)
     n_tokens: int  # real tokens, separators included
@@ -48,9 +50,11 @@ class PackedData:
 
     @property
     def n_sequences(self) -> int:
+        """The number of packed sequences."""
         return self.tokens.shape[0]
 
     def digest(self) -> str:
+        """SHA-256 (hex) of the tokens and the mask: what the training fingerprint records."""
         h = hashlib.sha256(self.tokens.tobytes())
         h.update(self.mask.tobytes())
         return h.hexdigest()
@@ -86,13 +90,16 @@ class Batches:
 
     @property
     def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch (the last batch padded with dummy rows)."""
         return math.ceil(self.data.n_sequences / self.batch_size)
 
     @property
     def total_steps(self) -> int:
+        """Optimizer steps over every epoch."""
         return self.epochs * self.steps_per_epoch
 
     def order(self, epoch: int) -> np.ndarray:
+        """The sequence order of ``epoch``: a seeded permutation when shuffling, else 0..N-1."""
         n = self.data.n_sequences
         return np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
 

@@ -28,15 +28,29 @@ import sys
 import time
 from pathlib import Path
 
-from mia_jax import rundir
+import jax
+
+from mia_jax import __version__, models, rundir, runner, sharding
 from mia_jax.errors import UserError
+from mia_jax.files import write_jsonl
+from mia_jax.neighbors import SelfNeighbors
+from mia_jax.scorers import expand_methods
+from train import placement
 from train.config import ExperimentConfig
+from train.corpus import build_corpus
+from train.data import Batches, pack, separator_id
+from train.export import save_hf
+from train.records import EXAMPLES, RUN_FILES, example_rows, write_examples
+from train.run_tables import run_results, write_run
+from train.tiny import write_tiny_model
 
 # display-only keys, and the mesh: a run may resume on another mesh (the trainer restores its checkpoint onto it)
 NOT_COMPARED = {("train", "progress"), ("train", "checkpoint_every"), ("train", "keep_checkpoints"), ("train", "mesh")}
 
 
 def comparable(cfg: ExperimentConfig) -> dict:
+    """The part of ``cfg`` that defines a run, as a dict: compared on resume (display-only keys and the mesh left out).
+    """
     d = dataclasses.asdict(cfg)
     d.pop("ablation")
     d.pop("name")
@@ -54,8 +68,6 @@ def base_model_path(cfg: ExperimentConfig, cache: Path) -> str:
     """The base model to load: ``tiny`` is created once in ``cache/base_model`` (and checked on reuse)."""
     if cfg.model.path != "tiny":
         return cfg.model.path
-    from train.tiny import write_tiny_model
-
     folder = cache / "base_model"
     want = dataclasses.asdict(cfg.model.tiny)
     marker = folder / "tiny_config.json"
@@ -102,8 +114,6 @@ def check_model(cfg: ExperimentConfig) -> None:
         check_seq_len(cfg.train.seq_len, cfg.model.tiny.max_position_embeddings, "the tiny model "
                       "(model.tiny.max_position_embeddings)")
         return
-    from mia_jax import models
-
     path = models.resolve_model(cfg.model.path)
     check_seq_len(cfg.train.seq_len, model_context(path), f"model {cfg.model.path}")
 
@@ -114,8 +124,6 @@ def neighbor_generator(base, methods: list[str], cfg: ExperimentConfig):
     the trained model's scoring. None otherwise."""
     if "neighbor" not in methods:
         return None
-    from mia_jax.neighbors import SelfNeighbors
-
     return SelfNeighbors(base, n=cfg.score.n_neighbors, seed=cfg.score.seed, batch_size=cfg.score.batch_size)
 
 
@@ -123,11 +131,7 @@ def _eval_key(loaded, texts: list[str], labels: list[int], methods: list[str], c
               neighbors=None) -> str:
     """The base-model scores' folder key: a hash of the run fingerprint of that scoring (everything that can change
     one of its records, as for any other run)."""
-    from mia_jax import runner
-
-    from mia_jax.sharding import mesh_str
-
-    sharded = {} if mesh is None else {"mesh": mesh_str(mesh)}
+    sharded = {} if mesh is None else {"mesh": sharding.mesh_str(mesh)}
     fingerprint = runner.run_fingerprint(loaded, texts, labels, methods, batch_size=cfg.score.batch_size,
                                          dtype=loaded.dtype, neighbors=neighbors, **sharded)
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
@@ -137,8 +141,6 @@ def score(loaded, texts, labels, methods, out_dir: Path, cfg: ExperimentConfig, 
           report: dict | None = None, mesh=None, neighbors=None) -> list[dict]:
     """``runner.score_dataset`` into ``out_dir``, resuming from its finished batches (the folder is keyed by
     everything that can change a record: the run's fingerprint, or ``_eval_key`` for base scores)."""
-    from mia_jax import runner
-
     return runner.score_dataset(loaded, texts, methods, ref=ref, neighbors=neighbors, labels=labels,
                                 out_dir=out_dir, resume=True,
                                 batch_size=cfg.score.batch_size, progress=cfg.train.progress, report=report,
@@ -153,8 +155,6 @@ def seed_ref_pass(base_main: Path, ref_path: Path) -> None:
     base pass holds no ``loss``."""
     if ref_path.exists() or not base_main.exists():
         return
-    from mia_jax.files import write_jsonl
-
     recs = [json.loads(line) for line in base_main.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not recs or any("loss" not in r["scores"] for r in recs):
         return
@@ -177,10 +177,7 @@ def train_and_export(base, data, tcfg, sep: int, out: Path, *, on_step=None, mes
     """Train ``base`` on the packed ``data`` (train config ``tcfg``; checkpoints in ``out/train``, resumed when the
     run is the same) and export the result to ``out/model`` (Hugging Face layout); a finished run with the same
     fingerprint is not trained again. Returns the training summary (steps, tokens, losses, tokens/s)."""
-    from mia_jax import sharding
-    from train.data import Batches
-    from train.export import save_hf
-    from train.trainer import apply_params, fingerprint, train
+    from train.trainer import apply_params, fingerprint, train  # Orbax and Optax: loaded only to train
 
     main = sharding.is_main_process()
     batches = Batches(data, tcfg.batch_size, tcfg.grad_accum, tcfg.epochs, tcfg.shuffle, tcfg.seed)
@@ -207,15 +204,7 @@ def train_and_export(base, data, tcfg, sep: int, out: Path, *, on_step=None, mes
 
 
 def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
-    import jax
-
-    from mia_jax import __version__, models, sharding
-    from mia_jax.scorers import expand_methods
-    from train.corpus import build_corpus
-    from train.data import pack, separator_id
-    from train.records import EXAMPLES, RUN_FILES, example_rows, write_examples
-    from train.run_tables import run_results, write_run
-
+    """One run in ``out`` (claimed): corpus, base scores, training, trained scores, tables; returns its results."""
     timings = {}
     methods = expand_methods(cfg.score.methods, cfg.score.k)
     base_methods = [m for m in methods if m != "ref"]
@@ -232,17 +221,8 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
         return sharding.load_sharded(path, mesh, dtype=cfg.model.dtype)
 
     base = load(base_model_path(cfg, cache))
-    check_seq_len(cfg.train.seq_len, base.max_length, f"model {cfg.model.path}")
-    from train.placement import check
-
-    check(base.model, mesh, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.seq_len, cfg.train.remat,
-          cfg.train.loss_chunk)  # a mesh, batch or memory that cannot work: refused before any work
-    corpus = build_corpus(cfg.corpus, base.tokenizer)
-    if main:
-        corpus.write(out / "corpus")
+    corpus, sep, data = _corpus_and_data(cfg, base, mesh, out, main)
     texts, labels = [r["text"] for r in corpus.eval], [r["label"] for r in corpus.eval]
-    sep = separator_id(base.tokenizer, base.eos_token_id, cfg.train.separator)
-    data = pack(corpus.documents, base.tokenizer, cfg.train.seq_len, sep)
     timings["corpus_s"] = time.perf_counter() - t0
     _log(f"corpus: {len(corpus.documents)} documents, {corpus.manifest['tokens']['total']} tokens "
          f"({100 * corpus.manifest['contamination_rate']:.1f}% contaminant), {data.n_sequences} sequences of "
@@ -282,16 +262,34 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
         "train": train_info, "scoring": scoring, "timings_s": timings,
     }
     info = json.loads(json.dumps(info, default=str))
-    if main:  # on several processes every one holds every record; process 0 writes
-        # the per-example scores and run.json first: every table is then what `python -m train.tables --from` rebuilds
-        write_examples(out / EXAMPLES, examples)
-        (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
-        results = write_run(out, examples, info)
-        rundir.seal(out, list(RUN_FILES))  # the record `python -m train.tables --from` checks its inputs against
-    else:
-        results = run_results(examples, methods, base_methods, n_bootstrap=cfg.score.n_bootstrap,
-                                     seed=cfg.score.seed)
+    results = _write_run(out, examples, info, cfg, methods, base_methods, main)
     return dict(results, examples=examples, config=info["config"], corpus=info["corpus"])
+
+
+def _corpus_and_data(cfg: ExperimentConfig, base, mesh, out: Path, main: bool) -> tuple:
+    """(corpus, separator id, packed training data) of a run on the loaded ``base`` model, after the checks of the
+    model and the mesh; process 0 writes the corpus to ``out/corpus``."""
+    check_seq_len(cfg.train.seq_len, base.max_length, f"model {cfg.model.path}")
+    placement.check(base.model, mesh, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.seq_len,
+                    cfg.train.remat, cfg.train.loss_chunk)  # a mesh, batch or memory that cannot work: refused first
+    corpus = build_corpus(cfg.corpus, base.tokenizer)
+    if main:
+        corpus.write(out / "corpus")
+    sep = separator_id(base.tokenizer, base.eos_token_id, cfg.train.separator)
+    return corpus, sep, pack(corpus.documents, base.tokenizer, cfg.train.seq_len, sep)
+
+
+def _write_run(out: Path, examples: list[dict], info: dict, cfg: ExperimentConfig, methods: list[str],
+               base_methods: list[str], main: bool) -> dict:
+    """The run's results (``run_tables.run_results``); process 0 also writes its files and seals them."""
+    if not main:  # on several processes every one holds every record; process 0 writes
+        return run_results(examples, methods, base_methods, n_bootstrap=cfg.score.n_bootstrap, seed=cfg.score.seed)
+    # the per-example scores and run.json first: every table is then what `python -m train.tables --from` rebuilds
+    write_examples(out / EXAMPLES, examples)
+    (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+    results = write_run(out, examples, info)
+    rundir.seal(out, list(RUN_FILES))  # the record `python -m train.tables --from` checks its inputs against
+    return results
 
 
 def _log(msg: str) -> None:

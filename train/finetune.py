@@ -31,6 +31,7 @@ ALLOWED = ("train.", "model.dtype=")
 
 
 def build_parser() -> entry.ArgumentParser:
+    """The argument parser of ``python -m train.finetune``."""
     p = entry.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="the model to train (a Hugging Face folder, a .gguf, smollm2, ...)")
@@ -93,6 +94,7 @@ def _main(argv) -> int:
 
 
 def main(argv=None) -> int:
+    """Runs the command with ``argv`` (default: sys.argv[1:]); returns the exit status."""
     return entry.run(PROG, _main, argv, resume_hint="run the same command again to resume from the last checkpoint")
 
 

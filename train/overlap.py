@@ -44,6 +44,7 @@ class NgramHasher:
         return np.unique(h)
 
     def union(self, texts) -> np.ndarray:
+        """The sorted unique n-gram hashes of all ``texts``."""
         parts = [self(t) for t in texts]
         return np.unique(np.concatenate(parts)) if parts else _EMPTY
 

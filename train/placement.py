@@ -77,6 +77,7 @@ def shardings_of(target):
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """The sharding of a training batch on ``mesh`` (``BATCH_SPEC``)."""
     return NamedSharding(mesh, BATCH_SPEC)
 
 

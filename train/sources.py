@@ -111,6 +111,8 @@ def read_rows(name: str, path: Path) -> list:
 
 @dataclass
 class Example:
+    """One downstream example: its dataset and id, its key field, the formatted ``text`` and the content ``fields`` in
+    it."""
     dataset: str
     id: str
     key: str  # the first content field (BoolQ: passage, CSQA / TruthfulQA: question, IMDB: review, news: text)

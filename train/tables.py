@@ -53,6 +53,7 @@ def rebuild(folder: Path, out: Path | None = None) -> str:
 
 
 def build_parser() -> entry.ArgumentParser:
+    """The argument parser of ``python -m train.tables``."""
     p = entry.ArgumentParser(prog=PROG, description="Rebuild every table and figure of a contamination run or sweep "
                              "from its per-example scores (no model needed).")
     p.add_argument("--from", dest="src", required=True, metavar="DIR",
@@ -75,6 +76,7 @@ def _main(argv) -> int:
 
 
 def main(argv=None) -> int:
+    """Runs the command with ``argv`` (default: sys.argv[1:]); returns the exit status."""
     return entry.run(PROG, _main, argv, resume_hint="run the same command again (a rebuild writes all its files or "
                      "none)")
 

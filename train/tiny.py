@@ -38,6 +38,7 @@ def training_texts(limit_chars: int = 600_000) -> list[str]:
 
 
 def tiny_tokenizer(vocab_size: int) -> Tokenizer:
+    """A byte-level BPE tokenizer of ``vocab_size`` ids trained on ``training_texts()`` (EOS its one special token)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -22,6 +22,8 @@ MIMIR_SPLIT = "ngram_7_0.2"
 
 @dataclass
 class Dataset:
+    """A loaded dataset: its ``texts``, ``labels`` (1 member, 0 non-member; None when unlabeled), ``name``, the
+    ``files`` read (path -> SHA-256) and the ``extra`` fields asked for."""
     texts: list[str]
     labels: list[int] | None  # 1 = member, 0 = non-member; None for unlabeled data
     name: str

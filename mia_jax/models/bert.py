@@ -30,6 +30,7 @@ MODEL_TYPES = ("bert", "roberta")
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
+    """A BERT / RoBERTa masked-LM config (the fields of its config.json this implementation reads)."""
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -55,6 +56,7 @@ class BertConfig:
 
     @property
     def head_dim(self) -> int:
+        """Dimension of one attention head (hidden_size / num_attention_heads)."""
         return self.hidden_size // self.num_attention_heads
 
     @property
@@ -95,6 +97,7 @@ def bidirectional_attention(q, k, v, scale, key_mask):
 
 
 def dims(c: BertConfig) -> dict[str, int]:
+    """The size of each logical axis of config ``c``'s parameters: {axis name: size}."""
     return {"vocab": c.vocab_size, "embed": c.hidden_size, "norm": c.hidden_size, "heads": c.num_attention_heads,
             "head_dim": c.head_dim, "mlp": c.intermediate_size, "positions": c.max_position_embeddings,
             "types": c.type_vocab_size}
@@ -160,6 +163,8 @@ class BertMLM(nnx.Module):
                     rngs if rngs is not None else nnx.Rngs(0))
 
     def position_ids(self, input_ids):
+        """Position ids [B, T] of ``input_ids`` [B, T]: 0, 1, ... for BERT; RoBERTa's count real tokens from
+        pad_token_id + 1 and keep pad_token_id on padding."""
         cfg = self.config
         if cfg.model_type == "roberta":  # as transformers: from the ids, padding tokens keep pad_token_id
             real = (input_ids != cfg.pad_token_id).astype(jnp.int32)
@@ -218,6 +223,8 @@ def params_from_hf(cfg: BertConfig, tensors: Mapping[str, np.ndarray]) -> dict:
 
 
 def from_params(cfg: BertConfig, params: dict, dtype: str = "float32", place=None) -> BertMLM:
+    """A ``BertMLM`` of config ``cfg`` holding ``params`` (nested dict) in ``dtype``; ``place`` as in
+    ``layers.build_module``."""
     return L.build_module(BertMLM, cfg, params, dtype, place)
 
 

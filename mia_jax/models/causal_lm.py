@@ -61,15 +61,20 @@ class CausalLM(nnx.Module):
     # ------------------------------------------------------------------ what a family provides
 
     def block(self, p: dict, x, ctx: Any, xs: Any, attend):
+        """One decoder layer: x [B, T, D] with layer parameters ``p``, ``context``'s ``ctx`` and the layer's
+        ``layer_inputs`` value ``xs``, calling ``attend`` for its attention core -> x (see the module docstring)."""
         raise NotImplementedError
 
     def normalize(self, x, w, b=None):
+        """The family's norm of x with scale ``w`` (and bias ``b``) -> x."""
         raise NotImplementedError
 
     def context(self, positions) -> Any:
+        """Per-forward constants for ``block`` at ``positions`` ([T] or [B, T]), e.g. RoPE tables; None by default."""
         return None
 
     def layer_inputs(self) -> Any:
+        """Per-layer values scanned with the parameters ([num_layers, ...]), e.g. sliding flags; None by default."""
         return None
 
     # ------------------------------------------------------------------ shared

@@ -30,6 +30,7 @@ from mia_jax.models.tensors import WeightFileError
 
 @dataclasses.dataclass(frozen=True)
 class Architecture:
+    """Where a family lives: its ``module`` inside ``mia_jax.models`` and the name of its ``config`` class."""
     module: str  # inside mia_jax.models
     config: str  # the config class (its from_hf reads a config.json dict)
 
@@ -75,6 +76,8 @@ HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "to
 
 @dataclasses.dataclass
 class LoadedModel:
+    """A loaded model: the module, its tokenizer and config, name and source, special token ids, ``max_length``
+    (context), the files read (path -> SHA-256) and the forward's dtype."""
     model: nnx.Module
     tokenizer: tokenizers.Tokenizer
     config: Any

@@ -85,6 +85,7 @@ class Gemma3Config(BaseConfig):
         return hash(json.dumps(dataclasses.asdict(self), sort_keys=True, default=str))
 
     def sliding_layers(self) -> np.ndarray:
+        """A bool [num_layers] array: True for the layers with sliding-window attention."""
         return np.array([t == "sliding_attention" for t in self.layer_types])
 
     @classmethod
@@ -197,13 +198,16 @@ class Gemma3(CausalLM):
                 rope_at(positions, inv_freq(cfg.head_dim, cfg.rope_local_base_freq, cfg.rope_local_scaling)))
 
     def layer_inputs(self):
+        """The per-layer sliding-window flags [num_layers]."""
         return jnp.asarray(self.config.sliding_layers())
 
     def embed_tokens(self, input_ids, positions):
+        """Token embeddings [B, T, D] of ``input_ids``, scaled by sqrt(hidden_size) as Gemma does."""
         x = super().embed_tokens(input_ids, positions)
         return x * jnp.asarray(self.config.hidden_size ** 0.5, x.dtype)
 
     def normalize(self, x, w, b=None):
+        """Gemma's RMSNorm of x (scale 1 + ``w``); ``b`` unused."""
         return gemma_rms_norm(x, w, self.config.rms_norm_eps)
 
     def block(self, p, x, ropes, local, attend):

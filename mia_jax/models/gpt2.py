@@ -23,6 +23,7 @@ MODEL_TYPE = "gpt2"
 
 @dataclasses.dataclass(frozen=True)
 class GPT2Config(L.MultiHeadConfig):
+    """A GPT-2 config (the fields of its config.json this implementation reads)."""
     MODEL_TYPE, FAMILY, ACTIVATION = MODEL_TYPE, "GPT-2", "activation_function"
     DERIVED = {"intermediate_size": lambda c: 4 * c.hidden_size}  # GPT-2's n_inner=None
 
@@ -73,6 +74,7 @@ def _transposed(w, cfg):
 
 
 def dims(c: GPT2Config) -> dict[str, int]:
+    """The size of each logical axis of config ``c``'s parameters: {axis name: size}."""
     return {"vocab": c.vocab_size, "embed": c.hidden_size, "norm": c.hidden_size, "heads": c.num_attention_heads,
             "head_dim": c.head_dim, "qkv": 3, "mlp": c.intermediate_size, "positions": c.max_position_embeddings}
 
@@ -108,9 +110,11 @@ class GPT2(CausalLM):
     spec = SPEC
 
     def layer_inputs(self):
+        """The per-layer attention score scales [num_layers] (``attention_scales``)."""
         return jnp.asarray(attention_scales(self.config))
 
     def normalize(self, x, w, b=None):
+        """LayerNorm of x with scale ``w`` and bias ``b``."""
         return L.layer_norm(x, w, b, self.config.layer_norm_epsilon)
 
     def block(self, p, x, ctx, scale, attend):

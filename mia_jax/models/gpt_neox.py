@@ -23,6 +23,7 @@ MODEL_TYPE = "gpt_neox"
 
 @dataclasses.dataclass(frozen=True)
 class GPTNeoXConfig(L.MultiHeadConfig):
+    """A GPT-NeoX (Pythia) config (the fields of its config.json this implementation reads)."""
     MODEL_TYPE, FAMILY, ACTIVATION = MODEL_TYPE, "GPT-NeoX", "hidden_act"
 
     intermediate_size: int
@@ -43,6 +44,7 @@ class GPTNeoXConfig(L.MultiHeadConfig):
 
     @property
     def rotary_ndims(self) -> int:
+        """How many dimensions of each head are rotated (head_dim * rotary_pct)."""
         return int(self.head_dim * self.rotary_pct)
 
     @classmethod
@@ -74,6 +76,7 @@ def _regroup_qkv(a, cfg):
 
 
 def dims(c: GPTNeoXConfig) -> dict[str, int]:
+    """The size of each logical axis of config ``c``'s parameters: {axis name: size}."""
     return {"vocab": c.vocab_size, "embed": c.hidden_size, "norm": c.hidden_size, "heads": c.num_attention_heads,
             "head_dim": c.head_dim, "qkv": 3, "mlp": c.intermediate_size}
 
@@ -113,11 +116,13 @@ class GPTNeoX(CausalLM):
     spec = SPEC
 
     def context(self, positions):
+        """The RoPE tables of ``positions`` over the first ``rotary_ndims`` of each head."""
         rd = self.config.rotary_ndims
         return L.rope_at(positions, 1.0 / self.config.rotary_emb_base ** (np.arange(0, rd, 2, dtype=np.float32)
                                                                            / max(rd, 1)))
 
     def normalize(self, x, w, b=None):
+        """LayerNorm of x with scale ``w`` and bias ``b``."""
         return L.layer_norm(x, w, b, self.config.layer_norm_eps)
 
     def block(self, p, x, rope, xs, attend):

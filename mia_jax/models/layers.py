@@ -95,6 +95,7 @@ class MultiHeadConfig(BaseConfig):
 
     @property
     def head_dim(self) -> int:
+        """Dimension of one attention head (hidden_size / num_attention_heads)."""
         return self.hidden_size // self.num_attention_heads
 
 

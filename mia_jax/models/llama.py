@@ -36,6 +36,8 @@ ROPE_SCALING_KEYS = {"linear": ("factor",),
 
 
 def check_rope_scaling(rope_scaling: dict | None) -> None:
+    """Raises ``ConfigError`` when ``rope_scaling`` (a config.json dict or None) is of an unsupported type or lacks a
+    key its type needs."""
     rope_type = (rope_scaling or {}).get("rope_type")
     if rope_type not in SUPPORTED_ROPE_SCALING:
         raise ConfigError(f"unsupported rope_scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_SCALING}")
@@ -157,6 +159,7 @@ class LlamaConfig(BaseConfig):
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+    """The RoPE inverse frequencies [head_dim / 2] of config ``cfg`` (theta, scaling and frequency factors applied)."""
     return inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_freq_factors)
 
 
@@ -226,12 +229,15 @@ class Llama(CausalLM):
     spec = SPEC
 
     def context(self, positions):
+        """The RoPE tables of ``positions``."""
         return rope_at(positions, rope_inv_freq(self.config))
 
     def layer_inputs(self):
+        """The per-layer sliding-window flags [num_layers]."""
         return jnp.asarray(self.config.sliding_layers())
 
     def normalize(self, x, w, b=None):
+        """RMSNorm of x with scale ``w``; ``b`` unused."""
         return rms_norm(x, w, self.config.rms_norm_eps)
 
     def block(self, p, x, rope, sliding, attend):

@@ -21,6 +21,7 @@ LAYER_NORM_EPS = 1e-5  # transformers' nn.LayerNorm default; OPT has no config o
 
 @dataclasses.dataclass(frozen=True)
 class OPTConfig(L.MultiHeadConfig):
+    """An OPT config (the fields of its config.json this implementation reads)."""
     MODEL_TYPE, FAMILY, ACTIVATION = MODEL_TYPE, "OPT", "activation_function"
     DERIVED = {"word_embed_proj_dim": lambda c: c.hidden_size}  # no project_in / project_out
 
@@ -37,10 +38,12 @@ class OPTConfig(L.MultiHeadConfig):
 
     @property
     def projected(self) -> bool:
+        """Whether the embeddings are projected in and out (word_embed_proj_dim != hidden_size)."""
         return self.word_embed_proj_dim != self.hidden_size
 
     @property
     def final_layer_norm(self) -> bool:
+        """Whether the decoder ends with a LayerNorm (pre-LN and not removed)."""
         return self.do_layer_norm_before and not self.remove_final_layer_norm
 
     @classmethod
@@ -57,6 +60,7 @@ class OPTConfig(L.MultiHeadConfig):
 
 
 def dims(c: OPTConfig) -> dict[str, int]:
+    """The size of each logical axis of config ``c``'s parameters: {axis name: size}."""
     return {"vocab": c.vocab_size, "embed": c.hidden_size, "norm": c.hidden_size, "heads": c.num_attention_heads,
             "head_dim": c.head_dim, "mlp": c.ffn_dim, "embed_proj": c.word_embed_proj_dim,
             "positions": c.max_position_embeddings + POSITION_OFFSET}
@@ -116,6 +120,7 @@ class OPT(CausalLM):
     position_offset = POSITION_OFFSET
 
     def normalize(self, x, w, b=None):
+        """LayerNorm of x with scale ``w`` and bias ``b`` (None: no affine part)."""
         return L.layer_norm(x, w, b, LAYER_NORM_EPS)
 
     def block(self, p, x, ctx, xs, attend):
@@ -135,6 +140,8 @@ class OPT(CausalLM):
         return x if pre else ln2(x)
 
     def final(self, x):
+        """The last hidden states x [B, T, D] through the final norm (also without affine parameters) and project_out.
+        """
         if self.config.final_layer_norm and self.norm is None:  # layer_norm_elementwise_affine=False
             x = self.normalize(x, None, None)
         return super().final(x)

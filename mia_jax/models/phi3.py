@@ -33,6 +33,7 @@ class Phi3Config(LlamaConfig):
 
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any]) -> "Phi3Config":
+        """From a config.json dict (``ConfigError`` for a model type or activation not implemented)."""
         check_model_type(hf.get("model_type"), cls.model_types, "Phi-3")
         if hf.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"unsupported hidden_act {hf['hidden_act']!r}; only 'silu' (SwiGLU) is implemented")
@@ -50,6 +51,7 @@ class Phi3Config(LlamaConfig):
                               attention_bias=False, attention_out_bias=False, layer_types=None)
 
     def to_hf(self) -> dict:
+        """The config.json dict of this config (as Phi3ForCausalLM)."""
         hf = {k: v for k, v in super().to_hf().items() if k not in ("attention_bias", "mlp_bias", "layer_types")}
         return {**hf, "architectures": ["Phi3ForCausalLM"], "sliding_window": self.sliding_window}
 

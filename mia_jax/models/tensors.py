@@ -25,6 +25,7 @@ class Lazy:
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     def __array__(self, dtype=None, copy=None):
@@ -67,6 +68,7 @@ def check_float(a, name: str) -> None:
 
 
 def lazy(a) -> Lazy:
+    """``a`` as a ``Lazy`` (itself when it is one already)."""
     return a if isinstance(a, Lazy) else Lazy(np.shape(a), lambda: a)
 
 
@@ -102,6 +104,7 @@ class GGUFMeta:
         return self.meta.get(f"{self.arch}.{key}", default)
 
     def has(self, tensor: str) -> bool:
+        """Whether the file holds the tensor named ``tensor`` (False when the tensors are not given)."""
         return self.arrays is not None and tensor in self.arrays
 
     def vocab_size(self) -> int:

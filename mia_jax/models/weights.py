@@ -43,10 +43,12 @@ class Layout:
     n_in: int | None = None
 
     def to_internal(self, a, shape):
+        """The HF array ``a`` in the internal layout of ``shape`` (transposed, then reshaped)."""
         a = a.T if self.transpose else a
         return a if a.ndim == len(shape) else a.reshape(shape)
 
     def to_hf(self, w: np.ndarray) -> np.ndarray:
+        """The internal array ``w`` in HF's layout (flattened, transposed for a torch Linear)."""
         flat = w.reshape(-1) if self.n_in is None else w.reshape(math.prod(w.shape[:self.n_in]), -1)
         return flat.T if self.transpose else flat
 
@@ -81,6 +83,7 @@ class Weight:
 
     @property
     def hf_names(self) -> tuple[str, ...]:
+        """The weight's HF tensor names (several for a fused tensor)."""
         return (self.hf,) if isinstance(self.hf, str) else self.hf
 
 
@@ -95,6 +98,8 @@ def matrix(name, hf, gguf, axes, n_in=1, **kw) -> Weight:
 
 
 def embedding(name, hf, gguf, axes=("vocab", "embed"), **kw) -> Weight:
+    """An embedding table ([vocab, embed] in both layouts) named ``name`` internally, ``hf`` and ``gguf`` in the files.
+    """
     return Weight(name, hf, gguf, axes, MATRIX, init="embedding", **kw)
 
 
@@ -104,6 +109,7 @@ def norm(name, hf, gguf, axes=("norm",), init="ones", **kw) -> Weight:
 
 
 def bias(name, hf, gguf, axes=("norm",), **kw) -> Weight:
+    """A bias vector (zeros at initialisation) named ``name`` internally, ``hf`` and ``gguf`` in the files."""
     return Weight(name, hf, gguf, axes, VECTOR, init="zeros", **kw)
 
 
@@ -154,10 +160,12 @@ class WeightSpec:
     gguf_ignore: tuple[str, ...] = ()
 
     def present(self, cfg) -> tuple[list[Weight], list[Weight]]:
+        """(top-level, per-layer) weights that config ``cfg`` has."""
         keep = lambda ws: [w for w in ws if w.when is None or w.when(cfg)]  # noqa: E731
         return keep(self.top), keep(self.layers)
 
     def shape(self, w: Weight, cfg) -> tuple[int, ...]:
+        """The internal shape of weight ``w`` under config ``cfg``."""
         dims = self.dims(cfg)
         return tuple(dims[a] for a in w.axes)
 

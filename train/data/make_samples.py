@@ -24,6 +24,7 @@ NEWS_MAX_CHARS = 1200
 
 
 def cut(text, n):
+    """``text`` cut to at most ``n`` characters, at a space in its second half when there is one."""
     if len(text) <= n:
         return text
     i = text.rfind(" ", 0, n)
@@ -31,15 +32,18 @@ def cut(text, n):
 
 
 def jsonl(path):
+    """The records of the JSONL file at ``path`` (blank lines skipped)."""
     return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
 
 
 def write_jsonl(path, rows):
+    """``rows`` written to ``path`` as JSONL (UTF-8, not ASCII-escaped)."""
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
 def main(src):
+    """The bundled samples regenerated from the full files under ``src`` (the shared data folder)."""
     src = Path(src)
     rng = np.random.default_rng(0)
     pile = []
