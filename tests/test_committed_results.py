@@ -5,9 +5,10 @@ paths), and writes there; every table, figure and JSON it writes must equal the 
 allowed: the record of the rebuild itself (the ``rebuilt`` key of info.json / unlearning.json, hence their entries in
 manifest.json, and the ``rebuild.json`` a rebuild leaves beside its tables).
 
-Times of each rebuild on the development machine (2 CPU cores shared with a full test run, so about three times what
-they take alone): train.tables lr 29 s, gemma-lr 16 s, news 7 s, occurrence 32 s, size 97 s; train.study 221 s;
-reproduce_wikimia 30 s; detectors 23 s; each audit 5-11 s; each window-metrics 37 s."""
+Times of each test on the development machine (2 CPU cores shared with a full test run: they vary two- to
+three-fold with the load): train.tables lr 29-84 s, gemma-lr 16-49 s, news 7-8 s, occurrence 12-32 s, size 27-97 s;
+train.study 71-221 s; reproduce_wikimia 19-30 s; detectors 14-23 s; each audit 1-11 s; each window-metrics 20-37 s;
+all of them about 5.5 minutes under that load."""
 from __future__ import annotations
 
 import json
