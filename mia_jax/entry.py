@@ -45,6 +45,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 2); subparsers are of the same class."""
 
     def error(self, message: str):
+        """Print ``message`` as one line naming the program and --help, and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -170,6 +171,8 @@ def check_xla_flags() -> None:
 
 
 def describe_os_error(e: OSError) -> str:
+    """The one line for an ``OSError`` a user can fix: what could not be used or written, the system's reason, and
+    for a full disk that the same command resumes."""
     full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
     where = f" {e.filename}" if e.filename else ""
     text = f"cannot {'write' if full else 'use'}{where}: {e.strerror or e}"

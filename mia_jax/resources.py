@@ -34,6 +34,8 @@ RECALL_METHODS = ("recall", "con_recall")
 
 @dataclass
 class Resources:
+    """What ``build`` makes for a run: the runner's ``resources`` and ``pass_options``, the options of every
+    ``score_texts`` call, and the fingerprint entries that identify them."""
     resources: dict = field(default_factory=dict)  # runner.score_texts(resources=)
     pass_options: dict = field(default_factory=dict)  # runner.score_dataset(pass_options=)
     score_options: dict = field(default_factory=dict)  # runner.score_dataset(**) -> every score_texts call
