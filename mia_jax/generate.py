@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 from typing import Sequence
 
@@ -27,11 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tqdm.auto import tqdm
 
 from mia_jax.batching import pad_ids
 from mia_jax.errors import UserError
 
 PROMPT_MULTIPLE = 8  # padded prompt lengths are rounded up to this (fewer compiled shapes across calls)
+NEW_TOKENS_MULTIPLE = 16  # sample_completions' loop length is rounded up to this (fewer compiled shapes)
 
 
 @dataclasses.dataclass
@@ -285,3 +288,47 @@ def generate(loaded, prompts: Sequence[str], *, max_new_tokens: int = 20, temper
     gen = generate_ids(loaded, encode_prompts(loaded, prompts), max_new_tokens=max_new_tokens,
                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos)
     return [loaded.tokenizer.decode(gen.completion_ids(r), skip_special_tokens=True) for r in range(len(prompts))]
+
+
+def text_hash(text: str) -> int:
+    """The 32-bit key component of a text (for `row_keys`): the first 4 bytes of its UTF-8 SHA-256, little-endian."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "little")
+
+
+def sample_completions(loaded, prompt_ids: Sequence[Sequence[int]], budgets: Sequence[int], key_texts: Sequence[str],
+                       *, n_samples: int, temperature: float = 1.0, top_k: int | None = None, seed: int = 0,
+                       batch_size: int = 8, progress: bool = True,
+                       desc: str = "sampling") -> tuple[list[list[str]], list[list[int]]]:
+    """``n_samples`` completions of each prompt (a `LoadedModel`; ``prompt_ids``: each prompt's token ids), each at
+    most its budget of tokens (``budgets``: one per prompt, >= 1), stopping at EOS; greedy when temperature is 0.
+
+    Sample j of prompt i is drawn with the key ``row_keys(seed, text_hash(key_texts[i]), j)``, so it depends only on
+    (seed, key text, j, prompt, budget), never on the other prompts. Prompts are sorted by (budget, prompt length)
+    and ``batch_size`` of them x ``n_samples`` rows share one `generate_ids` loop; the last loop is filled up with
+    rows of budget 0 (one compiled batch size) and each loop's length is its largest budget rounded up to
+    ``NEW_TOKENS_MULTIPLE``. ``progress``: a tqdm bar named ``desc``, counting prompts.
+    Returns (texts, n_tokens): per prompt its samples' decoded text (special tokens skipped) and generated token
+    counts (EOS excluded), in sample order."""
+    order = sorted(range(len(prompt_ids)), key=lambda i: (budgets[i], len(prompt_ids[i]), i))
+    texts: list[list[str]] = [[] for _ in prompt_ids]
+    n_tokens: list[list[int]] = [[] for _ in prompt_ids]
+    per_call = min(batch_size, len(order)) * n_samples
+    bar = tqdm(total=len(order), desc=desc, unit="text", disable=not progress)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        rows = [(i, j) for i in chunk for j in range(n_samples)]
+        n_real = len(rows)
+        rows += [rows[0]] * (per_call - n_real)  # filler rows (budget 0) keep one compiled batch size
+        limit = np.array([budgets[i] for i, _ in rows], np.int32)
+        limit[n_real:] = 0
+        loop_length = -(-int(limit.max()) // NEW_TOKENS_MULTIPLE) * NEW_TOKENS_MULTIPLE
+        keys = row_keys(seed, [text_hash(key_texts[i]) for i, _ in rows], [j for _, j in rows])
+        gen = generate_ids(loaded, [prompt_ids[i] for i, _ in rows], max_new_tokens=loop_length,
+                           temperature=temperature, top_k=top_k, keys=keys, budgets=limit)
+        outs = [gen.completion_ids(r) for r in range(n_real)]
+        for (i, _), out, text in zip(rows, outs, loaded.tokenizer.decode_batch(outs, skip_special_tokens=True)):
+            texts[i].append(text)
+            n_tokens[i].append(len(out))
+        bar.update(len(chunk))
+    bar.close()
+    return texts, n_tokens

@@ -47,25 +47,23 @@ the released evaluation, as here), and SaMIA*zlib weights it by the candidate's 
 
 Cost: ``n_samples`` continuations of ~L tokens per text (L = the reference's token count, capped), i.e. one
 prefill and ~n_samples x L single-token decode steps per text, batched as ``batch_size`` texts x ``n_samples`` rows per
-jit-compiled sampling loop (``mia_jax.generate.generate_ids`` with one key and one token budget per row).
+jit-compiled sampling loop (``mia_jax.generate.sample_completions``: ``generate_ids`` with one key and one token
+budget per row).
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections import Counter
 from typing import Sequence
 from zlib import compress
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from mia_jax import generate
 from mia_jax.errors import UserError
 
 DEFAULT_MAX_NEW_TOKENS = 256  # the default per-text budget (the reference's token count) is capped here
-NEW_TOKENS_MULTIPLE = 16  # the loop's cache length is rounded up to this (fewer compiled shapes)
 METHODS = ("samia", "samia_zlib")
 
 
@@ -134,11 +132,6 @@ class SampleSet:
     reasons: dict[int, str]
 
 
-def text_hash(text: str) -> int:
-    """The 32-bit key component of a text: the first 4 bytes of its UTF-8 SHA-256."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "little")
-
-
 def _budgets(loaded, prefixes: list[str], references: list[str], max_new_tokens: int | None) -> list[int]:
     """Per text: ``max_new_tokens``, or the reference's token count in context after the prefix, capped."""
     if max_new_tokens is not None:
@@ -178,28 +171,13 @@ def sample_continuations(loaded, texts: Sequence[str], *, n_samples: int = 10, p
     for i, b in zip(todo, _budgets(loaded, [prefixes[i] for i in todo], [references[i] for i in todo],
                                    max_new_tokens)):
         budgets[i] = b
-    todo.sort(key=lambda i: (budgets[i], len(prompt_ids[i]), i))  # similar rows share a loop
     samples: list[list[str]] = [[] for _ in texts]
     n_tokens: list[list[int]] = [[] for _ in texts]
-    per_call = min(batch_size, len(todo)) * n_samples
-    bar = tqdm(total=len(todo), desc="samia", unit="text", disable=not progress)
-    for start in range(0, len(todo), batch_size):
-        chunk = todo[start:start + batch_size]
-        rows = [(i, j) for i in chunk for j in range(n_samples)]
-        n_real = len(rows)
-        rows += [rows[0]] * (per_call - n_real)  # filler rows (budget 0) keep one compiled batch size
-        limit = np.array([budgets[i] for i, _ in rows], np.int32)
-        limit[n_real:] = 0
-        loop_length = -(-int(limit.max()) // NEW_TOKENS_MULTIPLE) * NEW_TOKENS_MULTIPLE
-        keys = generate.row_keys(seed, [text_hash(texts[i]) for i, _ in rows], [j for _, j in rows])
-        gen = generate.generate_ids(loaded, [prompt_ids[i] for i, _ in rows], max_new_tokens=loop_length,
-                                    temperature=temperature, top_k=top_k, keys=keys, budgets=limit)
-        outs = [gen.completion_ids(r) for r in range(n_real)]
-        for (i, _), out, text in zip(rows, outs, loaded.tokenizer.decode_batch(outs, skip_special_tokens=True)):
-            samples[i].append(text)
-            n_tokens[i].append(len(out))
-        bar.update(len(chunk))
-    bar.close()
+    drawn = generate.sample_completions(loaded, [prompt_ids[i] for i in todo], [budgets[i] for i in todo],
+                                        [texts[i] for i in todo], n_samples=n_samples, temperature=temperature,
+                                        top_k=top_k, seed=seed, batch_size=batch_size, progress=progress, desc="samia")
+    for i, text_samples, text_tokens in zip(todo, *drawn):
+        samples[i], n_tokens[i] = text_samples, text_tokens
     return SampleSet(prefixes, references, samples, n_tokens, budgets, dict(sorted(reasons.items())))
 
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from mia_jax import generate
 from mia_jax.audits.common import WORD, finite_or_none, score_texts
-from mia_jax.samia import NEW_TOKENS_MULTIPLE, text_hash
 
 PROMPT_WORDS = 200
 N_SAMPLES = 20
@@ -72,29 +70,13 @@ def sample(loaded, prompts: Sequence[str], budgets: Sequence[int], *, n_samples:
            progress: bool = True, desc: str = "sampling") -> list[list[str]]:
     """``n_samples`` completions of each prompt (at most its budget of tokens, stopping at EOS), as SaMIA draws them:
     ``batch_size`` prompts x ``n_samples`` rows per ``generate.generate_ids`` loop, sample j of a prompt drawn with
-    the key ``row_keys(seed, text_hash(prompt), j)`` (the same draws under any model; greedy when temperature 0)."""
+    the key ``row_keys(seed, text_hash(prompt), j)`` (the same draws under any model; greedy when temperature 0;
+    ``generate.sample_completions``). ``budgets``: each prompt's token budget; ``progress`` / ``desc``: a tqdm bar.
+    Returns per prompt its ``n_samples`` completions."""
     prompt_ids = generate.encode_prompts(loaded, list(prompts)) if prompts else []
-    order = sorted(range(len(prompts)), key=lambda i: (budgets[i], len(prompt_ids[i]), i))
-    out: list[list[str]] = [[] for _ in prompts]
-    per_call = min(batch_size, len(order)) * n_samples
-    bar = tqdm(total=len(order), desc=desc, unit="text", disable=not progress)
-    for start in range(0, len(order), batch_size):
-        rows = [(i, j) for i in order[start:start + batch_size] for j in range(n_samples)]
-        n_real = len(rows)
-        rows += [rows[0]] * (per_call - n_real)  # filler rows (budget 0): one compiled batch size
-        limit = np.array([budgets[i] for i, _ in rows], np.int32)
-        limit[n_real:] = 0
-        length = -(-int(limit.max()) // NEW_TOKENS_MULTIPLE) * NEW_TOKENS_MULTIPLE
-        keys = generate.row_keys(seed, [text_hash(prompts[i]) for i, _ in rows], [j for _, j in rows])
-        gen = generate.generate_ids(loaded, [prompt_ids[i] for i, _ in rows], max_new_tokens=length,
-                                    temperature=temperature, top_k=top_k, keys=keys, budgets=limit)
-        texts = loaded.tokenizer.decode_batch([gen.completion_ids(r) for r in range(n_real)],
-                                              skip_special_tokens=True)
-        for (i, _), text in zip(rows, texts):
-            out[i].append(text)
-        bar.update(n_real // n_samples)
-    bar.close()
-    return out
+    return generate.sample_completions(loaded, prompt_ids, budgets, prompts, n_samples=n_samples,
+                                       temperature=temperature, top_k=top_k, seed=seed, batch_size=batch_size,
+                                       progress=progress, desc=desc)[0]
 
 
 # ----------------------------------------------------------------------------- the probes
