@@ -1,7 +1,9 @@
 """mia_jax.generate and the models' KV-cache `decode`: cached logits equal a full forward over the final
 sequence for every architecture (left-padded batches, sliding windows), seeded sampling, top-k / top-p,
-EOS, truncation, the CLI; transformers' own generate as a reference for the learned-position models."""
+sample_completions, EOS, truncation, the CLI; transformers' own generate as a reference for the learned-position
+models."""
 import dataclasses
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -298,6 +300,24 @@ def test_generate_ids_eos_and_truncation(loaded):
         with pytest.raises(UserError):
             G.generate_ids(loaded, prompt, **{"max_new_tokens": 4, **bad})
 
+
+def test_sample_completions(loaded):
+    prompts = ["The film was released in", "He was born in the city of", "A", "The station opened"]
+    ids, budgets = G.encode_prompts(loaded, prompts), [5, 2, 9, 1]
+    texts, n_tokens = G.sample_completions(loaded, ids, budgets, prompts, n_samples=3, temperature=1.0, top_k=5,
+                                           seed=3, batch_size=3, progress=False)
+    assert [len(t) for t in texts] == [len(n) for n in n_tokens] == [3] * 4
+    assert all(0 <= n <= b for b, ns in zip(budgets, n_tokens) for n in ns)
+    # sample j of a prompt is the row with key row_keys(seed, text_hash(key text), j), alone or in any batch
+    gen = G.generate_ids(loaded, ids[2:3] * 3, max_new_tokens=9, temperature=1.0, top_k=5,
+                         keys=G.row_keys(3, [G.text_hash(prompts[2])] * 3, [0, 1, 2]))
+    assert n_tokens[2] == [len(gen.completion_ids(j)) for j in range(3)]
+    assert texts[2] == [loaded.tokenizer.decode(gen.completion_ids(j), skip_special_tokens=True) for j in range(3)]
+    alone = [G.sample_completions(loaded, [i], [b], [p], n_samples=3, temperature=1.0, top_k=5, seed=3,
+                                  progress=False) for i, b, p in zip(ids, budgets, prompts)]
+    assert [t[0][0] for t in alone] == texts and [t[1][0] for t in alone] == n_tokens
+    assert G.sample_completions(loaded, [], [], [], n_samples=2, progress=False) == ([], [])
+    assert G.text_hash("abc") == int.from_bytes(hashlib.sha256(b"abc").digest()[:4], "little")
 
 def test_cli_generate(tiny_llama_dir, capsys):
     assert main(["generate", "--model", str(tiny_llama_dir), "--prompt", "The film was", "--prompt", "A",
