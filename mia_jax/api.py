@@ -15,7 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
+from mia_jax import models
 from mia_jax.errors import UserError
+from mia_jax.metrics import scores_by_method
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
 
@@ -28,8 +30,7 @@ def score(model, texts: Sequence[str], methods: Sequence[str] = DEFAULT_METHODS,
     returned. ``methods``: registered names; a bare ``min_k`` / ``max_k`` / ``min_k_pp`` becomes one method per
     fraction in ``k`` (``min_k@0.2``). Multi-pass methods run their second pass (``ref`` needs ``ref``, a model
     as ``model``). ``dtype``: the forward's (default bfloat16 on GPU/TPU, float32 on CPU)."""
-    from mia_jax import models, runner
-    from mia_jax.metrics import scores_by_method
+    from mia_jax import runner  # ~50 ms (tqdm, the windowed audit): not at `import mia_jax`, only to score
 
     if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
         raise UserError("texts must be a sequence of strings (a single text goes in a list: [text])")

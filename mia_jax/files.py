@@ -11,6 +11,8 @@ import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from mia_jax.errors import UserError
+
 
 def sha256(path: str | os.PathLike, block: int = 1 << 24) -> str:
     """Hex SHA-256 of a file's bytes (recorded for every model and data file a run reads)."""
@@ -83,8 +85,6 @@ def read_jsonl(path: str | os.PathLike, label: str | None = None) -> Iterator[tu
     the files a command or a rebuild reads: text that is not UTF-8 (a byte-order mark is dropped), a cut or damaged
     gzip stream, or a line that is not JSON is a ``UserError`` naming the file (``label``, default its path) and
     the line. The caller checks each value's shape."""
-    from mia_jax.errors import UserError
-
     name = label or str(path)
     opener = gzip.open if str(path).endswith(".gz") else open
     try:

@@ -33,6 +33,7 @@ import numpy as np
 
 from mia_jax.data import corpora
 from mia_jax.errors import UserError
+from mia_jax.models import PACKAGED_MODELS, gguf_io, hf, resolve_model
 
 FORMAT = "mia_jax.freq_table/1"
 ENCODE_BATCH = 256  # documents per tokenizer.encode_batch call
@@ -221,8 +222,6 @@ def load_tokenizer(model: str, tokenizer_path: str | None = None, allow_download
     """(tokenizer, model label) of a model without reading its weights: the tokenizer ``models.load`` gives it
     (``tokenizer_path``, else the folder's tokenizer.json, else the one the GGUF metadata describes), and the
     label ``LoadedModel.name`` gives it."""
-    from mia_jax.models import PACKAGED_MODELS, gguf_io, hf, resolve_model
-
     source = Path(resolve_model(model, allow_download=allow_download))
     if tokenizer_path:
         file = Path(tokenizer_path).expanduser()

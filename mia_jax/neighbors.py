@@ -46,6 +46,7 @@ import numpy as np
 from flax import nnx
 
 from mia_jax.batching import batch_shapes, pad_ids, real_vocab_size
+from mia_jax.models.bert import load_mlm
 
 ALGORITHM_VERSION = 1  # part of every generator config: changing the algorithm invalidates cached neighbours
 _EXTRA = 16  # candidates fetched beyond top_k, to make up for invalid ones
@@ -169,8 +170,6 @@ class MLMNeighbors:
 
     def __init__(self, mlm_path: str, n: int = 10, seed: int = 0, mask_frac: float = 0.15, top_k: int = 10,
                  batch_size: int = 8, dtype: str = "float32"):
-        from mia_jax.models.bert import load_mlm
-
         if n < 1 or top_k < 1 or not 0 < mask_frac <= 1:
             raise ValueError(f"need n >= 1, top_k >= 1, 0 < mask_frac <= 1; got {n}, {top_k}, {mask_frac}")
         self.model, self.tokenizer, self.mask_id, self.info = load_mlm(mlm_path, dtype)

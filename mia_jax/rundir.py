@@ -23,7 +23,9 @@ the same decision from the same files.
 """
 from __future__ import annotations
 
+import csv
 import fcntl
+import gzip
 import json
 import os
 import shutil
@@ -33,7 +35,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from mia_jax.entry import check_out
 from mia_jax.errors import UserError
+from mia_jax.files import sha256
+from mia_jax.sharding import is_main_process
 
 LOCK = ".lock"
 FINGERPRINT = "config.json"
@@ -130,8 +135,6 @@ def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite
     if key in _HELD:  # re-entrant: the outer claim already holds the lock
         yield _decide(path, fingerprint, overwrite, file, hint, writer=_HELD[key] is not None, fresh=False)
         return
-    from mia_jax.sharding import is_main_process
-
     main = is_main_process()
     path.mkdir(parents=True, exist_ok=True)
     fd = _lock(path) if main else None
@@ -192,9 +195,6 @@ _NOT_SEALED = {LOCK, MANIFEST, REBUILD}
 def rows(path: Path) -> int | None:
     """Rows of a data file as its reader sees them: non-empty lines of .jsonl / .jsonl.gz, records of a .csv (header
     excluded); None for other files."""
-    import csv
-    import gzip
-
     name = path.name
     if name.endswith(".jsonl.gz"):
         with gzip.open(path, "rt", encoding="utf-8") as fh:
@@ -212,8 +212,6 @@ def seal(folder: str | os.PathLike, names: list[str] | None = None) -> dict:
     """Record the SHA-256, size and row count of the files a run wrote (``names``, relative to ``folder``; default:
     every file in it but the lock, fingerprint-free bookkeeping and temporaries) in ``folder/manifest.json``, at the
     end of the run: every ``--from`` rebuild checks its inputs against it (``verify``)."""
-    from mia_jax.files import sha256
-
     folder = Path(folder)
     if names is None:
         names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
@@ -235,8 +233,6 @@ def seal(folder: str | os.PathLike, names: list[str] | None = None) -> dict:
 def verify(folder: str | os.PathLike, names: list[str], flag: str = "--from") -> dict:
     """Check that each of ``names`` (the files a rebuild reads) is in ``folder``, byte for byte as the run wrote it
     (``seal``); a ``UserError`` names the first file that is missing, changed, cut or not recorded."""
-    from mia_jax.files import sha256
-
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.is_file():
@@ -273,9 +269,6 @@ def rebuild_into(out: str | os.PathLike, sources: list[str | os.PathLike], kind:
     the caller validates every input and computes every output before writing any, ``files.write_all``). Any other
     ``out`` must be empty, new, or this rebuild's own earlier output of the same sources (their manifests
     unchanged): a folder holding anything else (another run, another rebuild) is refused untouched."""
-    from mia_jax.entry import check_out
-    from mia_jax.files import sha256
-
     out = check_out(out)
     srcs = [Path(s) for s in sources]
     if len(srcs) == 1 and out.exists() and out.resolve() == srcs[0].resolve():

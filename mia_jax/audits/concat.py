@@ -36,7 +36,12 @@ from typing import Sequence
 
 import numpy as np
 
+from mia_jax import data as data_io
+from mia_jax.audits import windowed
+from mia_jax.data import Dataset
 from mia_jax.errors import UserError
+from mia_jax.files import sha256, write_all
+from mia_jax.report import markdown_table
 
 PAPER_LENGTHS = (32, 64, 128)
 WINDOW_TEXT = "window_text"  # the last column of windows.csv: each window's decoded tokens
@@ -172,8 +177,6 @@ def concat_texts(nonmembers: Sequence[str], members: Sequence[str], *, n_texts: 
 
 
 def _records_dataset(records: list[dict], name: str, files: dict):
-    from mia_jax.data import Dataset
-
     extra = {k: [r.get(k) for r in records] for k in ("member_from", "parts", "dataset") if k in records[0]}
     return Dataset([r["text"] for r in records], [r["label"] for r in records], name, dict(files), extra)
 
@@ -185,19 +188,17 @@ def wikimia_concat(lengths: Sequence[int] = PAPER_LENGTHS, n_texts: int | None =
     drawn per article (the longest version in the bundled files, cut to the length drawn), so no article is used
     twice; each part equals the WikiMIA text of its length. ``parts[i]["index"]``: the article's row in the
     length-32 file among that file's texts of the part's label."""
-    from mia_jax import data
-
     lengths = tuple(lengths)
-    bad = [L for L in lengths if L not in data.WIKIMIA_LENGTHS]
+    bad = [L for L in lengths if L not in data_io.WIKIMIA_LENGTHS]
     if bad or not lengths:
-        raise UserError(f"WikiMIA has lengths {', '.join(map(str, data.WIKIMIA_LENGTHS))}; got {list(lengths)}")
+        raise UserError(f"WikiMIA has lengths {', '.join(map(str, data_io.WIKIMIA_LENGTHS))}; got {list(lengths)}")
     files: dict = {}
     articles: dict[int, dict[str, str]] = {0: {}, 1: {}}  # label -> {first 32 words: longest text}
-    for L in [x for x in data.WIKIMIA_LENGTHS if x <= max(lengths)]:
-        ds = data.wikimia(L)
+    for L in [x for x in data_io.WIKIMIA_LENGTHS if x <= max(lengths)]:
+        ds = data_io.wikimia(L)
         files.update(ds.files)
         for text, y in zip(ds.texts, ds.labels):
-            articles[y][cut_words(text, data.WIKIMIA_LENGTHS[0])] = text  # later (longer) versions replace
+            articles[y][cut_words(text, data_io.WIKIMIA_LENGTHS[0])] = text  # later (longer) versions replace
     records = concat_texts(list(articles[0].values()), list(articles[1].values()), n_texts=n_texts, lengths=lengths,
                            n_controls=n_controls, seed=seed, sep=sep)
     return _records_dataset(records, "wikimia-concat", files)
@@ -210,9 +211,7 @@ def contamination_concat(eval_jsonl: str | Path, *, n_texts: int | None = None, 
     each dataset: members are the texts trained into the model, non-members those held out. Records carry
     ``dataset`` and each part its ``id``; ``n_texts`` is per dataset (default: the most each allows). Each dataset's
     draw is seeded by (``seed``, its name), so one dataset's records do not depend on the others."""
-    from mia_jax import data
-
-    ds = data.load_records(eval_jsonl, "text", "label", extra=("dataset", "id"))
+    ds = data_io.load_records(eval_jsonl, "text", "label", extra=("dataset", "id"))
     names = list(dict.fromkeys(ds.extra["dataset"]))
     if datasets is not None:
         missing = [d for d in datasets if d not in names]
@@ -251,8 +250,6 @@ def write_jsonl(records: Sequence[dict], path: str | Path) -> Path:
     """One JSON object per record for ``mia-jax eval --data PATH --window N``: the text under ``input`` (eval's
     default ``--text-field``), ``label``, ``member_from`` (eval's default ``--member-from-field``) and the rest.
     Written whole or not at all (a temporary file, then renamed)."""
-    from mia_jax.files import write_all
-
     path = check_out_file(path)
     write_all(path.parent, {path.name: "".join(
         json.dumps({"input": r["text"], **{k: v for k, v in r.items() if k != "text"}}) + "\n" for r in records)})
@@ -293,10 +290,6 @@ def window_metrics(run_dir: str | Path, data: str | Path | None = None, *, by: s
     blind baseline's row on the windows' texts where the file has them (column ``window_text``). Groups:
     the ``by`` field of each row of ``data`` (the run's own ``--data`` file, checked against the SHA-256 in
     run.json), or one group ``"all"``."""
-    from mia_jax import data as data_io
-    from mia_jax.audits import windowed
-    from mia_jax.files import sha256
-
     run_dir = Path(run_dir)
     rows = read_windows_csv(run_dir)
     has_text = rows[0][-1] == WINDOW_TEXT
@@ -332,8 +325,6 @@ def window_metrics(run_dir: str | Path, data: str | Path | None = None, *, by: s
 
 def window_metrics_markdown(reports: dict) -> str:
     """One markdown table per group (windows pooled over the group's texts)."""
-    from mia_jax.report import markdown_table
-
     parts = []
     for g, rep in reports.items():
         head = f"{g}: {rep['n_labeled']} labeled windows ({rep['n_straddling']} straddling or unlabeled)"

@@ -8,12 +8,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from mia_jax import entry
+from mia_jax import __version__, data, entry, models, neighbors, rundir, runner
 from mia_jax.commands import options
 from mia_jax.commands.options import RESUME
 from mia_jax.dataset_inference import (DEFAULT_K, DEFAULT_METHODS, MULTI_PASS_OK, Result, dataset_inference,
                                        load_features, results_path, run_model)
 from mia_jax.errors import UserError
+from mia_jax.files import sha256
+from mia_jax.scorers import expand_methods, is_multi_pass, parse_method
 
 NAME = "dataset-inference"
 HELP = "was this set of texts trained on? A p-value (Maini et al. 2024)"
@@ -49,8 +51,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _methods(args) -> list[str] | None:
-    from mia_jax.scorers import expand_methods, is_multi_pass, parse_method
-
     if args.methods is None and args.suspect_scores and args.validation_scores:
         return None  # every method the two files share
     methods = expand_methods(list(args.methods or DEFAULT_METHODS), args.k)
@@ -69,8 +69,6 @@ def _methods(args) -> list[str] | None:
 
 def _score(args, side: str, ds, methods: list[str], models_box: dict) -> Path:
     """Score one set into OUT/<side> (a resumable run, as mia-jax score writes it); its results.jsonl."""
-    from mia_jax import models, neighbors, rundir, runner
-
     if not models_box:
         load = dict(dtype=args.dtype, allow_download=args.allow_download)
         models_box["model"] = models.load(args.model, **load)
@@ -101,9 +99,6 @@ NOT_IN_FINGERPRINT = ("out", "overwrite", "no_progress", "allow_download",  # no
 def _fingerprint(args, methods: list[str], paths: dict, datasets: dict) -> dict:
     """What makes a dataset-inference folder (``rundir.claim``): every input file's SHA-256 (texts or scores), the
     methods and every other option (the models by name here; each scoring run's own fingerprint has their files)."""
-    from mia_jax import __version__
-    from mia_jax.files import sha256
-
     options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
     return {"command": "dataset-inference", "methods": methods,
             "scores_files": {side: {str(p.resolve()): sha256(p)} for side, p in sorted(paths.items())},
@@ -116,8 +111,6 @@ def run(args) -> Result:
     """``mia-jax dataset-inference`` with the parsed ``args``: score both sets (or read their scores), run the test,
     write OUT/dataset_inference.json and .md, print the markdown and, last, ``p-value: X``; returns the test's
     result. Every input is checked before anything is written."""
-    from mia_jax import __version__, data, rundir
-
     sides = ("suspect", "validation")
     for side in sides:
         if bool(getattr(args, side)) == bool(getattr(args, f"{side}_scores")):

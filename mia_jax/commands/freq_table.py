@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from mia_jax import entry, freq
+from mia_jax import __version__, data, entry, freq
 from mia_jax.commands import options
 from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError
@@ -37,10 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> freq.FreqTable:
     """``mia-jax freq-table`` with the parsed ``args``: count the corpus, write the table, print a one-line summary;
     returns the table written."""
-    from tqdm.auto import tqdm
-
-    from mia_jax import __version__, data
-
     if args.max_tokens is not None and args.max_tokens < 1:
         raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     out = Path(args.out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mia_jax import entry
+from mia_jax import entry, generate, models
 from mia_jax.commands import options
 
 NAME = "generate"
@@ -26,8 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> None:
     """``mia-jax generate`` with the parsed ``args``: print each prompt followed by its completion."""
-    from mia_jax import generate, models
-
     loaded = models.load(args.model, dtype=args.dtype, allow_download=args.allow_download)
     gen = generate.generate_ids(loaded, generate.encode_prompts(loaded, args.prompt), max_new_tokens=args.n,
                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

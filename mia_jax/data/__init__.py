@@ -179,8 +179,8 @@ def _rows(path: Path, encoding: str = "utf-8"):
         yield from _csv_rows(path, encoding, "\t" if suffix == ".tsv" else ",")
     elif suffix == ".parquet":
         try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+            import pyarrow as pa  # optional (not installed with mia_jax): only for .parquet files
+            import pyarrow.parquet as pq  # (optional, as above)
         except ImportError:
             raise UserError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
         try:

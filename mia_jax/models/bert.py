@@ -21,7 +21,7 @@ from flax import nnx
 
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
-from mia_jax.models import layers as L
+from mia_jax.models import hf, layers as L
 from mia_jax.models.layers import ConfigError
 from mia_jax.models.weights import WeightSpec, bias, embedding, init_params, linear, norm
 
@@ -235,8 +235,6 @@ def _mask_token_id(folder: Path, tokenizer: tokenizers.Tokenizer) -> int:
     names = list(_MASK_NAMES)
     tc = folder / "tokenizer_config.json"
     if tc.exists():
-        from mia_jax.models import hf
-
         value = hf.read_json(tc).get("mask_token")
         value = value.get("content") if isinstance(value, dict) else value
         if isinstance(value, str):
@@ -253,8 +251,6 @@ def load_mlm(path: str, dtype: str = "float32") -> tuple[BertMLM, tokenizers.Tok
 
     Returns (model, tokenizer, mask_token_id, info) where info records name, source, model_type, max_length
     and the sha256 of every file read."""
-    from mia_jax.models import hf
-
     folder = Path(path).expanduser()
     config_path = folder / "config.json"
     if not folder.is_dir() or not config_path.exists():

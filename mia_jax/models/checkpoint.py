@@ -14,6 +14,7 @@ import importlib
 import importlib.metadata
 import os
 import re
+import socket
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -154,7 +155,7 @@ def _from_hub(repo_id: str, where: str) -> str:
     """A Hub snapshot's local folder: from the local Hugging Face cache, else downloaded (unless HF_HUB_OFFLINE
     is set or the Hub is not reachable: then a UserError starting with `where`)."""
     try:
-        import huggingface_hub
+        import huggingface_hub  # optional (not installed with mia_jax): only for a Hub download
     except ImportError:
         raise UserError(f"{where} needs the huggingface_hub package to be fetched: pip install huggingface_hub, "
                         "or pass a local model folder or .gguf file") from None
@@ -165,8 +166,6 @@ def _from_hub(repo_id: str, where: str) -> str:
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         raise UserError(f"{where} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: unset it to "
                         "download, or pass a local model folder or .gguf file")
-    import socket
-
     try:
         socket.create_connection(("huggingface.co", 443), timeout=3).close()
     except OSError:

@@ -125,7 +125,7 @@ _INTEGER_TYPES = ("I8", "I16", "I32", "I64")
 
 def _dequantizable(qtype) -> bool:
     """F32, F16, F64 and the quantized types the installed gguf package dequantizes."""
-    import gguf
+    import gguf  # ~20 ms: only when a GGUF file's tensors are read
 
     if qtype.name in ("F32", "F16", "F64"):
         return True
@@ -134,7 +134,7 @@ def _dequantizable(qtype) -> bool:
 
 
 def _dequantize(raw: np.ndarray, qtype) -> np.ndarray:
-    import gguf
+    import gguf  # ~20 ms: only when a GGUF file's tensors are read
 
     if qtype.name == "F64":  # stored as it is; gguf.quants has no F64 path
         return raw.view(np.float64)
@@ -143,7 +143,7 @@ def _dequantize(raw: np.ndarray, qtype) -> np.ndarray:
 
 def _layout(path: str, size: int, start: int, name: str, dims: tuple, kind: int, offset: int):
     """(quantization type, bytes per row, rows) of one tensor, its byte range checked against the file size."""
-    import gguf
+    import gguf  # ~20 ms: only when a GGUF file's tensors are read
 
     try:
         qtype = gguf.GGMLQuantizationType(kind)

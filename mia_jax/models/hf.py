@@ -9,6 +9,7 @@ import numbers
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
 from mia_jax.errors import UserError
@@ -227,8 +228,6 @@ def weight_files(folder: Path) -> list[Path]:
 def read_safetensors(files: list[Path]) -> dict[str, Lazy]:
     """{name: `Lazy` tensor} of the given safetensors files: only the headers are read here; a tensor's bytes
     are read (memory-mapped; bf16 as ml_dtypes.bfloat16) when it is used, and `x[index]` reads only the slice."""
-    from safetensors import SafetensorError, safe_open
-
     def header(path: Path) -> dict[str, tuple[list[int], str]]:
         """{name: (shape, dtype)}; safetensors checks that the header is valid and that the file holds every
         tensor."""

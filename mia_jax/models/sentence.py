@@ -8,10 +8,16 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from tqdm.auto import tqdm
 
+from mia_jax.batching import bucket_lengths, pad_ids
 from mia_jax.errors import UserError
+from mia_jax.files import sha256
+from mia_jax.models import bert, hf
 
 
 class SentenceEncoder:
@@ -21,9 +27,6 @@ class SentenceEncoder:
     truncated to ``max_seq_length`` tokens (sentence_bert_config.json; else the position table)."""
 
     def __init__(self, path, dtype: str = "float32"):
-        from mia_jax.files import sha256
-        from mia_jax.models import bert, hf
-
         folder = Path(path).expanduser()
         config_path = folder / "config.json"
         if not folder.is_dir() or not config_path.exists():
@@ -68,12 +71,6 @@ class SentenceEncoder:
 
     def embed(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False) -> np.ndarray:
         """float32 [N, D]: L2-normalised mean-pooled embeddings (an empty text: the [CLS]/[SEP] tokens only)."""
-        import jax
-        import jax.numpy as jnp
-        from flax import nnx
-
-        from mia_jax.batching import bucket_lengths, pad_ids
-
         if self._fn is None:
             graphdef, state = nnx.split(self.model)
 
