@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mia_jax.errors import UserError
+from mia_jax.metrics import MIN_PER_CLASS
 from train.config_parse import apply_override, build, read_sections
 
 DOWNSTREAM = ("boolq", "commonsenseqa", "imdb", "truthfulqa")
@@ -164,8 +165,6 @@ def validate(cfg: ExperimentConfig) -> None:
     """UserError (one line) for a value of the right type that cannot work: every check of a config that needs no
     data nor model. Members and non-members per dataset must be at least ``metrics.MIN_PER_CLASS``: with fewer,
     every table cell would be n/a (an AUROC of 3 members against 3 non-members is 1.000 by chance far too often)."""
-    from mia_jax.metrics import MIN_PER_CLASS
-
     t, c, s, a = cfg.train, cfg.corpus, cfg.score, cfg.ablation
     n_pos = c.news.n_positives if c.variant == "news" else c.n_positives
     sizes = [("corpus.n_positives", c.n_positives), ("corpus.n_negatives", c.n_negatives)]

@@ -15,6 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from flax import nnx
+from safetensors.numpy import save_file
 
 from mia_jax.errors import UserError
 
@@ -30,8 +31,6 @@ def tensors_to_hf(model: nnx.Module, params: dict) -> dict[str, np.ndarray]:
 def save_hf(folder: str | os.PathLike, model: nnx.Module, tokenizer, params: dict | None = None) -> Path:
     """Write ``folder``/{config.json, model.safetensors, tokenizer.json} atomically (a temporary folder renamed
     into place). ``params`` (a nested dict) replaces the model's own parameters when given."""
-    from safetensors.numpy import save_file
-
     hf_config = model.config.to_hf()
     if params is None:
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))

@@ -22,9 +22,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mia_jax import entry, rundir
+from mia_jax import entry, models, rundir
+from mia_jax.data import load_records
 from mia_jax.errors import UserError
 from train.config import load_config
+from train.data import pack, separator_id
+from train.placement import memory_from_env
 
 PROG = "python -m train.finetune"
 ALLOWED = ("train.", "model.dtype=")
@@ -48,10 +51,7 @@ def build_parser() -> entry.ArgumentParser:
 def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, progress: bool = True,
              overwrite: bool = False, texts_name: str = "texts") -> dict:
     """Train ``model`` on ``texts`` with the ``train.*`` ``overrides``; returns OUT/train.json's content."""
-    from mia_jax import models
-    from train.data import pack, separator_id
-    from train.experiment import check_seq_len, model_context, train_and_export
-    from train.placement import memory_from_env
+    from train.experiment import check_seq_len, model_context, train_and_export  # ~0.15 s (runner): only to train
 
     bad = [o for o in overrides if not o.startswith(ALLOWED)]
     if bad:
@@ -85,9 +85,7 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    from mia_jax import data
-
-    ds = data.load_records(str(args.texts), args.text_field, None)
+    ds = load_records(str(args.texts), args.text_field, None)
     finetune(args.model, list(ds.texts), args.out, args.overrides, progress=not args.no_progress,
              overwrite=args.overwrite, texts_name=str(args.texts))
     return 0

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from mia_jax import sharding
@@ -104,8 +105,6 @@ def to_host(tree) -> dict:
     def one(x):
         if getattr(x, "is_fully_addressable", True):
             return np.asarray(jax.device_get(x))
-        from jax.experimental import multihost_utils
-
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
     return jax.tree.map(one, tree)

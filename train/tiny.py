@@ -15,6 +15,7 @@ from flax import nnx
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from mia_jax.data import corpora
+from mia_jax.models.llama import Llama, LlamaConfig
 from train.config import TinyModelConfig
 from train.sources import BUNDLED, DOWNSTREAM_FILES, TEMPLATES, read_jsonl, read_rows
 from train.export import save_hf
@@ -50,8 +51,6 @@ def tiny_tokenizer(vocab_size: int) -> Tokenizer:
 
 def write_tiny_model(folder: str | Path, cfg: TinyModelConfig) -> Path:
     """Create the tiny model folder (deterministic for a given ``cfg``)."""
-    from mia_jax.models.llama import Llama, LlamaConfig
-
     tok = tiny_tokenizer(cfg.vocab_size)
     eos = tok.token_to_id(EOS)
     llama_cfg = LlamaConfig(
