@@ -26,6 +26,11 @@ setup(
         "tqdm==4.70.1",
         "matplotlib==3.11.2",
         "rouge-score==0.1.2",
+        # corpus-scale data: Parquet by row groups, TFDS datasets (read without TensorFlow), grain over ArrayRecord
+        "pyarrow==26.0.1",
+        "tensorflow-datasets==4.9.10",
+        "grain==0.2.18",
+        "array-record==0.8.6",
     ],
     extras_require={
         # torch is the CPU build (pip install torch==2.13.0 finds the local CPU wheel here)
