@@ -2,7 +2,8 @@
 its loader and what ``--benchmark``'s help says of it. ``mia_jax.commands.options.data`` makes ``--benchmark``'s
 choices and every benchmark's options from it; ``mia_jax.commands.scoring.load_data`` calls the loader.
 
-A benchmark's options are optional (``--data`` excludes ``--benchmark``) and choose its data files and texts,
+A benchmark's options are optional (``--data`` excludes ``--benchmark``) and choose its data files and texts
+(the folder they are read from is the shared ``--data-dir``, ``args.data_dir``),
 which are fingerprinted themselves: they are not in a run's fingerprint as given. Adding a benchmark: a reader
 returning a :class:`mia_jax.data.Dataset` (in ``mia_jax/data/`` when it reads files) and its :class:`Benchmark`
 entry here.
@@ -58,10 +59,8 @@ def load_wikimia_concat(args) -> data.Dataset:
 
 
 def mimir_options(p: argparse.ArgumentParser) -> None:
-    """``--domain`` and ``--data-dir`` on ``p``."""
+    """``--domain`` on ``p`` (its folder is the shared ``--data-dir``, :func:`mia_jax.commands.options.data_dir`)."""
     p.add_argument("--domain", default="wikipedia_en", help="MIMIR domain (arxiv, github, pile_cc, ...)")
-    p.add_argument("--data-dir", type=entry.input_dir, help="MIMIR ngram_7_0.2 folder (default: $MIA_JAX_MIMIR "
-                                                            "or ../shared/data/mimir/ngram_7_0.2)")
 
 
 def load_mimir(args) -> data.Dataset:

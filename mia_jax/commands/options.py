@@ -1,6 +1,6 @@
 """The options several ``mia-jax`` commands share, each declared once here: the model (``--model``,
-``--tokenizer``, ``--dtype``, ``--allow-download``), the data (``--data`` / ``--benchmark``, ``--encoding``,
-``--text-field``, ``--label-field``, ``--limit``), the run folder (``--out``, ``--overwrite``, ``--no-progress``),
+``--tokenizer``, ``--dtype``, ``--allow-download``), the data (``--data`` / ``--benchmark``, ``--data-dir``,
+``--encoding``, ``--text-field``, ``--label-field``, ``--limit``), the run folder (``--out``, ``--overwrite``, ``--no-progress``),
 the device mesh (``--mesh``, ``--distributed``) and the batch sizes of scoring (``--batch-size``,
 ``--chunk-size``). A command passes what differs between commands (a default, what the option applies to) as
 arguments; the option itself, its type and its help are the same everywhere."""
@@ -36,18 +36,27 @@ def model(p: argparse.ArgumentParser, *, dtype: str | None = "float32", weights:
 
 def data(p: argparse.ArgumentParser, *, labeled: bool, text_field: str) -> None:
     """The texts to score on ``p``: ``--data`` (required unless ``labeled``, where ``--benchmark`` and each
-    benchmark's own options, :mod:`mia_jax.benchmarks`, are the other choice), ``--encoding`` / ``--text-field``
+    benchmark's own options, :mod:`mia_jax.benchmarks`, are the other choice), ``--data-dir`` (:func:`data_dir`),
+    ``--encoding`` / ``--text-field``
     (:func:`text`; default ``text_field``), ``--label-field`` when ``labeled``, and ``--limit``."""
     src = p.add_mutually_exclusive_group(required=not labeled)
     src.add_argument("--data", type=entry.input_file, help="a .jsonl / .csv / .tsv / .parquet file")
     if labeled:
         src.add_argument("--benchmark", choices=list(benchmarks.BENCHMARKS), help=benchmarks.choice_help())
         benchmarks.add_arguments(p)
+    data_dir(p)
     text(p, "--data", text_field)
     if labeled:
         p.add_argument("--label-field", default="label", help="the field holding each text's label: 1 = member, "
                                                                "0 = non-member (default: label)")
     p.add_argument("--limit", type=entry.positive_int, help="score only the first N texts")
+
+
+def data_dir(p: argparse.ArgumentParser) -> None:
+    """``--data-dir`` on ``p``: the folder a ``--benchmark``'s files or a ``--data tfds:...`` dataset are read from."""
+    p.add_argument("--data-dir", type=entry.input_dir,
+                   help="folder of the data: a benchmark's files (--benchmark mimir: the ngram_7_0.2 folder, default "
+                        "$MIA_JAX_MIMIR or ../shared/data/mimir/ngram_7_0.2)")
 
 
 def text(p: argparse.ArgumentParser, of: str, text_field: str) -> None:

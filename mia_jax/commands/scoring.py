@@ -63,7 +63,8 @@ NOT_IN_FINGERPRINT = {
     "neighbor_seed": "part of the neighbour generator's config (neighbors)",
     "data": "a path: the file is fingerprinted by resolved path and SHA-256 (data_files), its texts (texts_sha256)",
     "benchmark": "chooses the data files (data_files) and texts (texts_sha256)",
-    **{dest: "chooses the data files (data_files) and texts (texts_sha256)" for dest in benchmarks.option_dests()},
+    **{dest: "chooses the data files (data_files) and texts (texts_sha256)"
+       for dest in [*benchmarks.option_dests(), "data_dir"]},
     "k": "expanded into the method names (methods)",
     "distributed": "how the processes start; the mesh they form is in the fingerprint",
     "n_bootstrap": "metrics only: recomputed from the records at the end of every run, resumed or not",
