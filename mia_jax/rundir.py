@@ -94,14 +94,6 @@ def _short(value, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def check_path(path: str | os.PathLike, flag: str = "--out") -> Path:
-    """Refuse an output path that exists and is not a folder (before any expensive work)."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{flag} {path} is an existing file, not a folder; give a folder path")
-    return path
-
-
 def _lock(path: Path) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -130,7 +122,7 @@ def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite
           file: str = FINGERPRINT, hint: str = HINT) -> Iterator[bool]:
     """Hold ``path`` for a run; yields True when it holds an earlier (possibly unfinished) run of the same
     fingerprint to resume. ``fingerprint=None``: lock only (a folder of sub-runs, each claimed on its own)."""
-    path = check_path(path)
+    path = check_out(path)
     key = str(path.resolve())
     if key in _HELD:  # re-entrant: the outer claim already holds the lock
         yield _decide(path, fingerprint, overwrite, file, hint, writer=_HELD[key] is not None, fresh=False)

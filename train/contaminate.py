@@ -95,7 +95,7 @@ def run(args) -> Path:
     methods = expand_methods(cfg.score.methods, cfg.score.k)  # validated before any work
     check_batch(sharding.make_mesh(cfg.train.mesh), cfg.train.batch_size, cfg.train.grad_accum)  # before any write
     check_before_writing(cfg, args.ablation)
-    out = rundir.check_path(args.out)
+    out = entry.check_out(args.out)
     # what defines the sweep: the config (less display-only keys) and, for a sweep, its ablation settings
     fingerprint = {"ablation": args.ablation, "config": experiment.comparable(cfg)}
     if args.ablation:

@@ -87,7 +87,7 @@ def run_audit(args) -> BooksResult:
                f"words) skipped: {', '.join(s['title'] for s in pl.skipped[:10])}"
                f"{' ...' if len(pl.skipped) > 10 else ''}"
                for name, pl in (("", p), ("validation ", vp)) if pl is not None and pl.skipped]
-    out = rundir.check_path(args.out)
+    out = entry.check_out(args.out)
     loaded = models.load(args.model, dtype=args.dtype, allow_download=args.allow_download)
     fingerprint = audit_fingerprint(args, loaded, files, methods, rate_method)
     # the folder is this audit's (or refused untouched); each scoring run is claimed on its own inside it

@@ -46,7 +46,7 @@ def claim_runs(stack: contextlib.ExitStack, out: Path, names, fingerprint_of: Ca
     in ``stack`` with ``fingerprint_of(name)`` (``overwrite``: start it afresh); a resumed one is said on stderr."""
     run_dirs, resume = {}, {}
     for name in names:
-        run_dirs[name] = rundir.check_path(out / name)
+        run_dirs[name] = entry.check_out(out / name)
         fp = fingerprint_of(name)
         resume[name] = stack.enter_context(rundir.claim(run_dirs[name], fp, overwrite=overwrite))
         if resume[name]:

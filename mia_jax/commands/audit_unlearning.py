@@ -104,7 +104,7 @@ def run_audit(args) -> UnlearningResult:
         raise UserError(f"{args.texts}: no chunks: none of its {len(ds)} texts has {args.min_words} words "
                         "(--min-words)")
     qa, qa_files = _load_qa(args) if args.qa else (None, None)
-    out = rundir.check_path(args.out)
+    out = entry.check_out(args.out)
     load = dict(dtype=args.dtype, allow_download=args.allow_download)
     loaded = {"original": models.load(args.original, **load), "unlearned": models.load(args.unlearned, **load)}
     embedder = SentenceEncoder(args.embed_model, args.dtype) if args.embed_model else None

@@ -77,7 +77,7 @@ def _score(args, side: str, ds, methods: list[str], models_box: dict) -> Path:
                                                            batch_size=args.batch_size)
                                    if "neighbor" in methods else None)
     loaded, ref, gen = models_box["model"], models_box["ref"], models_box["neighbors"]
-    out = rundir.check_path(Path(args.out) / side)
+    out = entry.check_out(Path(args.out) / side)
     fingerprint = runner.run_fingerprint(loaded, ds.texts, None, methods, ref=ref, neighbors=gen,
                                          data_files=ds.files, labeled=False, encoding=args.encoding,
                                          text_field=args.text_field, batch_size=args.batch_size,
@@ -129,7 +129,7 @@ def run(args) -> Result:
     feats = {side: load_features(p, methods)[1] for side, p in paths.items()}
     datasets = {side: data.load_records(getattr(args, side), args.text_field, None, encoding=args.encoding)
                 for side in sides if side not in paths}
-    out = rundir.check_path(args.out)
+    out = entry.check_out(args.out)
     # the folder is this command's (or refused untouched); each set's scoring run is claimed on its own inside it
     with rundir.claim(out, _fingerprint(args, methods, paths, datasets), overwrite=args.overwrite):
         box: dict = {}

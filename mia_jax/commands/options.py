@@ -1,7 +1,7 @@
 """The options several ``mia-jax`` commands share, each declared once here: the model (``--model``,
 ``--tokenizer``, ``--dtype``, ``--allow-download``), the data (``--data`` / ``--benchmark``, ``--data-dir``,
-``--encoding``, ``--text-field``, ``--label-field``, ``--limit``), the run folder (``--out``, ``--overwrite``, ``--no-progress``),
-the device mesh (``--mesh``, ``--distributed``) and the batch sizes of scoring (``--batch-size``,
+``--encoding``, ``--text-field``, ``--label-field``, ``--limit``), the run folder (``--out``, ``--overwrite``,
+``--no-progress``), the device mesh (``--mesh``, ``--distributed``) and the batch sizes of scoring (``--batch-size``,
 ``--chunk-size``). A command passes what differs between commands (a default, what the option applies to) as
 arguments; the option itself, its type and its help are the same everywhere."""
 from __future__ import annotations

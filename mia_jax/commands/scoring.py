@@ -125,7 +125,7 @@ def run(args, labeled: bool) -> Path:
 
     sharding.initialize_distributed(args.distributed)  # before anything touches a device
     if args.out:
-        rundir.check_path(args.out)
+        entry.check_out(args.out)
     check_tokens_per_batch(args.tokens_per_batch)
     blind_asked = blind.NAME in args.methods
     methods = expand_methods([m for m in args.methods if m != blind.NAME], args.k)  # validate before loading
@@ -150,7 +150,7 @@ def run(args, labeled: bool) -> Path:
            if args.ref_model and "ref" in methods else None)
     generator = neighbor_generator(args, loaded) if "neighbor" in methods else None
     res = resources.build(args, methods, ds.texts, loaded)
-    out = rundir.check_path(args.out or f"runs/{ds.name}-{loaded.name}")
+    out = entry.check_out(args.out or f"runs/{ds.name}-{loaded.name}")
     with rundir.claim(out, fingerprint(args, labeled, ds, loaded, ref, generator, methods, mesh, res),
                       overwrite=args.overwrite) as resume:
         if resume:
