@@ -57,3 +57,25 @@ def test_csv_tsv_and_bare_strings(tmp_path):
     (tmp_path / "a.txt").write_text("x")
     with pytest.raises(UserError, match="unsupported file type"):
         data.load_records(tmp_path / "a.txt")
+
+
+def test_text_field_default_is_text_then_input(tmp_path):
+    """Without --text-field a file's texts come from `text`, else (WikiMIA's files) from `input`; the field read is
+    recorded, the same for every row, and a file with neither is refused naming both."""
+    both = tmp_path / "both.jsonl"
+    both.write_text('{"text": "a corpus text", "input": "other", "label": 1}\n{"text": "b", "input": "c", "label": 0}\n')
+    ds = data.load_records(both)
+    assert (ds.texts, ds.text_field) == (["a corpus text", "b"], "text")
+    wiki = tmp_path / "wiki.jsonl"
+    wiki.write_text('{"input": "x y", "label": 1}\n{"input": "z", "label": 0}\n')
+    ds = data.load_records(wiki)
+    assert (ds.texts, ds.labels, ds.text_field) == (["x y", "z"], [1, 0], "input")
+    assert data.load_records(both, "input").texts == ["other", "c"]  # a named field wins
+    mixed = tmp_path / "mixed.jsonl"  # the field is chosen on the first row: a later row without it is refused
+    mixed.write_text('{"text": "t", "label": 1}\n{"input": "i", "label": 0}\n')
+    with pytest.raises(UserError, match=r"row 2 has no field 'text'"):
+        data.load_records(mixed)
+    neither = tmp_path / "neither.jsonl"
+    neither.write_text('{"body": "t", "label": 1}\n')
+    with pytest.raises(UserError, match=r"row 1 has neither a 'text' nor an 'input' field \(fields: body, label\)"):
+        data.load_records(neither)

@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mia_jax import entry, models, rundir
+from mia_jax.commands import options
 from mia_jax.data import load_records
 from mia_jax.errors import UserError
 from train.config import load_config
@@ -40,7 +41,7 @@ def build_parser() -> entry.ArgumentParser:
     p.add_argument("--model", required=True, help="the model to train (a Hugging Face folder, a .gguf, smollm2, ...)")
     p.add_argument("--texts", required=True, type=entry.input_file,
                    help="the training texts (JSONL / CSV / Parquet)")
-    p.add_argument("--text-field", default="text")
+    options.text(p, "--texts")
     p.add_argument("--out", required=True, type=entry.out_dir, help="output folder (an interrupted run in it resumes)")
     p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
     p.add_argument("--no-progress", action="store_true")
@@ -85,7 +86,7 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    ds = load_records(str(args.texts), args.text_field, None)
+    ds = load_records(str(args.texts), args.text_field, None, encoding=args.encoding)
     finetune(args.model, list(ds.texts), args.out, args.overrides, progress=not args.no_progress,
              overwrite=args.overwrite, texts_name=str(args.texts))
     return 0

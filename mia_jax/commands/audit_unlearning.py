@@ -16,6 +16,7 @@ from mia_jax.audits.unlearning_rebuild import rebuild
 from mia_jax.audits.unlearning_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
 from mia_jax.commands.audit_options import (claim_runs, from_option, model_options, out_option, resolved,
                                             write_rebuild)
+from mia_jax.commands import options
 from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError
 from mia_jax.models.sentence import SentenceEncoder
@@ -37,8 +38,7 @@ def add_arguments(p) -> None:
                 help="rebuild the report from an earlier --out folder (its unlearning.json, chunks.csv and "
                      "probes.jsonl, checked against its manifest.json; its config, not this command's options) "
                      "into --out (new, empty, an earlier rebuild of DIR, or DIR itself), without the models")
-    p.add_argument("--text-field", default="text", help="field of the texts (default: text)")
-    p.add_argument("--encoding", default="utf-8", help="text encoding of --texts and --qa (default: utf-8)")
+    options.text(p, "--texts (the encoding: of --qa too)")
     out_option(p, "unlearning.md / .json, chunks.csv, ratios.png, probes.jsonl, manifest.json; the scoring runs in "
                   "OUT/original and OUT/unlearned")
     p.add_argument("--chunk-words", type=entry.positive_int, default=CHUNK_WORDS,

@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ref-model", help="reference model of the 'ref' method, if among --methods")
     p.add_argument("--n-neighbors", type=entry.positive_int, default=10,
                    help="neighbours per text of the 'neighbor' method")
-    options.text(p, "--suspect / --validation", "text")
+    options.text(p, "--suspect / --validation")
     p.add_argument("--methods", nargs="+",
                    help=f"the per-text scores used as features (default when scoring: {' '.join(DEFAULT_METHODS)}; "
                         f"from --*-scores files: every method both files have); single-pass methods and "

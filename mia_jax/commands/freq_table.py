@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", nargs="+", metavar="FILE", type=entry.input_file,
                    help="reference corpus: .jsonl / .csv / .tsv / .parquet file(s) (default: the bundled Pile "
                         "sample, 600 Pile test-split documents)")
-    options.text(p, "--corpus", "text")
+    options.text(p, "--corpus")
     p.add_argument("--max-tokens", type=entry.positive_int,
                    help="count only each document's first N tokens (the authors: 1024). Default: every token")
     p.add_argument("--out", required=True, help="the table to write (.npz)")
@@ -56,7 +56,7 @@ def run(args) -> freq.FreqTable:
             counts += freq.count_tokens(tokenizer, ds.texts, vocab, max_tokens=args.max_tokens, progress=bar.update)
     files = {str(Path(p).resolve()): h for ds in datasets for p, h in ds.files.items()}
     table = freq.FreqTable(counts, freq.tokenizer_sha256(tokenizer), name, files, {
-        "n_documents": n_docs, "text_field": args.text_field, "max_tokens": args.max_tokens,
+        "n_documents": n_docs, "text_field": datasets[0].text_field, "max_tokens": args.max_tokens,
         "special_tokens": "the tokenizer's defaults (as scored)", "model": args.model,
         "tokenizer_file": str(Path(args.tokenizer).resolve()) if args.tokenizer else None,
         "package_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})

@@ -34,18 +34,18 @@ def model(p: argparse.ArgumentParser, *, dtype: str | None = "float32", weights:
                         "hf://org/name model). Default: local paths and packaged names only, no network")
 
 
-def data(p: argparse.ArgumentParser, *, labeled: bool, text_field: str) -> None:
+def data(p: argparse.ArgumentParser, *, labeled: bool) -> None:
     """The texts to score on ``p``: ``--data`` (required unless ``labeled``, where ``--benchmark`` and each
     benchmark's own options, :mod:`mia_jax.benchmarks`, are the other choice), ``--data-dir`` (:func:`data_dir`),
     ``--encoding`` / ``--text-field``
-    (:func:`text`; default ``text_field``), ``--label-field`` when ``labeled``, and ``--limit``."""
+    (:func:`text`), ``--label-field`` when ``labeled``, and ``--limit``."""
     src = p.add_mutually_exclusive_group(required=not labeled)
     src.add_argument("--data", type=entry.input_file, help="a .jsonl / .csv / .tsv / .parquet file")
     if labeled:
         src.add_argument("--benchmark", choices=list(benchmarks.BENCHMARKS), help=benchmarks.choice_help())
         benchmarks.add_arguments(p)
     data_dir(p)
-    text(p, "--data", text_field)
+    text(p, "--data")
     if labeled:
         p.add_argument("--label-field", default="label", help="the field holding each text's label: 1 = member, "
                                                                "0 = non-member (default: label)")
@@ -59,13 +59,14 @@ def data_dir(p: argparse.ArgumentParser) -> None:
                         "$MIA_JAX_MIMIR or ../shared/data/mimir/ngram_7_0.2)")
 
 
-def text(p: argparse.ArgumentParser, of: str, text_field: str) -> None:
-    """``--encoding`` (default utf-8) and ``--text-field`` (default ``text_field``) of the text files ``of`` names
-    (e.g. "--data") on ``p``."""
+def text(p: argparse.ArgumentParser, of: str) -> None:
+    """``--encoding`` (default utf-8) and ``--text-field`` (default: ``text``, else ``input``:
+    :data:`mia_jax.data.TEXT_FIELDS`) of the text files ``of`` names (e.g. "--data") on ``p``."""
     p.add_argument("--encoding", default="utf-8",
                    help=f"text encoding of {of} (default: utf-8; e.g. latin-1, cp1252, utf-16)")
-    p.add_argument("--text-field", default=text_field,
-                   help=f"the field holding each text of {of} (default: {text_field})")
+    p.add_argument("--text-field",
+                   help=f"the field holding each text of {of} (default: text, or input where the records have no "
+                        "text field, as in WikiMIA's files)")
 
 
 def batches(p: argparse.ArgumentParser) -> None:

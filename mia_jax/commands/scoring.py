@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser, labeled: bool) -> None:
     p.add_argument("--neighbor-seed", type=entry.nonneg_int, default=0,
                    help="seed of the neighbour generator (default: 0)")
     add_method_options(p)
-    options.data(p, labeled=labeled, text_field="input")
+    options.data(p, labeled=labeled)
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
                    help="scorers; a bare min_k / max_k / min_k_pp expands to one method per --k "
                         f"(default: {' '.join(DEFAULT_METHODS)})")
@@ -101,7 +101,8 @@ def fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh, 
 
     return runner.run_fingerprint(
         loaded, ds.texts, ds.labels, methods, ref=ref, neighbors=generator, data_files=ds.files, labeled=labeled,
-        encoding=args.encoding, text_field=args.text_field, label_field=args.label_field if labeled else None,
+        encoding=args.encoding, text_field=ds.text_field or args.text_field,
+        label_field=args.label_field if labeled else None,
         limit=args.limit, batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch,
         chunk_size=args.chunk_size, dtype=args.dtype,
         mesh=sharding.mesh_str(mesh) if mesh is not None else None, **res.fingerprint)

@@ -23,12 +23,13 @@ MIMIR_SPLIT = "ngram_7_0.2"
 @dataclass
 class Dataset:
     """A loaded dataset: its ``texts``, ``labels`` (1 member, 0 non-member; None when unlabeled), ``name``, the
-    ``files`` read (path -> SHA-256) and the ``extra`` fields asked for."""
+    ``files`` read (path -> SHA-256), the ``extra`` fields asked for and the ``text_field`` read."""
     texts: list[str]
     labels: list[int] | None  # 1 = member, 0 = non-member; None for unlabeled data
     name: str
     files: dict[str, str] = field(default_factory=dict)  # path -> sha256
     extra: dict[str, list] = field(default_factory=dict)  # other fields asked for: {field: [value or None per row]}
+    text_field: str | None = None  # the field the texts were read from, where one was
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -241,9 +242,25 @@ def _label(value, path: Path, where: int) -> int:
     raise UserError(f"{path}: row {where} has label {value!r}; labels must be 0 (non-member) or 1 (member)")
 
 
-def load_records(path: str | Path, text_field: str = "input", label_field: str | None = "label",
+# the text fields tried, in order, when none is named (--text-field left out): a corpus's `text`, WikiMIA's `input`
+TEXT_FIELDS = ("text", "input")
+
+
+def _text_field(row: dict, path: Path, where: int) -> str:
+    """The first of :data:`TEXT_FIELDS` that ``row`` (the file's first object) has."""
+    found = next((f for f in TEXT_FIELDS if f in row), None)
+    if found is None:
+        raise UserError(f"{path}: row {where} has neither a 'text' nor an 'input' field (fields: "
+                        f"{', '.join(map(str, row))}); choose the field with --text-field")
+    return found
+
+
+def load_records(path: str | Path, text_field: str | None = None, label_field: str | None = "label",
                  name: str | None = None, encoding: str = "utf-8", extra: Sequence[str] = ()) -> Dataset:
     """Read texts (and 0/1 labels unless ``label_field`` is None) from a file.
+
+    ``text_field`` None: the first of :data:`TEXT_FIELDS` (``text``, then ``input``) that the file's first object
+    has, the same for every row (``Dataset.text_field`` holds the field read).
 
     A row that is a bare JSON string is taken as the text (MIMIR's format); empty texts are kept
     (the runner records them as skipped with a reason) so that row indices stay those of the file.
@@ -259,7 +276,9 @@ def load_records(path: str | Path, text_field: str = "input", label_field: str |
     kept: dict[str, list] = {f: [] for f in extra}
     for where, row in _rows(path, encoding):
         if isinstance(row, str):
-            row = {text_field: row}
+            row = {text_field or TEXT_FIELDS[0]: row}
+        if text_field is None and isinstance(row, dict):
+            text_field = _text_field(row, path, where)
         if not isinstance(row, dict):
             kind = {list: "a list", int: "a number", float: "a number", bool: "true/false"}.get(type(row), "null")
             raise UserError(f"{path}: row {where} is {kind}, expected an object with a {text_field!r} field (or a "
@@ -280,7 +299,7 @@ def load_records(path: str | Path, text_field: str = "input", label_field: str |
         raise UserError(f"{path}: no rows (the file is empty or holds only blank lines or a header); give a file "
                         "with at least one row")
     return Dataset(texts, labels if label_field is not None else None, name or path.stem, {str(path): sha256(path)},
-                   kept)
+                   kept, text_field)
 
 
 def duplicate_report(texts: list[str], labels: list[int] | None = None, max_examples: int = 5) -> dict:
