@@ -5,7 +5,7 @@ import re
 import signal
 
 import pytest
-from helpers import write_tiny_llama
+from helpers import sealed_copy, write_tiny_llama
 
 pytest_plugins = ["pytester"]  # tests of the conftest hooks themselves (test_models.py)
 
@@ -61,3 +61,9 @@ def tiny_llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_llama")
     write_tiny_llama(path)
     return path
+
+
+@pytest.fixture
+def sealed(request, tmp_path):
+    """A copy (sealed: manifest.json) of the committed run folder that the test module names ``COMMITTED``."""
+    return sealed_copy(request.module.COMMITTED, tmp_path)

@@ -15,8 +15,7 @@ import pytest
 from scipy.stats import beta, binomtest
 
 import helpers
-from helpers import (DAMAGE, assert_clean_error, check_damage_refused, check_refused_into, cut_mid_row, drop_line,
-                     sealed_copy, snapshot)
+from helpers import assert_clean_error, check_refused_into, cut_mid_row, drop_line, snapshot
 
 from mia_jax import entry, metrics
 from mia_jax.audits import books as B
@@ -439,26 +438,7 @@ def test_rebuild_from_folder(tiny_llama_dir, book_files, tmp_path, capsys):
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "audits" / "books"
 
 
-@pytest.fixture
-def sealed(tmp_path):
-    """A copy of the committed audit (sealed: manifest.json)."""
-    return sealed_copy(COMMITTED, tmp_path)
-
-
-rebuild_cli = functools.partial(helpers.rebuild_cli, "audit-books")
-
-
-@pytest.mark.parametrize("name", books_report.REBUILD_READS)
-@pytest.mark.parametrize("damage", DAMAGE)
-def test_from_damaged_file_is_refused(sealed, name, damage, tmp_path, capsys):
-    DAMAGE[damage](sealed / name, 5) if damage == "a missing line" else DAMAGE[damage](sealed / name)
-    check_damage_refused("audit-books", sealed, name, damage, tmp_path / "out", capsys)
-
-
-def test_from_without_manifest_is_refused(sealed, tmp_path, capsys):
-    (sealed / "manifest.json").unlink()
-    rc, err = rebuild_cli(sealed, tmp_path / "out", capsys)
-    assert_clean_error(rc, err, "no manifest.json")
+rebuild_cli = functools.partial(helpers.rebuild_cli, "audit-books")  # the fixture `sealed`: conftest.py
 
 
 @pytest.mark.parametrize("edit, needle", [

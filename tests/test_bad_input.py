@@ -84,7 +84,9 @@ CASES = [
     ("json-line", with_data("d.jsonl", jsonl(ROWS[:2]) + b'{"input": "x",\n'), "d.jsonl: line 3 is not valid JSON"),
     ("json-column", with_data("d.jsonl", b'  {"input": "\xc3\xa9\xc3\xa9" "label": 1}\n'),
      "line 1 is not valid JSON (Expecting ',' delimiter at column 18)"),  # characters, from 1
-    ("missing-field", with_data("d.jsonl", jsonl([{"text": "a b", "label": 1}])), "row 1 has no field 'input'"),
+    ("missing-field", with_data("d.jsonl", jsonl([{"body": "a b", "label": 1}])),
+     "row 1 has neither a 'text' nor an 'input' field (fields: body, label)"),
+    ("missing-label", with_data("d.jsonl", jsonl([{"input": "a b", "lbl": 1}])), "row 1 has no field 'label'"),
     ("label-2", with_data("d.jsonl", jsonl([{"input": "a b", "label": 2}])), "row 1 has label 2; labels must be 0"),
     ("text-not-string", with_data("d.jsonl", jsonl([{"input": 5, "label": 1}])),
      "field 'input' is int, expected a string"),

@@ -108,8 +108,8 @@ def test_interrupted_run_resumes_and_another_job_is_refused(tiny_llama_dir, labe
                                                              monkeypatch):
     rows = [json.loads(line) for line in labeled.read_text().splitlines()]
     data = write_jsonl(tmp_path / "data.jsonl", [dict(r, text=r["input"][::-1], flipped=1 - r["label"]) for r in rows])
-    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(data), "--methods", "loss", "--tokens-per-batch",
-            "64", "--n-bootstrap", "20", "--no-progress"]
+    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(data), "--text-field", "input", "--methods", "loss",
+            "--tokens-per-batch", "64", "--n-bootstrap", "20", "--no-progress"]
     tiny = models.load(str(tiny_llama_dir))
     steps = batching.pack([len(e.ids) for e in batching.encode(tiny, [r["input"] for r in rows[:20]])], 64,
                           tiny.max_length)

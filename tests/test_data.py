@@ -59,18 +59,22 @@ def test_csv_tsv_and_bare_strings(tmp_path):
         data.load_records(tmp_path / "a.txt")
 
 
-def test_text_field_default_is_text_then_input(tmp_path):
-    """Without --text-field a file's texts come from `text`, else (WikiMIA's files) from `input`; the field read is
-    recorded, the same for every row, and a file with neither is refused naming both."""
-    both = tmp_path / "both.jsonl"
-    both.write_text('{"text": "a corpus text", "input": "other", "label": 1}\n{"text": "b", "input": "c", "label": 0}\n')
-    ds = data.load_records(both)
+def test_text_field_default_is_text_or_input(tmp_path):
+    """Without --text-field a file's texts come from its `text` field or (WikiMIA's files) its `input` field; the
+    field read is recorded, the same for every row; a file with both or neither is refused, naming them."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "a corpus text", "label": 1}\n{"text": "b", "label": 0}\n')
+    ds = data.load_records(corpus)
     assert (ds.texts, ds.text_field) == (["a corpus text", "b"], "text")
     wiki = tmp_path / "wiki.jsonl"
     wiki.write_text('{"input": "x y", "label": 1}\n{"input": "z", "label": 0}\n')
     ds = data.load_records(wiki)
     assert (ds.texts, ds.labels, ds.text_field) == (["x y", "z"], [1, 0], "input")
-    assert data.load_records(both, "input").texts == ["other", "c"]  # a named field wins
+    both = tmp_path / "both.jsonl"
+    both.write_text('{"text": "t", "input": "i", "label": 1}\n')
+    with pytest.raises(UserError, match=r"row 1 has both a 'text' and an 'input' field \(fields: text, input, label\)"):
+        data.load_records(both)
+    assert data.load_records(both, "input").texts == ["i"]  # a named field is read
     mixed = tmp_path / "mixed.jsonl"  # the field is chosen on the first row: a later row without it is refused
     mixed.write_text('{"text": "t", "label": 1}\n{"input": "i", "label": 0}\n')
     with pytest.raises(UserError, match=r"row 2 has no field 'text'"):

@@ -243,7 +243,7 @@ def test_freq_table_command_end_to_end(tiny_llama_dir, tiny, tmp_path, capsys):
     assert {i: int(c) for i, c in enumerate(back.counts) if c} == dict(want)
     assert back.corpus_files == {str(corpus.resolve()): made.corpus_files[str(corpus.resolve())]}
     assert back.meta["n_documents"] == len(CORPUS) and back.meta["text_field"] == "body"
-    with pytest.raises(UserError, match="no field 'text'"):
+    with pytest.raises(UserError, match="neither a 'text' nor an 'input' field"):
         freq_table.run(_freq_args(["freq-table", "--model", str(tiny_llama_dir), "--corpus", str(corpus), "--out",
                                  str(out), "--no-progress"]))
     with pytest.raises(SystemExit):  # a count below 1: refused when parsed (entry.positive_int)

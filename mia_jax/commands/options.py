@@ -60,13 +60,13 @@ def data_dir(p: argparse.ArgumentParser) -> None:
 
 
 def text(p: argparse.ArgumentParser, of: str) -> None:
-    """``--encoding`` (default utf-8) and ``--text-field`` (default: ``text``, else ``input``:
-    :data:`mia_jax.data.TEXT_FIELDS`) of the text files ``of`` names (e.g. "--data") on ``p``."""
+    """``--encoding`` (default utf-8) and ``--text-field`` (default: whichever of ``text`` and ``input`` the records
+    have, :data:`mia_jax.data.TEXT_FIELDS`) of the text files ``of`` names (e.g. "--data") on ``p``."""
     p.add_argument("--encoding", default="utf-8",
                    help=f"text encoding of {of} (default: utf-8; e.g. latin-1, cp1252, utf-16)")
     p.add_argument("--text-field",
-                   help=f"the field holding each text of {of} (default: text, or input where the records have no "
-                        "text field, as in WikiMIA's files)")
+                   help=f"the field holding each text of {of} (default: the records' text or input field, as in "
+                        "WikiMIA's files; a file with both must name one)")
 
 
 def batches(p: argparse.ArgumentParser) -> None:

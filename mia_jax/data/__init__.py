@@ -242,25 +242,26 @@ def _label(value, path: Path, where: int) -> int:
     raise UserError(f"{path}: row {where} has label {value!r}; labels must be 0 (non-member) or 1 (member)")
 
 
-# the text fields tried, in order, when none is named (--text-field left out): a corpus's `text`, WikiMIA's `input`
+# the text fields looked for when none is named (--text-field left out): a corpus's `text`, WikiMIA's `input`
 TEXT_FIELDS = ("text", "input")
 
 
 def _text_field(row: dict, path: Path, where: int) -> str:
-    """The first of :data:`TEXT_FIELDS` that ``row`` (the file's first object) has."""
-    found = next((f for f in TEXT_FIELDS if f in row), None)
-    if found is None:
-        raise UserError(f"{path}: row {where} has neither a 'text' nor an 'input' field (fields: "
-                        f"{', '.join(map(str, row))}); choose the field with --text-field")
-    return found
+    """The one of :data:`TEXT_FIELDS` that ``row`` (the file's first object) has (both or neither: a UserError)."""
+    found = [f for f in TEXT_FIELDS if f in row]
+    if len(found) != 1:
+        has = "both a 'text' and an 'input' field" if found else "neither a 'text' nor an 'input' field"
+        raise UserError(f"{path}: row {where} has {has} (fields: {', '.join(map(str, row))}); choose the field "
+                        "with --text-field")
+    return found[0]
 
 
 def load_records(path: str | Path, text_field: str | None = None, label_field: str | None = "label",
                  name: str | None = None, encoding: str = "utf-8", extra: Sequence[str] = ()) -> Dataset:
     """Read texts (and 0/1 labels unless ``label_field`` is None) from a file.
 
-    ``text_field`` None: the first of :data:`TEXT_FIELDS` (``text``, then ``input``) that the file's first object
-    has, the same for every row (``Dataset.text_field`` holds the field read).
+    ``text_field`` None: the one of :data:`TEXT_FIELDS` (``text`` or ``input``) that the file's first object has
+    (both or neither: refused), the same for every row (``Dataset.text_field`` holds the field read).
 
     A row that is a bare JSON string is taken as the text (MIMIR's format); empty texts are kept
     (the runner records them as skipped with a reason) so that row indices stay those of the file.
