@@ -355,6 +355,19 @@ def check_refused_into(command: str, sealed, other_run, other, capsys) -> None:
     assert snapshot(other) == before and snapshot(sealed) == src_before
 
 
+def check_rebuilds_again(command: str, sealed, out, info: str, capsys) -> None:
+    """``out``, a rebuild of ``sealed``: rebuilding ``sealed`` into it again changes nothing, and rebuilding it in
+    place changes nothing but its ``info`` file (which records the source) and its manifest."""
+    first = snapshot(out)
+    rc, err = rebuild_cli(command, sealed, out, capsys)  # its own earlier rebuild of the same source
+    assert rc == 0, err
+    assert snapshot(out) == first
+    rc, err = rebuild_cli(command, out, out, capsys)  # in place
+    assert rc == 0, err
+    assert {k: v for k, v in snapshot(out).items() if k not in (info, "manifest.json")} == \
+        {k: v for k, v in first.items() if k not in (info, "manifest.json")}
+
+
 def transformers_gguf_ppl(path: str, loaded, texts, model_class: str, ids) -> float:
     """transformers' perplexity of the token ``ids`` under the GGUF file ``path`` (loaded as ``model_class``, as
     ``from_pretrained(gguf_file=...)`` does, without needing accelerate), once ``loaded``'s tokenizer is checked to

@@ -12,8 +12,8 @@ from mia_jax.audits.books import (FPR, METHODS, N_BOOTSTRAP, RATE_METHOD, SNIPPE
                                   BooksResult, audit_books, books_phrase, check_methods, check_options, prepare)
 from mia_jax.audits.books_rebuild import read_info, rebuild
 from mia_jax.audits.books_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
-from mia_jax.commands.audit_options import (claim_runs, from_option, model_options, out_option, resolved,
-                                            write_rebuild)
+from mia_jax.commands.audit_options import (claim_runs, from_option, model_options, out_option, rebuild_command,
+                                            resolved)
 from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError
 
@@ -137,21 +137,9 @@ def audit_fingerprint(args, loaded, data_files: dict, methods: list[str], rate_m
 
 
 def run_rebuild(args) -> BooksResult:
-    """``mia-jax audit-books --from DIR --out OUT``: ``rebuild``, then the outputs into OUT (new, empty, an earlier
-    rebuild of DIR, or DIR itself: every output computed before any is written), info.json keeping DIR's command,
-    model and data files and noting the rebuild. Returns the rebuilt result."""
-    given = [f for f, v in (("--books", args.books), ("--model", args.model), ("--validation", args.validation),
-                            ("--threshold", args.threshold)) if v is not None]
-    if given:
-        raise UserError(f"--from rebuilds with the settings of the audit in its folder; leave out {', '.join(given)}")
-    source, out = Path(args.source), entry.check_out(args.out)
-    if not source.is_dir():
-        raise UserError(f"--from {source}: not a folder (the --out folder of an audit-books run)")
-    res = rebuild(source)
-    meta = {**read_info(source), "rebuilt": {"command": " ".join(sys.argv), "from": str(source),
-                                             "package_version": __version__}}
-    files = render_outputs(res, meta)
-    write_rebuild(out, source, "audit-books", files, REBUILD_READS)
-    print(to_markdown(res))
-    print(f"wrote {out}/", file=sys.stderr)
-    return res
+    """``mia-jax audit-books --from DIR --out OUT`` (:func:`audit_options.rebuild_command`): info.json keeps DIR's
+    command, model and data files and notes the rebuild. Returns the rebuilt result."""
+    settings = {"--books": args.books, "--model": args.model, "--validation": args.validation,
+                "--threshold": args.threshold}
+    return rebuild_command("audit-books", Path(args.source), args.out, settings, rebuild,
+                           lambda source, res: read_info(source), render_outputs, REBUILD_READS, to_markdown)

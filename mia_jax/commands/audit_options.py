@@ -1,6 +1,6 @@
 """What the two audit commands (``audit-books``, ``audit-unlearning``) share: the options that load their models and
 keep their scoring runs, ``--from`` and ``--out``, the claim of their scoring runs inside the audit's folder, the
-resolved file hashes of their fingerprints and the write of a ``--from`` rebuild."""
+resolved file hashes of their fingerprints and the ``--from`` rebuild (:func:`rebuild_command`)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from mia_jax import entry, rundir
+from mia_jax import __version__, entry, rundir
 from mia_jax.audits.common import write_sealed
+from mia_jax.errors import UserError
 
 
 def from_option(p, command: str, dest: str, help: str) -> None:
@@ -65,3 +66,25 @@ def write_rebuild(out: Path, source: Path, command: str, files: dict, reads) -> 
     (``reads``)."""
     with rundir.rebuild_into(out, [source], command):
         write_sealed(out, files, reads)
+
+
+def rebuild_command(command: str, source: Path, out: Path, settings: dict, rebuild: Callable, meta_of: Callable,
+                    render_outputs: Callable, reads, to_markdown: Callable):
+    """``mia-jax COMMAND --from SOURCE --out OUT``: refuse the ``settings`` given ({flag: value}, None when left
+    out: a rebuild takes its folder's settings), ``rebuild(SOURCE)`` (which checks what it reads), then every output
+    (``render_outputs(result, meta)``, ``meta`` = ``meta_of(SOURCE, result)`` plus where and how it was rebuilt)
+    written into OUT (:func:`write_rebuild`: new, empty, an earlier rebuild of SOURCE, or SOURCE itself; every
+    output is computed before any is written) and sealed over ``reads``; the report (``to_markdown``) printed.
+    Returns the rebuilt result."""
+    given = [flag for flag, value in settings.items() if value is not None]
+    if given:
+        raise UserError(f"--from rebuilds with the settings of the {command} run in its folder, without models or "
+                        f"data: leave out {', '.join(given)}")
+    out = entry.check_out(out)
+    res = rebuild(source)
+    meta = {**meta_of(source, res), "rebuilt": {"command": " ".join(sys.argv), "from": str(source),
+                                                "package_version": __version__}}
+    write_rebuild(out, source, command, render_outputs(res, meta), reads)
+    print(to_markdown(res))
+    print(f"wrote {out}/ (rebuilt from {source}/)", file=sys.stderr)
+    return res

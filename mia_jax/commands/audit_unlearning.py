@@ -14,9 +14,9 @@ from mia_jax.audits.unlearning import (CHUNK_WORDS, K, MAX_PROBE, MIN_WORDS, N_S
 from mia_jax.audits.unlearning_probes import MAX_NEW_TOKENS
 from mia_jax.audits.unlearning_rebuild import rebuild
 from mia_jax.audits.unlearning_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
-from mia_jax.commands.audit_options import (claim_runs, from_option, model_options, out_option, resolved,
-                                            write_rebuild)
 from mia_jax.commands import options
+from mia_jax.commands.audit_options import (claim_runs, from_option, model_options, out_option, rebuild_command,
+                                            resolved)
 from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError
 from mia_jax.models.sentence import SentenceEncoder
@@ -172,24 +172,9 @@ def audit_fingerprint(args, loaded: dict, embedder, data_files: dict, qa_files: 
 
 
 def run_rebuild(args) -> UnlearningResult:
-    """`mia-jax audit-unlearning --from DIR --out OUT`: ``rebuild`` DIR, then OUT's files as the audit writes them
-    (unlearning.json adds ``rebuilt``: from where, the command, the package version). OUT: new, empty, an earlier
-    rebuild of the same DIR, or DIR itself (in place: written only once every output is computed). Returns the
-    rebuilt result."""
-    given = [flag for flag, v in (("--original", args.original), ("--unlearned", args.unlearned),
-                                  ("--texts", args.texts), ("--qa", args.qa), ("--embed-model", args.embed_model))
-             if v is not None]
-    if given:
-        raise UserError(f"--from rebuilds the report from a results folder, without models or data: leave out "
-                        f"{', '.join(given)}")
-    src, out = Path(args.from_dir), entry.check_out(args.out)
-    if out.resolve() != src.resolve() and src.resolve() in out.resolve().parents:
-        raise UserError(f"--out {out} is inside --from {src}; a rebuild never writes into a folder inside the one it "
-                        "reads: give another --out")
-    res = rebuild(src)
-    meta = {**res.meta, "rebuilt": {"from": str(src), "command": " ".join(sys.argv), "package_version": __version__}}
-    files = render_outputs(res, meta)
-    write_rebuild(out, src, "audit-unlearning", files, REBUILD_READS)
-    print(to_markdown(res))
-    print(f"wrote {out}/ (rebuilt from {src}/)", file=sys.stderr)
-    return res
+    """`mia-jax audit-unlearning --from DIR --out OUT` (:func:`audit_options.rebuild_command`): unlearning.json adds
+    ``rebuilt`` (from where, the command, the package version). Returns the rebuilt result."""
+    settings = {"--original": args.original, "--unlearned": args.unlearned, "--texts": args.texts, "--qa": args.qa,
+                "--embed-model": args.embed_model}
+    return rebuild_command("audit-unlearning", Path(args.from_dir), args.out, settings, rebuild,
+                           lambda source, res: res.meta, render_outputs, REBUILD_READS, to_markdown)
