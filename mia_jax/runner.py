@@ -26,8 +26,6 @@ records are gathered so that every process returns all of them and process 0 wri
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -39,12 +37,13 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from mia_jax import __version__, passes
+from mia_jax import passes
 from mia_jax import sharding as shd
 from mia_jax.audits import windowed
 from mia_jax.batching import TOKENS_PER_BATCH, Step, align, check_tokens_per_batch, encode, pack, packed_arrays
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
+from mia_jax.fingerprint import run_fingerprint
 from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, skip_reason
 from mia_jax.rundir import check_interrupted
@@ -55,7 +54,8 @@ from mia_jax.scorers.base import check_resources
 from mia_jax.scorers.likelihood import zlib_bytes
 from mia_jax.stats import DEFAULT_CHUNK, TokenStats
 
-__all__ = ["NONFINITE", "default_tokens_per_batch", "score_texts", "score_dataset", "run_fingerprint", "default_dtype"]
+__all__ = ["NONFINITE", "default_tokens_per_batch", "score_texts", "score_dataset", "run_fingerprint", "default_dtype",
+           "stable_steps"]
 
 
 NONFINITE = "the model's logits are not finite"  # the skip reason of such a text (counted and warned by the CLI)
@@ -70,7 +70,8 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 tokens_per_batch: int | None = None, batch_size: int = 8, chunk_size: int = DEFAULT_CHUNK,
                 out_path: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
                 desc: str = "scoring", mesh=None, report: dict | None = None, prefixes: Sequence[str] | None = None,
-                resources: dict | None = None, compute=None, window: int | None = None) -> list[dict]:
+                resources: dict | None = None, compute=None, window: int | None = None, shapes: set | None = None,
+                stable_shapes: bool = False) -> list[dict]:
     """Score every text with every method; returns records in input order.
 
     Texts are packed into rows of a token budget (``tokens_per_batch`` per step, default per backend:
@@ -99,7 +100,9 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     ``report`` (a dict, filled in): ``texts`` (this process's), ``reused`` (records taken from ``out_path``),
     ``computed`` (texts scored by a forward pass here), ``batches_computed`` (steps), ``skipped``, ``slots`` and
     ``tokens`` (token slots of the steps run vs real tokens in them), ``scoring_programs`` (the distinct step
-    shapes run). A resume that reuses records says so on stderr.
+    shapes run; ``shapes``, a set, collects them over several calls). A resume that reuses records says so on
+    stderr. ``stable_shapes``: steps rounded to shapes shared by every call (``stable_steps``; a corpus scored a
+    window at a time, ``mia_jax.shards``).
     """
     tokens_per_batch = _check_arguments(loaded, methods, tokens_per_batch, compute, resources, window)
     p = _start(loaded, texts, methods, labels=labels, prefixes=prefixes, out_path=out_path, resume=resume,
@@ -109,6 +112,9 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         shd.shard_model(loaded.model, mesh)
     steps = _plan(loaded, [len(p.encoded[i].ids) for i in todo], todo, tokens_per_batch, batch_size, mesh, p.multi,
                   compute is None, lambda idx: all(i in p.sink for i in idx))
+    if stable_shapes:
+        steps = stable_steps(steps, tokens_per_batch, shd.local_batch_shards(mesh) if mesh is not None else 1)
+    p.shapes = shapes if shapes is not None else p.shapes
     reused = _count_resumed(p, steps, todo, report, desc, out_path)
     p.sink.open()
     try:
@@ -304,6 +310,20 @@ def _plan(loaded, lengths, todo, tokens_per_batch, batch_size, mesh, multi, pack
     return align(steps, loaded.max_length, gather, done)
 
 
+def stable_steps(steps: list[Step], tokens_per_batch: int, row_multiple: int = 1) -> list[Step]:
+    """``steps`` with their rows rounded up to a power of two (at most the rows a full step of their length has,
+    then to a multiple of ``row_multiple``) and their segments to a power of two: empty rows and segments, so that
+    plans of different texts share a few compiled shapes."""
+    def pow2(n: int) -> int:
+        return 1 << max(n - 1, 0).bit_length()
+
+    out = []
+    for s in steps:
+        rows = max(s.rows, min(pow2(s.rows), max(tokens_per_batch // s.length, 1)))
+        out.append(Step(-(-rows // row_multiple) * row_multiple, s.length, pow2(s.segments), s.contents))
+    return out
+
+
 def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None, neighbors=None,
                   labels: Sequence[int] | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
                   report: dict | None = None, pass_options: dict | None = None, **kwargs) -> list[dict]:
@@ -372,24 +392,6 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
     if out_dir and shd.is_main_process():
         write_jsonl(Path(out_dir, "results.jsonl"), records)
     return records
-
-
-def run_fingerprint(loaded, texts: Sequence[str], labels: Sequence[int] | None, methods: Sequence[str], *,
-                    ref=None, neighbors=None, data_files: dict | None = None, **options) -> dict:
-    """What defines a ``score_dataset`` run, for ``rundir.claim``: the methods, every model file and data file
-    by resolved path and SHA-256, the texts and labels themselves (their SHA-256), the neighbour generator's
-    config, the package version and ``options`` (batch size, chunk size, dtype, ...: anything else that can
-    change a record)."""
-    def resolved(files):
-        return {str(Path(p).resolve()): h for p, h in files.items()} if files is not None else None
-
-    blob = json.dumps([list(texts), list(labels) if labels is not None else None], ensure_ascii=False)
-    return {"methods": list(methods), "model_files": resolved(loaded.files),
-            "ref_model_files": resolved(ref.files) if ref is not None else None,
-            "data_files": resolved(data_files), "texts_sha256": hashlib.sha256(blob.encode("utf-8")).hexdigest(),
-            "n_texts": len(texts),
-            "neighbors": {"name": neighbors.name, "config": neighbors.config} if neighbors is not None else None,
-            **options, "package_version": __version__}
 
 
 def default_dtype() -> str:

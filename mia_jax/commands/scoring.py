@@ -13,7 +13,10 @@ from mia_jax import benchmarks, blind, compilation, data, entry, resources, rund
 from mia_jax.batching import TOKENS_PER_BATCH, check_tokens_per_batch
 from mia_jax.commands import options, scoring_report
 from mia_jax.errors import UserError
-from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
+from mia_jax.data import stream
+from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods, is_multi_pass
+
+STREAM_WINDOW = 4096  # texts per shard of a streamed run (--stream-window)
 
 
 def add_arguments(p: argparse.ArgumentParser, labeled: bool) -> None:
@@ -37,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser, labeled: bool) -> None:
                    help="token slots of one scoring step: texts are packed into rows of this budget (default: "
                         f"{TOKENS_PER_BATCH['cpu']} on CPU, {TOKENS_PER_BATCH['gpu']} on GPU and TPU)")
     options.batches(p)
+    p.add_argument("--stream-window", type=entry.positive_int, default=STREAM_WINDOW, metavar="N",
+                   help="an input of more than N texts is read, scored and written N texts at a time, into numbered "
+                        "shards (passes/main/00000.jsonl, ...) that a killed run resumes from; single-pass methods on "
+                        f"one process without --window (default: {STREAM_WINDOW})")
     p.add_argument("--compilation-cache", metavar="DIR|off",
                    help="JAX's persistent compilation cache (default: $MIA_JAX_COMPILATION_CACHE or "
                         "~/.cache/mia_jax/jax; 'off' turns it off)")
@@ -75,6 +82,7 @@ NOT_IN_FINGERPRINT = {
     "overwrite": "decides what happens to the folder, not what a record holds",
     "no_progress": "display only",
     "compilation_cache": "where compiled programs are kept: the same program either way",
+    "stream_window": "in the fingerprint of a streamed run (stream_window); a run of one window does not use it",
     **resources.not_in_fingerprint(),  # the options of add_method_options
 }
 
@@ -94,18 +102,34 @@ def load_data(args, labeled: bool):
     return ds
 
 
+def open_stream(args, labeled: bool, methods) -> stream.StreamDataset | None:
+    """The ``--data`` input as a :class:`~mia_jax.data.stream.StreamDataset` when this run streams it: a file or TFDS
+    dataset of more than ``--stream-window`` texts (after ``--limit``), single-pass methods only, no ``--window``,
+    one process. Its first pass (counts, fingerprint digest, labels, duplicates) is read here. None otherwise (the
+    run holds its texts: ``load_data``)."""
+    if (not args.data or getattr(args, "window", None) is not None or jax.process_count() > 1
+            or any(is_multi_pass(m) for m in methods)):
+        return None
+    texts = stream.TextStream(args.data, args.text_field, args.label_field if labeled else None,
+                              encoding=args.encoding, limit=args.limit, data_dir=getattr(args, "data_dir", None))
+    scan = texts.scan()
+    return stream.StreamDataset(texts, scan, args.stream_window) if scan.n > args.stream_window else None
+
+
 def fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh, res) -> dict:
     """What makes a run: every input that can change a record (see NOT_IN_FINGERPRINT for the rest). ``res``: the
     run's ``resources.Resources``; the rest as :func:`run` makes them."""
     from mia_jax import runner  # here, not at the top: it loads the model code (start-up time)
 
+    streamed = isinstance(ds, stream.StreamDataset)
+    extra = {"stream_window": ds.window, "texts_digest": (ds.scan.texts_sha256, ds.scan.n)} if streamed else {}
     return runner.run_fingerprint(
         loaded, ds.texts, ds.labels, methods, ref=ref, neighbors=generator, data_files=ds.files, labeled=labeled,
         encoding=args.encoding, text_field=ds.text_field or args.text_field,
         label_field=args.label_field if labeled else None,
         limit=args.limit, batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch,
         chunk_size=args.chunk_size, dtype=args.dtype,
-        mesh=sharding.mesh_str(mesh) if mesh is not None else None, **res.fingerprint)
+        mesh=sharding.mesh_str(mesh) if mesh is not None else None, **res.fingerprint, **extra)
 
 
 def neighbor_generator(args, loaded):
@@ -136,7 +160,7 @@ def run(args, labeled: bool) -> Path:
     if blind_asked and not labeled:
         raise UserError(f"{blind.NAME} needs labels: use mia-jax eval")
     compare = comparisons(args, methods) if labeled else []
-    ds = load_data(args, labeled)
+    ds = open_stream(args, labeled, methods) or load_data(args, labeled)
     if "ref" in methods and not args.ref_model:
         raise UserError("method 'ref' needs a reference model: add --ref-model PATH_OR_NAME")
     mesh = sharding.make_mesh(args.mesh) if args.mesh or jax.process_count() > 1 else None
@@ -150,7 +174,7 @@ def run(args, labeled: bool) -> Path:
     ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
            if args.ref_model and "ref" in methods else None)
     generator = neighbor_generator(args, loaded) if "neighbor" in methods else None
-    res = resources.build(args, methods, ds.texts, loaded)
+    res = resources.build(args, methods, ds.texts if ds.texts is not None else [], loaded)
     out = entry.check_out(args.out or f"runs/{ds.name}-{loaded.name}")
     with rundir.claim(out, fingerprint(args, labeled, ds, loaded, ref, generator, methods, mesh, res),
                       overwrite=args.overwrite) as resume:

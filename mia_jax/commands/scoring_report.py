@@ -12,15 +12,18 @@ from pathlib import Path
 
 import jax
 
-from mia_jax import __version__, blind, comparisons, compilation, data, metrics, report, resources, sharding
+from mia_jax import __version__, blind, comparisons, compilation, data, metrics, report, resources, sharding, shards
 from mia_jax.audits import concat, windowed
+from mia_jax.data.stream import StreamDataset
 from mia_jax.errors import UserError
 
 
 def _blind_baseline(ds, args, required: bool):
-    """Metrics of the model-free bag-of-words baseline on the same texts, and the line that reports it."""
+    """Metrics of the model-free bag-of-words baseline on the same texts, and the line that reports it (a streamed
+    corpus's texts are all read here: the baseline holds every text)."""
+    texts = ds.all_texts() if isinstance(ds, StreamDataset) else ds.texts
     try:
-        scores = blind.blind_bow_scores(ds.texts, ds.labels, seed=args.seed)
+        scores = blind.blind_bow_scores(texts, [int(y) for y in ds.labels], seed=args.seed)
     except UserError as e:
         if required:
             raise
@@ -42,9 +45,8 @@ def _neighbor_meta(generator, records) -> dict:
             "n_neighbors_scored": sum(r.get("n_neighbors", 0) for r in records)}
 
 
-def _paired(records, labels, pairs, args) -> list[dict]:
-    """comparisons.paired_bootstrap of each --compare pair over the run's records."""
-    scores = metrics.scores_by_method(records, sorted({m for p in pairs for m in p}))
+def _paired(scores, labels, pairs, args) -> list[dict]:
+    """comparisons.paired_bootstrap of each --compare pair over the run's ``scores`` ({method: float64 [N]})."""
     out = []
     for a, b in pairs:
         try:
@@ -92,38 +94,43 @@ def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, met
     passes: dict = {}
     res = res or resources.Resources()
     compiled = compilation.CompileCount("score_step")
-    records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=generator, labels=ds.labels,
-                                   out_dir=out, resume=resume, batch_size=args.batch_size,
-                                   tokens_per_batch=args.tokens_per_batch, chunk_size=args.chunk_size,
-                                   progress=not args.no_progress, mesh=mesh, report=passes,
-                                   pass_options=res.pass_options, resources=res.resources, **res.score_options)
+    common = dict(batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch, chunk_size=args.chunk_size,
+                  progress=not args.no_progress, mesh=mesh, resources=res.resources, **res.score_options)
+    if isinstance(ds, StreamDataset):  # a window of texts at a time, into shards; no record is held
+        records = None
+        cols = shards.score_stream(loaded, ds.stream, ds.scan, methods, window=ds.window, out_dir=out, resume=resume,
+                                   report=passes.setdefault("main", {}), nonfinite_reason=runner.NONFINITE, **common)
+    else:
+        records = runner.score_dataset(loaded, ds.texts, methods, ref=ref, neighbors=generator, labels=ds.labels,
+                                       out_dir=out, resume=resume, report=passes, pass_options=res.pass_options,
+                                       **common)
+        cols = shards.columns_of(records, methods, runner.NONFINITE)
     seconds = time.perf_counter() - t0
-    n_tokens = sum(r["n_tokens"] for r in records)
-    meta = _run_meta(args, ds, loaded, ref, generator, methods, mesh, res, records)
+    n_tokens = cols.n_tokens
+    meta = _run_meta(args, ds, loaded, ref, generator, methods, mesh, res, records, cols)
     meta.update(passes=passes, compile=_compile_meta(compiled.stop()),
                 packing={"slots": sum(p.get("slots", 0) for p in passes.values()),
                          "tokens": sum(p.get("tokens", 0) for p in passes.values())},
                 seconds=round(seconds, 2), tokens_per_second=round(n_tokens / seconds, 1) if seconds > 0 else None)
     counts = _count_lines(meta, loaded.max_length)
     # a labeled eval prints the counts under its table
-    _print_scoring(meta, len(records), n_tokens, seconds, [] if labeled else counts, generator)
+    _print_scoring(meta, cols.n, n_tokens, seconds, [] if labeled else counts, generator)
     if not sharding.is_main_process():  # every process holds all records; process 0 writes the outputs
         return
     if args.window is not None:
         meta["windows"] = _window_report(args, ds, loaded, records, methods, out, labeled)
     if labeled:
-        _write_metrics(args, out, ds, loaded, records, methods, generator, meta, counts, blind_asked, compare)
+        _write_metrics(args, out, ds, loaded, cols, methods, generator, meta, counts, blind_asked, compare)
     else:
         (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     print(f"wrote {out}/", file=sys.stderr)
 
 
-def _run_meta(args, ds, loaded, ref, generator, methods, mesh, res, records) -> dict:
+def _run_meta(args, ds, loaded, ref, generator, methods, mesh, res, records, cols) -> dict:
     """run.json up to its "passes": the command, the configuration, the versions, the device, the models, the data,
-    the methods' resources and what the records say (skipped, non-finite, truncated, duplicate texts)."""
-    from mia_jax import runner  # here, not at the top: it loads the model code (start-up time)
-
-    skipped = [r for r in records if "skip_reason" in r]
+    the methods' resources and what the records (``cols``, their ``shards.Columns``; ``records`` themselves for the
+    neighbour counts, None when streamed) say: skipped, non-finite, truncated, duplicate texts."""
+    dups = ds.duplicates if isinstance(ds, StreamDataset) else data.duplicate_report(ds.texts, ds.labels)
     return {
         "command": " ".join(sys.argv),
         "config": {k: v for k, v in vars(args).items()},
@@ -150,10 +157,10 @@ def _run_meta(args, ds, loaded, ref, generator, methods, mesh, res, records) -> 
         "data": {"name": ds.name, "files": ds.files, "n": len(ds)},
         "method_resources": {"fingerprint": res.fingerprint, "files": res.files} if res.fingerprint else None,
         "neighbors": _neighbor_meta(generator, records) if generator is not None else None,
-        "n_skipped": len(skipped),
-        "nonfinite_logits": [r["index"] for r in skipped if r["skip_reason"].startswith(runner.NONFINITE)],
-        "n_truncated": sum(1 for r in records if r.get("truncated")),
-        "duplicates": data.duplicate_report(ds.texts, ds.labels),
+        "n_skipped": cols.n_skipped,
+        "nonfinite_logits": cols.nonfinite,
+        "n_truncated": cols.n_truncated,
+        "duplicates": dups,
     }
 
 
@@ -174,13 +181,13 @@ def _print_scoring(meta: dict, n_records: int, n_tokens: int, seconds: float, co
               f"{nm['n_identical_neighbors']} identical to their text dropped", file=sys.stderr)
 
 
-def _write_metrics(args, out: Path, ds, loaded, records, methods, generator, meta: dict, counts: list[str],
+def _write_metrics(args, out: Path, ds, loaded, cols, methods, generator, meta: dict, counts: list[str],
                    blind_asked: bool, compare) -> None:
     """A labeled run's metrics: summary.json / .csv / .md with run.json (``report.write_summary``), the ROC plot
     and histograms, and the table, notes and comparisons printed."""
-    labels = [r["label"] for r in records]
-    summary = metrics.evaluate_records(records, methods, labels, n_bootstrap=args.n_bootstrap, seed=args.seed)
-    scores = metrics.scores_by_method(records, methods)
+    labels = [int(y) for y in cols.labels]  # a label and a score per method and text: O(N) numbers, no record
+    scores = cols.scores
+    summary = {m: metrics.evaluate(labels, scores[m], n_bootstrap=args.n_bootstrap, seed=args.seed) for m in methods}
     if generator is not None:
         summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
     notes = list(counts)
@@ -191,7 +198,7 @@ def _write_metrics(args, out: Path, ds, loaded, records, methods, generator, met
             if blind_asked:
                 summary[blind.NAME] = blind_metrics
         notes.append(note)
-    comparisons = _paired(records, labels, compare, args)
+    comparisons = _paired(scores, labels, compare, args)
     bold = _tied_with_best(labels, scores, summary, methods, args)
     if bold:
         notes.append(BOLD_NOTE)

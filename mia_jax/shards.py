@@ -1,0 +1,176 @@
+"""Streaming scoring: a corpus scored one window of texts at a time into numbered shards, so that memory does not
+grow with the number of texts and a killed run resumes from every finished shard.
+
+Layout of ``<out>/passes/main/``: ``00000.jsonl``, ``00001.jsonl``, ... (shard k: the records of texts
+``k * window`` .. ``(k + 1) * window - 1``, global indices, the same records as the single-file path writes), and
+``index.json``: the window, the number of texts, the methods and per finished shard its file, first and last text
+index and SHA-256. A shard is written whole (temporary file + rename) and only then entered in the index; the shard
+being scored appends its finished steps to ``<k>.partial.jsonl`` (``runner.score_texts``' own resume, indices
+within the window), so a kill at any moment loses at most the steps in flight. A resumed run checks every shard
+of the index against its SHA-256, reuses the finished ones without reading their texts again (the reader skips to
+the first unfinished window) and rescores from the first missing or damaged one. At the end ``<out>/results.jsonl``
+is the shards' concatenation (streamed, never held).
+
+What stays in memory is one window of texts, their tokens and records, plus :class:`Columns`: per text its label,
+one float64 per method and a few counts -- what ``eval``'s metrics and bootstraps read. Each window is planned on
+its own (``batching.pack``); its last step's rows and every step's segments are rounded up to a power of two
+(empty rows and segments, as ``batching.align`` feeds them), so the windows share a handful of compiled shapes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from mia_jax.files import sha256, write_jsonl
+
+INDEX = "index.json"
+
+
+@dataclass
+class Columns:
+    """What a report needs of a run's records, without the records: ``labels`` (int8 [n] or None), ``scores``
+    {method: float64 [n], NaN where null}, and the counts ``n_tokens``, ``n_skipped``, ``n_truncated`` and the
+    indices of the texts with non-finite logits (``nonfinite``)."""
+    n: int
+    methods: Sequence[str]
+    labels: np.ndarray | None
+    scores: dict = field(default_factory=dict)
+    n_tokens: int = 0
+    n_skipped: int = 0
+    n_truncated: int = 0
+    nonfinite: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.scores = self.scores or {m: np.full(self.n, np.nan) for m in self.methods}
+
+    def take(self, records: Sequence[dict], nonfinite_reason: str) -> None:
+        """The records' scores and counts entered (each at its ``index``)."""
+        for r in records:
+            i = r["index"]
+            for m in self.methods:
+                v = r["scores"][m]
+                self.scores[m][i] = np.nan if v is None else v
+            self.n_tokens += r["n_tokens"]
+            self.n_truncated += bool(r.get("truncated"))
+            if "skip_reason" in r:
+                self.n_skipped += 1
+                if r["skip_reason"].startswith(nonfinite_reason):
+                    self.nonfinite.append(i)
+
+
+def columns_of(records: Sequence[dict], methods: Sequence[str], nonfinite_reason: str) -> Columns:
+    """The :class:`Columns` of records held in memory (the single-file path)."""
+    labels = np.asarray([r["label"] for r in records], np.int8) if records and "label" in records[0] else None
+    cols = Columns(len(records), list(methods), labels)
+    cols.take(records, nonfinite_reason)
+    return cols
+
+
+def shard_name(k: int) -> str:
+    """Shard ``k``'s file name."""
+    return f"{k:05d}.jsonl"
+
+
+def finished_shards(folder: Path, window: int, n_texts: int, methods: Sequence[str]) -> list[dict]:
+    """The index's entries of the shards that are on disk intact (SHA-256), in order, up to the first that is not;
+    [] without an index or with one of another layout."""
+    try:
+        index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if (index.get("window"), index.get("n_texts"), index.get("methods")) != (window, n_texts, list(methods)):
+        return []
+    kept = []
+    for k, entry in enumerate(index.get("shards", [])):
+        path = folder / shard_name(k)
+        if entry.get("file") != path.name or not path.is_file() or sha256(path) != entry.get("sha256"):
+            break
+        kept.append(entry)
+    return kept
+
+
+def _write_index(folder: Path, window: int, n_texts: int, methods: Sequence[str], shards: list[dict]) -> None:
+    tmp = folder / f"{INDEX}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"window": window, "n_texts": n_texts, "methods": list(methods), "shards": shards},
+                              indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, folder / INDEX)
+
+
+def _read_shard(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def score_stream(loaded, stream, scan, methods: Sequence[str], *, window: int, out_dir, resume: bool,
+                 report: dict | None = None, desc: str = "scoring", nonfinite_reason: str = "",
+                 **kwargs) -> Columns:
+    """Score every text of ``stream`` (a ``data.stream.TextStream``, ``scan`` its first pass) with the single-pass
+    ``methods``, ``window`` texts at a time, into the shards of ``out_dir/passes/main/`` and ``out_dir/results.jsonl``
+    (see the module docstring); ``kwargs`` go to ``runner.score_texts``. ``report`` (a dict, filled in) gets
+    ``score_texts``' counts summed over the windows (``reused`` and ``skipped`` include the reused shards' texts)
+    and ``shards`` / ``shards_reused``. Returns the run's :class:`Columns`."""
+    from mia_jax import runner  # here, not at the top: it loads the model code, and the report imports Columns early
+
+    folder = Path(out_dir, "passes", "main")
+    if not resume and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    n_shards = -(-scan.n // window)
+    done = finished_shards(folder, window, scan.n, methods) if resume else []
+    cols = Columns(scan.n, list(methods), scan.labels)
+    counts = {"texts": scan.n, "reused": 0, "computed": 0, "batches_computed": 0, "skipped": 0, "slots": 0,
+              "tokens": 0, "scoring_programs": 0, "shards": n_shards, "shards_reused": len(done)}
+    for entry in done:
+        recs = _read_shard(folder / entry["file"])
+        cols.take(recs, nonfinite_reason)
+        skipped = sum("skip_reason" in r for r in recs)
+        counts["skipped"] += skipped
+        counts["reused"] += len(recs) - skipped
+    if done:
+        print(f"{desc}: resuming from {folder}: {len(done)} of {n_shards} shards finished "
+              f"({done[-1]['last'] + 1} of {scan.n} texts), reused", file=sys.stderr, flush=True)
+    shapes: set = set()
+    shards = list(done)
+    for first, texts, labels in stream.windows(window, start=len(done) * window):
+        k = first // window
+        partial = folder / f"{k:05d}.partial.jsonl"
+        part: dict = {}
+        recs = runner.score_texts(loaded, texts, methods, labels=labels, out_path=partial, resume=True,
+                                  report=part, desc=f"{desc} (shard {k + 1}/{n_shards})", shapes=shapes,
+                                  stable_shapes=True, **kwargs)
+        recs = [dict(r, index=first + r["index"]) for r in recs]
+        path = folder / shard_name(k)
+        write_jsonl(path, recs)
+        shards.append({"file": path.name, "first": first, "last": first + len(texts) - 1, "sha256": sha256(path)})
+        _write_index(folder, window, scan.n, methods, shards)
+        partial.unlink(missing_ok=True)
+        cols.take(recs, nonfinite_reason)
+        for key in ("reused", "computed", "batches_computed", "skipped", "slots", "tokens"):
+            counts[key] += part[key]
+    counts["scoring_programs"] = len(shapes)
+    if report is not None:
+        report.update(counts)
+    _concatenate([folder / e["file"] for e in shards], Path(out_dir, "results.jsonl"))
+    return cols
+
+
+def _concatenate(parts: Sequence[Path], out: Path) -> None:
+    """``out`` written as the concatenation of ``parts`` (temporary file + rename; one part in memory at a time)."""
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            for p in parts:
+                with open(p, "rb") as src:
+                    shutil.copyfileobj(src, f)
+        os.replace(tmp, out)
+    except BaseException:  # disk full, Ctrl-C: no temporary left behind
+        tmp.unlink(missing_ok=True)
+        raise
+
