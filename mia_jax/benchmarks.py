@@ -16,6 +16,7 @@ from typing import Callable
 
 from mia_jax import data, entry
 from mia_jax.audits import concat
+from mia_jax.data import known
 from mia_jax.errors import UserError
 
 DEFAULT = "wikimia"  # what a labeled run reads with neither --data nor --benchmark
@@ -38,14 +39,15 @@ class Benchmark:
 
 
 def wikimia_options(p: argparse.ArgumentParser) -> None:
-    """``--length`` on ``p``."""
-    p.add_argument("--length", type=entry.positive_int, default=32,
-                   help="WikiMIA text length: 32, 64, 128 or 256 (wikimia-concat draws 32, 64, 128)")
+    """``--length`` on ``p`` (None when not given: each benchmark has its default)."""
+    p.add_argument("--length", type=entry.positive_int,
+                   help="text length: WikiMIA and WikiMIA-24 32, 64, 128 or 256, WikiMIA-25 32, 64 or 128 (default "
+                        "32; wikimia-concat draws 32, 64, 128); OLMoMIA the L of its files (default: the one there is)")
 
 
 def load_wikimia(args) -> data.Dataset:
-    """WikiMIA's split of ``args.length`` words."""
-    return data.wikimia(args.length)
+    """WikiMIA's split of ``args.length`` words (default 32)."""
+    return data.wikimia(args.length or 32)
 
 
 def load_wikimia_concat(args) -> data.Dataset:
@@ -59,13 +61,39 @@ def load_wikimia_concat(args) -> data.Dataset:
 
 
 def mimir_options(p: argparse.ArgumentParser) -> None:
-    """``--domain`` on ``p`` (its folder is the shared ``--data-dir``, :func:`mia_jax.commands.options.data_dir`)."""
+    """``--domain`` and ``--split`` on ``p`` (its folder is the shared ``--data-dir``,
+    :func:`mia_jax.commands.options.data_dir`)."""
     p.add_argument("--domain", default="wikipedia_en", help="MIMIR domain (arxiv, github, pile_cc, ...)")
+    p.add_argument("--split", default=data.MIMIR_SPLIT, choices=known.MIMIR_SPLITS,
+                   help=f"MIMIR split: n-gram size and overlap threshold of its non-members (default "
+                        f"{data.MIMIR_SPLIT}; the SoK of Meeus et al. advises ngram_13_0.8)")
 
 
 def load_mimir(args) -> data.Dataset:
-    """MIMIR's ``args.domain`` from ``args.data_dir`` (default: ``data.mimir_root``)."""
-    return data.mimir(args.domain, args.data_dir)
+    """MIMIR's ``args.domain`` and ``args.split`` from ``args.data_dir`` (default: see ``known.mimir``)."""
+    return known.mimir(args.domain, args.split, args.data_dir)
+
+
+def load_wikimia_24(args) -> data.Dataset:
+    """WikiMIA-24's split of ``args.length`` words (default 32) from ``args.data_dir``."""
+    return known.wikimia_new("wikimia-24", args.length or 32, args.data_dir)
+
+
+def load_wikimia_25(args) -> data.Dataset:
+    """WikiMIA-25's split of ``args.length`` words (default 32) from ``args.data_dir``."""
+    return known.wikimia_new("wikimia-25", args.length or 32, args.data_dir)
+
+
+def olmomia_options(p: argparse.ArgumentParser) -> None:
+    """``--difficulty`` on ``p``: OLMoMIA's setting."""
+    p.add_argument("--difficulty", default="random", choices=known.OLMOMIA_SETTINGS,
+                   help="OLMoMIA setting: random (the length-filtered pool) or easy / medium / hard (the clustered "
+                        "files: less and less distance between members and non-members). Default: random")
+
+
+def load_olmomia(args) -> data.Dataset:
+    """OLMoMIA's ``args.difficulty`` file (of max length ``args.length`` when given) from ``args.data_dir``."""
+    return known.olmomia(args.difficulty, args.length, args.data_dir)
 
 
 # in the order of --benchmark's choices and of their options in the help
@@ -74,6 +102,11 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("wikimia-concat", load_wikimia_concat, notes="Min-K%++ section 4.4, non-member + member WikiMIA texts "
                                                            "of 32 / 64 / 128 words, scored per --window"),
     Benchmark("mimir", load_mimir, mimir_options),
+    Benchmark("wikimia-24", load_wikimia_24, notes="WikiMIA-24 (Parquet from --data-dir), non-members from March "
+                                                   "2024 on"),
+    Benchmark("wikimia-25", load_wikimia_25, notes="WikiMIA-25 (Parquet from --data-dir)"),
+    Benchmark("olmomia", load_olmomia, olmomia_options, notes="OLMoMIA (JSONL from --data-dir), for the OLMo-7B "
+                                                              "checkpoints of steps 100k-400k"),
 )}
 
 

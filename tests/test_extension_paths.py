@@ -135,7 +135,7 @@ def test_benchmark(monkeypatch, tiny_llama_dir, small, baseline, tmp_path, capsy
     assert scores(out, "loss") == pytest.approx(baseline, abs=1e-6)
     capsys.readouterr()
     assert main(["eval", "--help"]) == 0
-    assert "{wikimia,wikimia-concat,mimir,toy}" in capsys.readouterr().out
+    assert "{wikimia,wikimia-concat,mimir,wikimia-24,wikimia-25,olmomia,toy}" in capsys.readouterr().out
 
 
 def test_ablation(monkeypatch, tmp_path, capsys):
