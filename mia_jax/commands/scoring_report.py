@@ -190,7 +190,7 @@ def _write_metrics(args, out: Path, ds, loaded, cols, methods, generator, meta: 
     summary = {m: metrics.evaluate(labels, scores[m], n_bootstrap=args.n_bootstrap, seed=args.seed) for m in methods}
     if generator is not None:
         summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
-    notes = list(counts)
+    notes = list(counts) + [f"Caveat: {c}." for c in getattr(ds, "caveats", ())]  # data.known's benchmarks
     if blind_asked or not args.no_blind:
         blind_metrics, note = _blind_baseline(ds, args, blind_asked)
         if blind_metrics is not None:
