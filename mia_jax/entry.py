@@ -10,8 +10,8 @@ What every entry point gets from it:
   other user error, instead of argparse's usage block.
 - Argument types that validate at parse time, before anything is read or written: ``positive_int``,
   ``nonneg_int``, ``positive_float``, ``fraction``, ``input_file``, ``input_dir``, ``out_file``, ``out_dir`` (not a
-  file, not under a file, not a dangling link, a writable parent) and ``source_dir`` (the ``--from`` folder of a
-  rebuild).
+  file, not under a file, not a dangling link, a writable parent), ``source_dir`` (the ``--from`` folder of a
+  rebuild) and ``data_input`` (``--data``: a file or a ``tfds:`` dataset).
   ``tests/test_entry_fuzz.py`` finds every entry point and feeds each option of these types bad values.
 - ``run(prog, main)``: a ``UserError`` is one line and exit 2; so are the errors of the machine a user can fix
   (disk full, read-only file system, permission, a file where a folder is expected; ``SIGXFSZ`` is ignored so that
@@ -91,6 +91,20 @@ def input_file(text: str) -> Path:
     if not os.access(path, os.R_OK):
         raise argparse.ArgumentTypeError(f"{text} is not readable")
     return path
+
+
+def data_input(text: str) -> Path | str:
+    """``--data``: an existing, readable file (:func:`input_file`) or a TFDS dataset ``tfds:NAME[/CONFIG][:SPLIT]``
+    (its syntax checked here; the dataset itself when it is read, :mod:`mia_jax.data.tfds_source`)."""
+    if not text.startswith("tfds:"):
+        return input_file(text)
+    # here, not at the top: the spec's parser lives with the TFDS reader, which imports tensorflow_datasets
+    from mia_jax.data import tfds_source
+    try:
+        tfds_source.parse_spec(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def input_dir(text: str) -> Path:

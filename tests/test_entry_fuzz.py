@@ -117,6 +117,8 @@ def _bad_values(action, tmp: Path) -> list[str]:
         return numbers[t]
     if t is entry.input_file:
         return [str(tmp / "missing.jsonl"), str(tmp / "a_folder")]
+    if t is entry.data_input:  # a file, or a TFDS dataset spec
+        return [str(tmp / "missing.jsonl"), str(tmp / "a_folder"), "tfds:Not A Name", "tfds:"]
     if t is entry.input_dir:
         return [str(tmp / "missing_dir"), str(tmp / "a_file")]
     if t is entry.out_file:
@@ -131,7 +133,8 @@ def _bad_values(action, tmp: Path) -> list[str]:
 
 CASES = [(p, a) for p in POINTS for a in p.parser._actions if a.option_strings and a.type is not None
          and (a.type in (entry.positive_int, entry.nonneg_int, entry.positive_float, entry.nonneg_float,
-                         entry.fraction, entry.input_file, entry.input_dir, entry.out_dir, entry.out_file)
+                         entry.fraction, entry.input_file, entry.data_input, entry.input_dir, entry.out_dir,
+                         entry.out_file)
               or isinstance(a.type, entry.source_dir))]
 
 

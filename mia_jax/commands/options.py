@@ -40,7 +40,8 @@ def data(p: argparse.ArgumentParser, *, labeled: bool) -> None:
     ``--encoding`` / ``--text-field``
     (:func:`text`), ``--label-field`` when ``labeled``, and ``--limit``."""
     src = p.add_mutually_exclusive_group(required=not labeled)
-    src.add_argument("--data", type=entry.input_file, help="a .jsonl / .csv / .tsv / .parquet file")
+    src.add_argument("--data", type=entry.data_input, help="a .jsonl / .csv / .tsv / .parquet file, or a TFDS "
+                     "dataset tfds:NAME[/CONFIG][:SPLIT] built in --data-dir (mia-jax datasets build)")
     if labeled:
         src.add_argument("--benchmark", choices=list(benchmarks.BENCHMARKS), help=benchmarks.choice_help())
         benchmarks.add_arguments(p)
@@ -56,7 +57,8 @@ def data_dir(p: argparse.ArgumentParser) -> None:
     """``--data-dir`` on ``p``: the folder a ``--benchmark``'s files or a ``--data tfds:...`` dataset are read from."""
     p.add_argument("--data-dir", type=entry.input_dir,
                    help="folder of the data: a benchmark's files (--benchmark mimir: the ngram_7_0.2 folder, default "
-                        "$MIA_JAX_MIMIR or ../shared/data/mimir/ngram_7_0.2)")
+                        "$MIA_JAX_MIMIR or ../shared/data/mimir/ngram_7_0.2), or the TFDS data folder of a --data "
+                        "tfds:... dataset (default $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
 
 
 def text(p: argparse.ArgumentParser, of: str) -> None:

@@ -93,8 +93,8 @@ def load_data(args, labeled: bool):
         ds = benchmarks.load(args.benchmark or benchmarks.DEFAULT, args)
     else:
         extra = (args.member_from_field,) if args.window is not None else ()
-        ds = data.load_records(args.data, args.text_field, args.label_field if labeled else None,
-                               encoding=args.encoding, extra=extra)
+        ds = data.load(args.data, args.data_dir, args.text_field, args.label_field if labeled else None,
+                       encoding=args.encoding, extra=extra)
     if args.limit is not None:
         ds.texts = ds.texts[: args.limit]
         ds.labels = ds.labels[: args.limit] if ds.labels is not None else None

@@ -303,6 +303,17 @@ def load_records(path: str | Path, text_field: str | None = None, label_field: s
                    kept, text_field)
 
 
+def load(spec: str | Path, data_dir: str | os.PathLike | None = None, text_field: str | None = None,
+         label_field: str | None = "label", encoding: str = "utf-8", extra: Sequence[str] = ()) -> Dataset:
+    """The texts ``--data`` names: a TFDS dataset ``tfds:NAME[/CONFIG][:SPLIT]`` built in ``data_dir``
+    (:func:`mia_jax.data.tfds_source.load`; ``encoding`` does not apply) or a file (:func:`load_records`)."""
+    if isinstance(spec, str) and spec.startswith("tfds:"):
+        # here, not at the top: tfds_source imports tensorflow_datasets (~0.3 s), which only a tfds: spec needs
+        from mia_jax.data import tfds_source
+        return tfds_source.load(spec, data_dir, text_field, label_field, extra)
+    return load_records(spec, text_field, label_field, encoding=encoding, extra=extra)
+
+
 def duplicate_report(texts: list[str], labels: list[int] | None = None, max_examples: int = 5) -> dict:
     """Exact duplicates among ``texts`` (no normalisation: a change of case or whitespace is a different text).
 

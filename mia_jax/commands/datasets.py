@@ -1,0 +1,62 @@
+"""``mia-jax datasets``: the project's datasets as TensorFlow Datasets (``build``: written offline as ArrayRecord into
+``--data-dir``; ``list``: the datasets, their configs and which are built there). Scoring then reads them with
+``--data tfds:NAME/CONFIG --data-dir DIR`` (:mod:`mia_jax.data.tfds_source`); the builders:
+:mod:`mia_jax.data.builders`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mia_jax import entry
+from mia_jax.commands import options
+from mia_jax.data import builders, tfds_source
+from mia_jax.errors import UserError
+
+NAME = "datasets"
+HELP = "build the project's datasets (WikiMIA, MIMIR, the contamination study's) as TFDS datasets, offline"
+DESCRIPTION = ("mia-jax datasets build NAME --data-dir DIR writes dataset NAME (every config, or --config ...) in "
+               "TFDS's ArrayRecord format, from the files the package ships (MIMIR: from --source); nothing "
+               "downloads. mia-jax datasets list shows the datasets and what is built in --data-dir. Score one with "
+               "mia-jax eval --data tfds:NAME/CONFIG --data-dir DIR.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``mia-jax datasets`` on ``p``."""
+    p.add_argument("action", choices=["build", "list"], help="build a dataset, or list them")
+    p.add_argument("name", nargs="?", choices=list(builders.BUILDERS), help="the dataset (build: required)")
+    p.add_argument("--config", nargs="+", metavar="CONFIG", help="build only these configs (default: all)")
+    p.add_argument("--data-dir", type=entry.out_dir,
+                   help="the TFDS data folder (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
+    p.add_argument("--source", type=entry.input_dir,
+                   help="folder of the files of a dataset the package does not ship (mimir: the ngram_7_0.2 folder "
+                        "holding members/ and nonmembers/; default $MIA_JAX_MIMIR or ../shared/data/mimir/ngram_7_0.2)")
+    options.no_progress(p)
+
+
+def _built(data_dir: Path, name: str, config: str) -> list[str]:
+    folder = data_dir / name / config
+    return [v.name for v in tfds_source._built(folder)]
+
+
+def run(args) -> None:
+    """``mia-jax datasets`` with the parsed ``args``: every argument checked before anything is written."""
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else tfds_source.default_data_dir()
+    if args.action == "list":
+        if args.config or args.source:
+            raise UserError("--config and --source apply to build, not list")
+        for name in ([args.name] if args.name else builders.BUILDERS):
+            for config in builders.configs(name):
+                versions = _built(data_dir, name, config) if data_dir.is_dir() else []
+                print(f"tfds:{name}/{config}\t{'built ' + ', '.join(versions) if versions else 'not built'} "
+                      f"in {data_dir}")
+        return
+    if args.name is None:
+        raise UserError(f"name the dataset to build: mia-jax datasets build NAME ({', '.join(builders.BUILDERS)})")
+    if args.source and args.name != "mimir":
+        raise UserError(f"--source: {args.name} is built from the files the package ships; --source is for mimir")
+    entry.check_out(data_dir, "--data-dir")
+    for config, folder, n in builders.build(args.name, data_dir, args.config or (), args.source,
+                                            progress=not args.no_progress):
+        print(f"tfds:{args.name}/{config}: {n} rows in {folder}")
+    print(f"next: mia-jax eval --data tfds:{args.name}/{(args.config or builders.configs(args.name))[0]} "
+          f"--data-dir {data_dir}")
