@@ -56,9 +56,11 @@ def data(p: argparse.ArgumentParser, *, labeled: bool) -> None:
 def data_dir(p: argparse.ArgumentParser) -> None:
     """``--data-dir`` on ``p``: the folder a ``--benchmark``'s files or a ``--data tfds:...`` dataset are read from."""
     p.add_argument("--data-dir", type=entry.input_dir,
-                   help="folder of the data: a benchmark's files (--benchmark mimir: the ngram_7_0.2 folder, default "
-                        "$MIA_JAX_MIMIR or ../shared/data/mimir/ngram_7_0.2), or the TFDS data folder of a --data "
-                        "tfds:... dataset (default $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
+                   help="folder of the data: a benchmark's files (--benchmark mimir: the folder of the --split, "
+                        "or the one holding it, or the Hub's cache_100_200_1000_512, default $MIA_JAX_MIMIR or "
+                        "../shared/data/mimir; wikimia-24 / wikimia-25: the Hub dataset's folder, data/*.parquet; "
+                        "olmomia: the folder of the OLMoMIA scripts' .jsonl files), or the TFDS data folder of a "
+                        "--data tfds:... dataset (default $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
 
 
 def text(p: argparse.ArgumentParser, of: str) -> None:
