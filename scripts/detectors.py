@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from mia_jax import blind, comparisons, data, entry, files, metrics, models, rundir, runner
+from mia_jax.commands import options
 from mia_jax.errors import UserError
 from mia_jax.report import markdown
 from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
@@ -54,6 +55,7 @@ NOT_IN_FINGERPRINT = {
     "ref_model": "identified by its files' SHA-256 (ref_model_files)",
     "wikimia": "chooses the data file (data_files) and the texts (texts_sha256)",
     "eval": "the file by resolved path and SHA-256 (data_files), its texts (texts_sha256)",
+    "data_dir": "where --eval tfds:... is read: its files by resolved path and SHA-256 (data_files)",
     "src": "--from: a rebuild, not a run",
     "n_bootstrap": "the report only: recomputed from the per-example scores",
     "out": "the folder itself",
@@ -95,6 +97,9 @@ def load_eval(args) -> tuple[list[str], list[int], list[str], str, dict]:
     """texts, labels, datasets, the benchmark's name and its data files (path -> SHA-256)."""
     if args.wikimia:
         ds = data.wikimia(args.wikimia)
+        return ds.texts, ds.labels, [ds.name] * len(ds), ds.name, ds.files
+    if str(args.eval).startswith("tfds:"):  # a TFDS dataset: its text (or input) and label features, one group
+        ds = data.load(args.eval, args.data_dir)
         return ds.texts, ds.labels, [ds.name] * len(ds), ds.name, ds.files
     path = Path(args.eval)
     texts, labels, groups = _eval_rows(path)
@@ -435,8 +440,10 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--ref-model", help="reference model for 'ref' (left out without one)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--wikimia", type=entry.positive_int, help="WikiMIA length (32, 64, 128 or 256)")
-    src.add_argument("--eval", type=entry.input_file,
-                     help="a contamination run's corpus/eval.jsonl (text, label, dataset)")
+    src.add_argument("--eval", type=entry.data_input,
+                     help="a contamination run's corpus/eval.jsonl (text, label, dataset), or a labeled TFDS dataset "
+                          "tfds:NAME[/CONFIG][:SPLIT] built in --data-dir (text or input, label)")
+    options.data_dir(ap)
     src.add_argument("--from", dest="src", nargs="+",
                      type=entry.source_dir("detectors", example="results/detectors/wikimia32"),
                      help="rebuild the report from these folders")

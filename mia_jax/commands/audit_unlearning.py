@@ -31,14 +31,15 @@ def add_arguments(p) -> None:
     p.add_argument("--original", help="the model before unlearning (HF folder, .gguf or a name); required "
                                        "unless --from")
     p.add_argument("--unlearned", help="the model after unlearning; required unless --from")
-    p.add_argument("--texts", metavar="FORGET", type=entry.input_file,
-                   help="the forget set (.jsonl / .csv / .tsv / .parquet); required "
-                        "unless --from")
+    p.add_argument("--texts", metavar="FORGET", type=entry.data_input,
+                   help="the forget set (.jsonl / .csv / .tsv / .parquet, or tfds:NAME[/CONFIG][:SPLIT] built in "
+                        "--data-dir); required unless --from")
     from_option(p, "audit-unlearning", "from_dir",
                 help="rebuild the report from an earlier --out folder (its unlearning.json, chunks.csv and "
                      "probes.jsonl, checked against its manifest.json; its config, not this command's options) "
                      "into --out (new, empty, an earlier rebuild of DIR, or DIR itself), without the models")
     options.text(p, "--texts (the encoding: of --qa too)")
+    options.data_dir(p)
     out_option(p, "unlearning.md / .json, chunks.csv, ratios.png, probes.jsonl, manifest.json; the scoring runs in "
                   "OUT/original and OUT/unlearned")
     p.add_argument("--chunk-words", type=entry.positive_int, default=CHUNK_WORDS,
@@ -98,7 +99,7 @@ def run_audit(args) -> UnlearningResult:
                         "rebuild the report of an earlier --out folder)")
     cfg = config_of(args)
     check_options(cfg)
-    ds = data.load_records(args.texts, args.text_field, None, encoding=args.encoding)
+    ds = data.load(args.texts, args.data_dir, args.text_field, None, encoding=args.encoding)
     chunks, _ = make_chunks(ds.texts, args.chunk_words, args.min_words)
     if not chunks:
         raise UserError(f"{args.texts}: no chunks: none of its {len(ds)} texts has {args.min_words} words "
@@ -157,7 +158,7 @@ def _claim_runs(args, stack, out: Path, loaded: dict, texts: list[str], data_fil
 
 # Options of `audit-unlearning` that are not in the folder's fingerprint, and why (every other one is)
 NOT_IN_FINGERPRINT = ("from_dir", "out", "overwrite", "no_progress", "allow_download", "original", "unlearned",
-                      "texts", "qa", "embed_model")  # the last five: by their files' SHA-256 instead
+                      "texts", "qa", "embed_model", "data_dir")  # the last six: by their files' SHA-256 instead
 
 
 def audit_fingerprint(args, loaded: dict, embedder, data_files: dict, qa_files: dict | None) -> dict:

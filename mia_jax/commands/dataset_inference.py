@@ -24,10 +24,11 @@ RESUME_HINT = RESUME
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``mia-jax dataset-inference`` on ``p``."""
-    p.add_argument("--suspect", metavar="FILE", type=entry.input_file,
-                   help="the suspect texts (.jsonl / .csv / .tsv / .parquet; --text-field)")
-    p.add_argument("--validation", metavar="FILE", type=entry.input_file,
-                   help="texts of the same distribution known not to be trained on (same format)")
+    p.add_argument("--suspect", metavar="FILE", type=entry.data_input,
+                   help="the suspect texts (.jsonl / .csv / .tsv / .parquet, or tfds:NAME[/CONFIG][:SPLIT] built in "
+                        "--data-dir; --text-field)")
+    p.add_argument("--validation", metavar="FILE", type=entry.data_input,
+                   help="texts of the same distribution known not to be trained on (same formats)")
     p.add_argument("--suspect-scores", metavar="RESULTS",
                    help="instead of --suspect: a mia-jax run's results.jsonl (or its folder) scored by the same model")
     p.add_argument("--validation-scores", metavar="RESULTS", help="instead of --validation: the same for it")
@@ -36,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-neighbors", type=entry.positive_int, default=10,
                    help="neighbours per text of the 'neighbor' method")
     options.text(p, "--suspect / --validation")
+    options.data_dir(p)
     p.add_argument("--methods", nargs="+",
                    help=f"the per-text scores used as features (default when scoring: {' '.join(DEFAULT_METHODS)}; "
                         f"from --*-scores files: every method both files have); single-pass methods and "
@@ -92,7 +94,7 @@ def _score(args, side: str, ds, methods: list[str], models_box: dict) -> Path:
 
 # Options of `dataset-inference` that are not in the folder's fingerprint, and why (every other one is)
 NOT_IN_FINGERPRINT = ("out", "overwrite", "no_progress", "allow_download",  # not what is computed
-                      "suspect", "validation", "suspect_scores", "validation_scores",  # by their files' SHA-256
+                      "suspect", "validation", "suspect_scores", "validation_scores", "data_dir",  # files' SHA-256
                       "methods", "k")  # expanded into the method names
 
 
@@ -127,7 +129,7 @@ def run(args) -> Result:
         if not methods:
             raise UserError(f"{paths['suspect']} and {paths['validation']} share no method")
     feats = {side: load_features(p, methods)[1] for side, p in paths.items()}
-    datasets = {side: data.load_records(getattr(args, side), args.text_field, None, encoding=args.encoding)
+    datasets = {side: data.load(getattr(args, side), args.data_dir, args.text_field, None, encoding=args.encoding)
                 for side in sides if side not in paths}
     out = entry.check_out(args.out)
     # the folder is this command's (or refused untouched); each set's scoring run is claimed on its own inside it
