@@ -140,11 +140,15 @@ def group_rows(lab: np.ndarray, groups, n: int) -> tuple[list, list[tuple[np.nda
     return keys, rows
 
 
-def grouped_bootstrap(vectors: Sequence[np.ndarray], rows, n_bootstrap: int, seed: int, fpr: float):
+def grouped_bootstrap(vectors: Sequence[np.ndarray], rows, n_bootstrap: int, seed: int, fpr: float, *,
+                      block_vectors: int | None = None):
     """Mean over groups of AUROC and TPR@``fpr`` of each score vector, on the data and on ``n_bootstrap`` stratified
     resamples that are **shared by all vectors** (paired): -> (auroc [V], tpr [V], boot_auroc [B, V], boot_tpr [B, V]).
 
-    The draws, in order: per block of ``max(1, CHUNK_ELEMENTS // (V * n))`` resamples, per group in order,
+    The draws, in order: per block of ``max(1, CHUNK_ELEMENTS // (V' * n))`` resamples (``V'``: ``block_vectors``,
+    default V; ``comparisons.compare_to_best`` passes 2 so that its V methods get the very resamples of each
+    pairwise ``paired_bootstrap``: the vectors are gathered one at a time, so memory does not grow with V), per group
+    in order,
     ``rng.integers(0, P_g, (b, P_g))`` for its members, then ``rng.integers(0, N_g, (b, N_g))`` for its
     non-members (``rng = np.random.default_rng(seed)``)."""
     n_groups = len(rows)
@@ -156,7 +160,7 @@ def grouped_bootstrap(vectors: Sequence[np.ndarray], rows, n_bootstrap: int, see
             point_tpr[v] += tpr_at_fpr_rows(sc[pos][None], sc[neg][None], fpr)[0]
     n_total = sum(p.size + q.size for p, q in rows)
     rng = np.random.default_rng(seed)
-    chunk = max(1, CHUNK_ELEMENTS // (len(vectors) * n_total))
+    chunk = max(1, CHUNK_ELEMENTS // ((block_vectors or len(vectors)) * n_total))
     aucs, tprs = [], []
     for start in range(0, n_bootstrap, chunk):
         b = min(chunk, n_bootstrap - start)

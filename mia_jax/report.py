@@ -15,7 +15,7 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from mia_jax import metrics
+from mia_jax import metrics, rounding
 from mia_jax.bootstrap import as_labels, as_scores, tpr_key
 from mia_jax.comparisons import describe
 
@@ -28,9 +28,7 @@ _HEADER = ["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "TPR@1%FPR", "FPR@9
 # ----------------------------------------------------------------------------- table and plot helpers
 
 
-def fmt(x) -> str:
-    """A number as a table shows it: three decimals; None or NaN as n/a."""
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+fmt = rounding.fmt  # the one rounding of every printed number (mia_jax/rounding.py): three decimals, n/a for None/NaN
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -150,7 +148,7 @@ def _csv_row(method: str, r: dict) -> list:
 
 
 def _signed_ci(c: dict) -> str:
-    return f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]"
+    return rounding.diff_ci(c["diff"], c["ci"])
 
 
 def comparisons_markdown(comparisons: Sequence[dict]) -> str:
@@ -214,7 +212,7 @@ def plot_roc(path, curves: dict, title: str = "") -> None:
             skipped.append(str(method))
             continue
         fpr, tpr, _ = metrics.roc_curve(lab, sc)
-        label = f"{method} (AUROC {metrics.auroc(lab, sc):.3f})"
+        label = f"{method} (AUROC {fmt(metrics.auroc(lab, sc))})"
         (line,) = ax_lin.plot(fpr, tpr, lw=1.5, label=label)
         # FPR = 0 cannot be drawn on a log axis: clip it just left of the visible range.
         ax_log.step(np.maximum(fpr, 1e-4), tpr, where="post", lw=1.5, color=line.get_color(), label=label)

@@ -14,7 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from mia_jax import blind, files, report
-from mia_jax.comparisons import compare_to_best, evaluate_mean, tied_with_best
+from mia_jax.comparisons import (compare_to_best, evaluate_mean, family_note, holm_adjust, tied_with_best,
+                                 verdict_resamples)
 
 K_SWEEP = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # Table 1's rows: (display name, method)
@@ -60,16 +61,19 @@ def _column_examples(examples: dict, model: str, setting: str) -> tuple[np.ndarr
 
 
 def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], examples: dict | None = None,
-                mirrored: Sequence[str] = (), *, n_bootstrap: int = 1000, seed: int = 0) -> tuple[list[str], list]:
-    """Markdown cells of Table 1 / 6: the mean over lengths with its 95% interval (resampled within each length,
-    from ``examples`` {(model, length, setting): {"labels", "scores"}}); bold: the column's best detector and every
-    detector the paired bootstrap does not distinguish from it; the blind row and the Smaller-Ref cells of
-    ``mirrored`` models (marked ‡) never bold."""
+                mirrored: Sequence[str] = (), *, n_bootstrap: int = 1000,
+                seed: int = 0) -> tuple[list[str], list, int]:
+    """Markdown cells of Table 1 / 6 and the number of paired comparisons behind its bold: the mean over lengths with
+    its 95% interval (resampled within each length, from ``examples`` {(model, length, setting): {"labels",
+    "scores"}}); bold: the column's best detector and every detector the paired bootstrap (at least
+    ``comparisons.VERDICT_RESAMPLES`` resamples) does not place below it after Holm's correction over every
+    column's comparisons; the blind row and the Smaller-Ref cells of ``mirrored`` models (marked ‡) never bold."""
     header, body = pivot(results, key, rows)
     columns = list(dict.fromkeys((r["model"], r["setting"]) for r in results))
     names = list(rows) + [(BLIND_ROW, blind.NAME)]
     out = [[name] + [report.fmt(v) for v in vals[1:]] for (name, _), vals in zip(names, body)]
     cols = [_column_examples(examples or {}, model, setting) for model, setting in columns]
+    entries = []  # (column, entry, compete) of every column with a comparison: one Holm family
     for j, ((model, _), col) in enumerate(zip(columns, cols), 1):
         if col is None:
             continue
@@ -87,8 +91,11 @@ def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], 
                 compete[method] = (i, r[key])
         if not compete or not n_bootstrap:
             continue
-        entry = compare_to_best(labels, scores, {m: v for m, (_, v) in compete.items()}, key=key,
-                                        groups=groups, n_bootstrap=n_bootstrap, seed=seed)
+        entry = compare_to_best(labels, scores, {m: v for m, (_, v) in compete.items()}, key=key, groups=groups,
+                                n_bootstrap=verdict_resamples(n_bootstrap), seed=seed)
+        entries.append((j, entry, compete))
+    family = holm_adjust([c for _, e, _ in entries if e for c in e["vs"].values()], key)
+    for j, entry, compete in entries:
         for method in tied_with_best(entry, key):
             i = compete[method][0]
             out[i][j] = f"**{out[i][j]}**"
@@ -99,7 +106,7 @@ def table_cells(results: list[dict], key: str, rows: Sequence[tuple[str, str]], 
                 if model in mirrored:
                     out[i][j] = out[i][j].replace("**", "") + " ‡"
             out[i][-1] = out[i][-1] + (" ‡" if mirrored else "")
-    return header, out
+    return header, out, family
 
 
 def _average_cells(out: list[list], names, cols: list, key: str, *, n_bootstrap: int, seed: int) -> None:
@@ -283,10 +290,13 @@ def report_outputs(results: list[dict], rows: Sequence[tuple[str, str]] = PAPER_
     for stem, title, key in (("table1_auroc", "Table 1: AUROC", "auroc"),
                              ("table6_tpr_at_5pct_fpr", "Table 6: TPR@5%FPR", "tpr_at_5pct_fpr")):
         extra = _missing_note(results, key, {m for _, m in rows} | {blind.NAME})
+        _, cells, family = table_cells(results, key, rows, examples, mirrored, **kw) if examples or mirrored \
+            else (None, None, 0)
+        if examples:
+            extra = " ".join(x for x in (extra, family_note(family, "each column's best against every other detector"))
+                             if x)
         parts.append(write_table(outputs, stem, title, *pivot(results, key, rows),
-                                 note + (f" {extra}" if extra else ""),
-                                 cells=table_cells(results, key, rows, examples, mirrored, **kw)[1]
-                                 if examples or mirrored else None))
+                                 note + (f" {extra}" if extra else ""), cells=cells))
     header, body = k_sweep(results)
     models = list(dict.fromkeys(r["model"] for r in results))
     cells = k_sweep_cells(models, body, examples, **kw) if examples else None

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, comparisons, data, entry, files, metrics, models, rundir, runner
+from mia_jax import blind, comparisons, data, entry, files, metrics, models, rounding, rundir, runner
 from mia_jax.commands import options
 from mia_jax.errors import UserError
-from mia_jax.report import markdown
+from mia_jax.report import fmt, markdown, with_ci
 from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
 from mia_jax.scorers import recall as rc
 
@@ -261,7 +261,7 @@ def _vec(rows, m):
 
 
 def _ci(x, ci) -> str:
-    return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{x:.3f}"
+    return "n/a" if x is None or not np.isfinite(x) else with_ci(x, ci)
 
 
 def _model_label(info) -> str:
@@ -332,7 +332,7 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
     groups = [r["dataset"] for r in rows]
     several = len(set(groups)) > 1
     seed = info["seed"]
-    table = []
+    table, family = [], []  # family: the paired comparisons of the table (Holm-corrected together)
     for m in [*info["methods"], "blind"]:
         v = (np.array([np.nan if r["blind"] is None else r["blind"] for r in rows], np.float64) if m == "blind"
              else _vec(rows, m))
@@ -353,14 +353,19 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
             vs = "—"
         else:
             try:
-                c = comparisons.paired_bootstrap(labels, v, _vec(rows, BASELINE), groups=groups if several else None,
-                                                 n_bootstrap=n_bootstrap, seed=seed)["auroc"]
-                vs = f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] {c['verdict'].replace('A', m)}"
-                vs = vs.replace("B", "Min-K%++")
+                vs = comparisons.paired_bootstrap(labels, v, _vec(rows, BASELINE), groups=groups if several else None,
+                                                  n_bootstrap=comparisons.verdict_resamples(n_bootstrap), seed=seed)
+                family.append((m, vs))
             except ValueError as e:
                 vs = f"n/a ({str(e).replace('n/a: ', '')})"
         table.append([name, _ci(res["auroc"], res.get("auroc_ci")),
                       _ci(res["tpr_at_5pct_fpr"], res.get("tpr_at_5pct_fpr_ci")), vs, n_nan])
+    comparisons.holm_adjust([c for _, c in family])
+    for row in table:  # the comparison cells, once the family is corrected
+        if isinstance(row[3], dict):
+            c, m = row[3]["auroc"], next(m for m, c in family if c is row[3])
+            row[3] = (f"{rounding.diff_ci(c['diff'], c['ci'])} {c['verdict'].replace('A', m).replace('B', 'Min-K%++')}"
+                      f" (Holm p {fmt(c['p_holm'])})")
     avg = " (mean over datasets, resampled within each)" if several else ""
     tps = lambda c: "n/a" if c["tokens_per_second"] is None else f"{c['tokens_per_second']:.0f}"  # noqa: E731
     text = [f"## {info['name']}" + (" (sample)" if info.get("per_cell") else "") + f": {_model_label(info)}\n",
@@ -372,7 +377,8 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
                if "samia" in info["methods"] else "")
             + f"). Not run: {', '.join(m for m in _all_methods() if m not in info['methods']) or 'none'}. "
             f"AUROC and TPR@5%FPR{avg} with 95% bootstrap intervals; the last "
-            f"column is the paired bootstrap of the method minus Min-K%++ (k=20%) on the same examples.\n",
+            f"column is the paired bootstrap of the method minus Min-K%++ (k=20%) on the same examples.\n\n"
+            + comparisons.family_note(len(family), "each method against Min-K%++") + "\n",
             markdown(["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "vs Min-K%++ (AUROC)", "NaN"], table),
             "\nCost on this machine (each group timed alone, its main pass included, compilation included; the "
             "single-pass methods share one pass, methods reading the same passes are one group):\n",

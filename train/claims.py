@@ -1,11 +1,15 @@
 """The paper's claims (Shi et al. 2023, section 6) tested on the contamination sweeps, each a paired bootstrap of
-A - B on the same examples, marked reproduced / not reproduced / not distinguishable (train/study.py's report)."""
+A - B on the same examples (at least ``comparisons.VERDICT_RESAMPLES`` resamples), marked reproduced / not
+reproduced / not distinguishable after Holm's correction over all the study's claims (:func:`correct`), and
+re-tested under other bootstrap seeds (:func:`other_seed`, train/study.py's report)."""
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
-from mia_jax import metrics
-from mia_jax.report import markdown, with_ci
+from mia_jax import comparisons, metrics, rounding
+from mia_jax.report import fmt, markdown, with_ci
 from train.cells import DATASET_NAMES, headline, method_name
 from train.records import same_examples, score_vector
 from train.sweep_tables import group_scores
@@ -21,13 +25,56 @@ def _claim(name: str, paper: str, comp: dict | str, a: str, b: str) -> dict:
     c = comp["auroc"]
     return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": c["a"], "auroc_a_ci": c["a_ci"],
             "auroc_b": c["b"], "auroc_b_ci": c["b_ci"], "diff": c["diff"], "ci": c["ci"],
-            "verdict": VERDICT[c["verdict"]], "n_used": comp["n_used"],
+            "verdict": VERDICT[c["verdict"]], "p": c["p"], "n_used": comp["n_used"],
             "n_bootstrap": comp["n_bootstrap"], "seed": comp["seed"]}
 
 
+_SEED = {"offset": 0}  # added to every run's bootstrap seed inside other_seed()
+
+
+@contextlib.contextmanager
+def other_seed(offset: int):
+    """Every claim computed inside draws its resamples with the run's seed + ``offset`` (the study's re-test of its
+    verdicts under other seeds)."""
+    _SEED["offset"] = offset
+    try:
+        yield
+    finally:
+        _SEED["offset"] = 0
+
+
 def _cfg(run: dict) -> tuple[int, int]:
+    """(resamples, seed) of a claim: the run's score.n_bootstrap, at least comparisons.VERDICT_RESAMPLES; its seed
+    (plus the offset of :func:`other_seed`)."""
     score = run["config"]["score"]
-    return int(score.get("n_bootstrap", 1000)) or 1000, int(score.get("seed", 0))
+    return (comparisons.verdict_resamples(int(score.get("n_bootstrap", 1000)) or 1000),
+            int(score.get("seed", 0)) + _SEED["offset"])
+
+
+def correct(claims: list[dict], alpha: float = 0.05) -> int:
+    """Holm's correction over the study's ``claims`` (one family: every claim with a comparison), in place: ``p_holm``,
+    ``family``, ``verdict_unadjusted`` (the 95% interval's own verdict) and ``verdict`` ("not distinguishable" unless
+    the adjusted p is below ``alpha``, :func:`comparisons.holm_adjust`'s rule). Returns the family's size."""
+    family = [c for c in claims if c["verdict"] != NA]
+    for c, p_adj in zip(family, comparisons.holm([c["p"] for c in family])):
+        c["verdict_unadjusted"] = c.get("verdict_unadjusted", c["verdict"])
+        c.update(p_holm=float(p_adj), family=len(family),
+                 verdict=c["verdict_unadjusted"] if p_adj < alpha else VERDICT["not distinguishable"])
+    return len(family)
+
+
+def seed_stability(claims: list[dict], others: list[list[dict]]) -> dict:
+    """How many of ``claims``' verdicts (corrected) are the same under every list of ``others`` (the same claims,
+    corrected, under other seeds), in place: each claim's ``other_seeds`` ({"same": n, "of": m}); returns {"same":
+    claims kept under all, "of": claims with a verdict, "seeds": m, "changed": [claim names]}."""
+    stated = [c for c in claims if c["verdict"] != NA]
+    changed = []
+    for c in stated:
+        verdicts = [next(o["verdict"] for o in other if o["claim"] == c["claim"]) for other in others]
+        c["other_seeds"] = {"same": sum(v == c["verdict"] for v in verdicts), "of": len(verdicts)}
+        if c["other_seeds"]["same"] < len(verdicts):
+            changed.append(c["claim"])
+    return {"same": len(stated) - len(changed), "of": len(stated), "seeds": len(others), "changed": changed}
 
 
 def _paired(rows_a, rows_b, model_a, model_b, m_a, m_b, n_bootstrap, seed, dataset=None) -> dict | str:
@@ -115,16 +162,20 @@ def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
 
 
 def claims_markdown(claims: list[dict]) -> str:
-    """``claims`` as a Markdown table (the verdict in bold when stated, n/a with its reason)."""
-    header = ["Claim", "A", "B", "AUROC A [95% CI]", "AUROC B [95% CI]", "A - B [95% CI]", "Verdict"]
+    """``claims`` as a Markdown table (the verdict in bold when stated, n/a with its reason; the Holm-adjusted p and
+    the verdict under the other seeds beside it when known)."""
+    header = ["Claim", "A", "B", "AUROC A [95% CI]", "AUROC B [95% CI]", "A - B [95% CI]", "Holm p", "Verdict",
+              "Same under other seeds"]
     rows = []
     for c in claims:
         if c["verdict"] == NA:  # no comparison: n/a with the reason, never bold
-            rows.append([c["claim"], c["a"], c["b"], "n/a", "n/a", "n/a", f"n/a ({c['note']})"])
+            rows.append([c["claim"], c["a"], c["b"], "n/a", "n/a", "n/a", "n/a", f"n/a ({c['note']})", "n/a"])
             continue
+        seeds = c.get("other_seeds")
         rows.append([c["claim"], c["a"], c["b"], with_ci(c["auroc_a"], c["auroc_a_ci"]),
-                     with_ci(c["auroc_b"], c["auroc_b_ci"]),
-                     f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"**{c['verdict']}**"])
+                     with_ci(c["auroc_b"], c["auroc_b_ci"]), rounding.diff_ci(c["diff"], c["ci"]),
+                     fmt(c.get("p_holm")), f"**{c['verdict']}**",
+                     "n/a" if seeds is None else f"{seeds['same']} of {seeds['of']}"])
     return markdown(header, rows)
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, files, metrics
-from mia_jax.report import markdown, pyplot
+from mia_jax import blind, comparisons, files, metrics, rounding
+from mia_jax.report import fmt, markdown, pyplot
 from train.cells import (AVG, DATASET_NAMES, HEADLINE, NEIGHBOR_NOTE, NO_NEIGHBOR_NOTE, ORACLE, any_nan, ci_cell,
                          csv_text, figure_bytes, method_name, na, nan_cell, reason, rebuild_line)
 from train.records import by_dataset, records_and_eval, score_vector
@@ -54,6 +54,7 @@ def run_results(rows: list[dict], methods: list[str], base_methods: list[str], *
         res["average"][model] = {m: safe(metrics.evaluate_mean, labels, vec[model][m], dsets, **kw) for m in ms}
     if n_bootstrap < 1:
         return res
+    kw = dict(n_bootstrap=comparisons.verdict_resamples(n_bootstrap), seed=seed)  # every verdict: >= 2000 resamples
     columns = {**{d: (idx, None) for d, idx in groups.items()}, AVG: (list(range(len(rows))), dsets)}
     for col, (idx, g) in columns.items():
         res["gain"][col] = {m: safe(metrics.paired_bootstrap, labels[idx], vec["trained"][m][idx],
@@ -70,7 +71,18 @@ def run_results(rows: list[dict], methods: list[str], base_methods: list[str], *
                                                 groups=g, **kw)
                 if entry is not None:
                     res["best"][model][key][col] = entry
+    for key in ("auroc", "tpr_at_5pct_fpr"):
+        res.setdefault("family", {})[key] = comparisons.holm_adjust(table_family(res, key), key)
     return res
+
+
+def table_family(res: dict, key: str) -> list[dict]:
+    """Every paired comparison behind a verdict of the ``key`` table (Table 3: AUROC, Table 7: TPR@5%FPR) of one
+    run: the best of each column against each other method (both models) and each method's gain over the base
+    model; Holm-corrected together (:func:`comparisons.holm_adjust`)."""
+    out = [c for by_col in res.get("best", {}).values() for entry in by_col.get(key, {}).values()
+           for c in entry["vs"].values()]
+    return out + [c for by_m in res.get("gain", {}).values() for c in by_m.values()]
 
 
 def _bold_set(res: dict, model: str, key: str, col: str) -> set[str]:
@@ -125,13 +137,13 @@ def _statements(results: dict, key: str, label: str) -> list[str]:
                 if why:  # no method has a value in this column
                     out.append(f"{model} model, {where}: {na(why)}")
                 continue
-            ranked = sorted(((c[key]["diff"], m, c) for m, c in entry["vs"].items() if c is not None),
-                            key=lambda t: t[0])
             best = method_name(entry["best"])
-            if not ranked:
-                out.append(f"{model}, {where}: best reference-free {label}: {best} (no other method to compare)")
+            found = comparisons.runner_up(entry, key)
+            if found is None:
+                out.append(f"{model}, {where}: best reference-free {label}: {best} (no other method to compare "
+                           "that does not rank the texts identically)")
                 continue
-            _, runner, c = ranked[0]
+            runner, c = found
             verdict = ("best reference-free method" if c[key]["verdict"] == "A > B"
                        else "highest point estimate, not distinguishable from the runner-up")
             out.append(f"{model} model, {where}: {best}, {verdict}; "
@@ -164,7 +176,7 @@ def run_tables(results: dict, methods: list[str]) -> dict[str, str | bytes]:
         parts.append(f"{title} of the model-free blind baseline ({blind.NAME}, bag-of-words, {blind.FOLDS}-fold "
                      "CV within each dataset's split): a split it separates is separable without a model.\n\n"
                      + markdown(["Baseline", *(DATASET_NAMES.get(d, d) for d in datasets)], [blind_row]))
-        warns = [f"WARNING: {DATASET_NAMES.get(d, d)}: blind baseline AUROC {r['auroc']:.3f} > {blind.WARN_AUROC}: "
+        warns = [f"WARNING: {DATASET_NAMES.get(d, d)}: blind baseline AUROC {fmt(r['auroc'])} > {blind.WARN_AUROC}: "
                  "members and non-members differ in distribution; detector AUROCs on it overstate the signal."
                  for d, r in results["blind"].items()
                  if r is not None and r.get("auroc") is not None and r["auroc"] > blind.WARN_AUROC]
@@ -175,15 +187,18 @@ def run_tables(results: dict, methods: list[str]) -> dict[str, str | bytes]:
             for c in [*datasets, AVG]:
                 g = results.get("gain", {}).get(c, {}).get(m)
                 cells.append(na(reason(_column(results, "trained", c, m)) or reason(_column(results, "base", c, m)))
-                             if g is None else f"{g[key]['diff']:+.3f} [{g[key]['ci'][0]:+.3f}, "
-                             f"{g[key]['ci'][1]:+.3f}]" + ("" if g[key]["verdict"] != "not distinguishable" else " ~"))
+                             if g is None else rounding.diff_ci(g[key]["diff"], g[key]["ci"])
+                             + ("" if g[key]["verdict"] != "not distinguishable" else " ~"))
             gain_rows.append([method_name(m), *cells])
         parts.append(f"{title} gain over the base model (trained - base, paired bootstrap on the same examples; "
                      "~ = not distinguishable from 0):\n\n"
                      + markdown(["Method", *(DATASET_NAMES.get(d, d) for d in datasets), "Avg."], gain_rows))
-        parts.append("Comparisons (paired bootstrap; a method is called best only where the interval of its "
-                     "difference with the runner-up excludes 0):\n\n"
+        parts.append("Comparisons (paired bootstrap; a method is called best only where its difference with the "
+                     "runner-up, the best method that does not rank the texts identically, is stated after the "
+                     "correction below):\n\n"
                      + "".join(f"- {s}\n" for s in _statements(results, key, title)))
+        family = results.get("family", {}).get(key, 0)
+        parts.append(comparisons.family_note(family, "bold cells, gains and statements") + "\n")
         parts.append((NEIGHBOR_NOTE if "neighbor" in methods else NO_NEIGHBOR_NOTE) + "\n")
         outputs[f"{name}.md"] = "\n".join(parts)
         ci_key = f"{key}_ci"

@@ -10,7 +10,11 @@ A sweep option may name several folders (the same sweep on several models): each
 its model, and its claims carry the model's name, so a reader sees which conclusions hold across models.
 
 A claim "A > B" is *reproduced* when the 95% interval of A - B lies above 0, *not reproduced* when it lies below 0
-(the opposite holds), *not distinguishable* when it contains 0. The claims and their tests (train/claims.py; which
+(the opposite holds), *not distinguishable* when it contains 0, each from at least 2000 paired resamples and only
+where the claim survives Holm's correction over all the study's claims (train/claims.py, ``comparisons.holm_adjust``'s
+rule). The report then recomputes every claim under ``--other-seeds`` (default 5) other bootstrap seeds (the run's
+seed + 1, + 2, ...) and says how many verdicts keep their direction under all of them, naming those that do not.
+The claims and their tests (train/claims.py; which
 sweep tests which: train/ablations.py):
 
 - Table 3: Min-K% beats each baseline (PPL, Zlib, Lowercase, Neighbor) on the average over the datasets: paired
@@ -31,9 +35,10 @@ import json
 import sys
 from pathlib import Path
 
-from mia_jax import entry, files, rundir
+from mia_jax import comparisons, entry, files, rundir
 from mia_jax.errors import UserError
 from train.ablations import ABLATIONS
+from train import claims
 from train.claims import claims_markdown
 from train.loading import load_source
 from train.tables import rebuild_outputs
@@ -46,11 +51,42 @@ def _folders(value) -> list[Path]:
     return [Path(value)] if isinstance(value, (str, Path)) else [Path(f) for f in value or []]
 
 
-def compute(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str, list[dict], dict]:
+def _claims(loaded: dict, outputs: dict, sweeps: dict) -> list[dict]:
+    """Every claim of the study (the ablations' ``study`` functions over the loaded folders), Holm-corrected."""
+    found = []
+    for kind, ablation in ABLATIONS.items():
+        folders = _folders(sweeps.get(kind))
+        for folder in folders:
+            model = loaded[(kind, folder)][1][0][1]["config"]["model"]["path"]
+            found += ablation.study(loaded[(kind, folder)][1], outputs[folder],
+                                    f" ({model})" if len(folders) > 1 else "")[1]
+    claims.correct(found)
+    return found
+
+
+def _stability_note(claims_found: list[dict], loaded: dict, outputs: dict, sweeps: dict, other_seeds: int) -> str:
+    """Every claim recomputed under ``other_seeds`` other seeds (each claim's ``other_seeds`` filled in) and the
+    paragraph that reports how many verdicts kept their direction."""
+    if not other_seeds:
+        return ""
+    others = []
+    for offset in range(1, other_seeds + 1):
+        with claims.other_seed(offset):
+            others.append(_claims(loaded, outputs, sweeps))
+    st = claims.seed_stability(claims_found, others)
+    changed = "; ".join(st["changed"]) if st["changed"] else "none"
+    return (f"Seeds: **{st['same']} of {st['of']} verdicts keep their direction under all {st['seeds']} other "
+            f"bootstrap seeds** (each run's seed + 1 to + {st['seeds']}, every claim and its Holm correction "
+            f"recomputed); verdicts that change under some seed: {changed}.\n\n")
+
+
+def compute(sweeps: dict[str, Path | list[Path]], header: str = "",
+            other_seeds: int = comparisons.OTHER_SEEDS) -> tuple[str, list[dict], dict]:
     """(the report's markdown, its claims, {sweep folder: {path: content}} of every table and figure rebuilt) from
     the sweep folders ({"lr": DIR or [DIR, ...], ...}; any subset). Every input is checked (``loading.load_source``:
     the manifest, then the fields) and every output computed; nothing is written. Where a kind names several
-    folders (one per model), each gets a heading with its model and its claims the model's name."""
+    folders (one per model), each gets a heading with its model and its claims the model's name. The claims are
+    Holm-corrected together and recomputed under ``other_seeds`` other seeds."""
     loaded = {}
     for kind in ABLATIONS:  # every folder read and checked before anything is computed
         for folder in _folders(sweeps.get(kind)):
@@ -60,7 +96,7 @@ def compute(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str
                 raise UserError(f"--{kind} {folder} is {what}; give the folder of a {kind} sweep "
                                 f"(python train/contaminate.py --ablation {kind})")
             loaded[(kind, folder)] = got
-    parts, claims, outputs = [], [], {}
+    parts, outputs = [], {}
     for kind, ablation in ABLATIONS.items():
         folders = _folders(sweeps.get(kind))
         for folder in folders:
@@ -70,14 +106,19 @@ def compute(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str
             tag = f" ({model})" if len(folders) > 1 else ""
             if tag:
                 parts.append(f"# Model {model}: the {kind} sweep (`{folder.as_posix()}`)")
-            own, found = ablation.study(runs, outputs[folder], tag)
+            own, _ = ablation.study(runs, outputs[folder], tag)
             parts += own
-            claims += found
             parts.append(text)
+    found = _claims(loaded, outputs, sweeps)
+    seeds = _stability_note(found, loaded, outputs, sweeps, other_seeds)
     body = ("## The paper's claims\n\nEach claim as a paired bootstrap of A - B on the same examples (95% "
-            "interval): reproduced when the interval lies above 0, not reproduced when below, not distinguishable "
-            "when it contains 0.\n\n" + claims_markdown(claims) + "\n\n" + "\n\n".join(parts))
-    return (header + "\n\n" if header else "") + body, claims, outputs
+            "interval, at least 2000 resamples): reproduced when the interval lies above 0, not reproduced when "
+            "below, not distinguishable when it contains 0 **or when the claim does not survive Holm's correction "
+            "over the table's claims** (its adjusted p-value, column Holm p, at or above 0.05; the intervals shown "
+            "are unadjusted).\n\n" + claims_markdown(found) + "\n" + seeds
+            + comparisons.family_note(len([c for c in found if "p_holm" in c]), "the claims") + "\n\n"
+            + "\n\n".join(parts))
+    return (header + "\n\n" if header else "") + body, found, outputs
 
 
 def _write_sweeps(outputs: dict) -> None:
@@ -91,9 +132,9 @@ def _write_sweeps(outputs: dict) -> None:
 
 def build(sweeps: dict[str, Path | list[Path]], header: str = "") -> tuple[str, list[dict]]:
     """:func:`compute`, then every sweep's tables and figures written in place; returns (markdown, claims)."""
-    text, claims, outputs = compute(sweeps, header)
+    text, found, outputs = compute(sweeps, header)
     _write_sweeps(outputs)
-    return text, claims
+    return text, found
 
 
 def build_parser() -> entry.ArgumentParser:
@@ -104,6 +145,9 @@ def build_parser() -> entry.ArgumentParser:
         p.add_argument(f"--{kind}", nargs="+", metavar="DIR",
                        type=entry.source_dir("contamination", example=f"results/contamination/{kind}"),
                        help=f"the {kind} sweep folder (several: the same sweep on several models)")
+    p.add_argument("--other-seeds", type=entry.nonneg_int, default=comparisons.OTHER_SEEDS, metavar="N",
+                   help="recompute every claim under N other bootstrap seeds and report how many verdicts keep their "
+                        "direction (default %(default)s; 0: not done)")
     p.add_argument("--header", type=entry.input_file, help="a markdown file to put first (set-up, commands, times)")
     p.add_argument("--out", type=entry.out_file,
                    help="write the report here (and <out>.claims.json) instead of stdout")
@@ -123,11 +167,11 @@ def _main(argv) -> int:
             raise UserError(f"--header {args.header} is not UTF-8 text") from None
     else:
         header = ""
-    text, claims, outputs = compute(sweeps, header)
+    text, found, outputs = compute(sweeps, header, args.other_seeds)
     _write_sweeps(outputs)
     if args.out:
         files.write_all(args.out.absolute().parent, {
-            args.out.name: text + "\n", args.out.with_suffix(".claims.json").name: json.dumps(claims, indent=2) + "\n"})
+            args.out.name: text + "\n", args.out.with_suffix(".claims.json").name: json.dumps(found, indent=2) + "\n"})
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         print(text)

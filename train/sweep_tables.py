@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import rankdata
 
-from mia_jax import metrics
-from mia_jax.report import markdown, pyplot
+from mia_jax import comparisons, metrics
+from mia_jax.report import fmt, markdown, pyplot
 from train.cells import (AVG, DATASET_NAMES, HEADLINE, any_nan, ci_cell, csv_text, figure_bytes, headline,
                          method_name, na, nan_cell, num, rebuild_line)
 from train.records import by_dataset, records_and_eval, same_examples, score_vector
@@ -28,8 +28,10 @@ def _bootstrap_cfg(res: dict) -> tuple[int, int]:
 
 
 def _paired_models(rows_a: list[dict], rows_b: list[dict], m: str, n_bootstrap: int, seed: int) -> dict:
-    """{dataset or "avg": paired_bootstrap of method ``m``'s trained scores of run A vs run B (same examples), or
-    the reason it is n/a (a class with fewer than metrics.MIN_PER_CLASS examples)}."""
+    """{dataset or "avg": paired_bootstrap of method ``m``'s trained scores of run A vs run B (same examples,
+    ``comparisons.verdict_resamples(n_bootstrap)`` resamples), or the reason it is n/a (a class with fewer than
+    metrics.MIN_PER_CLASS examples)}."""
+    n_bootstrap = comparisons.verdict_resamples(n_bootstrap)
     labels = np.array([r["label"] for r in rows_a])
     a, b = score_vector(rows_a, "trained", m), score_vector(rows_b, "trained", m)
     cols = {d: (idx, None) for d, idx in by_dataset(rows_a).items()}
@@ -50,13 +52,33 @@ def _comparison_lines(comp: dict, name_a: str, name_b: str) -> str:
                    for d, c in comp.items())
 
 
+def _holm(comps) -> int:
+    """Holm's correction (AUROC) over the comparisons of one table (``comps``: {column: comparison or the reason it
+    is n/a} dicts); returns the family's size."""
+    return comparisons.holm_adjust([c for comp in comps for c in comp.values() if not isinstance(c, str)])
+
+
+def _lr_comparisons(runs: dict[float, dict], methods: list[str]) -> dict:
+    """{method: _paired_models of the largest vs the smallest learning rate} for Table 4's methods, Holm-corrected
+    together; {} without two runs on the same examples."""
+    lrs = sorted(runs)
+    ea, eb = _examples_of(runs[lrs[-1]]), _examples_of(runs[lrs[0]])
+    if len(lrs) < 2 or not same_examples(ea, eb):
+        return {}
+    n_bootstrap, seed = _bootstrap_cfg(next(iter(runs.values())))
+    comps = {m: _paired_models(ea, eb, m, n_bootstrap, seed)
+             for m in (headline(methods, base) for base in HEADLINE) if m is not None}
+    _holm(comps.values())
+    return comps
+
+
 def table4(runs: dict[float, dict], methods: list[str]) -> tuple[str, dict[str, str | bytes]]:
     """Table 4 from {lr: results of that run} (with ``examples``: the paired comparison of the learning rates,
     largest vs smallest, with the runs' score.n_bootstrap and seed): (markdown, {file name: content})."""
-    n_bootstrap, seed = _bootstrap_cfg(next(iter(runs.values())))
     datasets = list(next(iter(runs.values()))["trained"])
     parts, rows_csv = [f"# Table 4: AUROC [95% CI] per learning rate\n\n{rebuild_line()}"], []
     lrs = sorted(runs)
+    comps = _lr_comparisons(runs, methods)
     for base in HEADLINE:
         m = headline(methods, base)
         if m is None:
@@ -75,14 +97,14 @@ def table4(runs: dict[float, dict], methods: list[str]) -> tuple[str, dict[str, 
             (["n (NaN)"] if with_nan else [])
         parts.append(f"AUROC, {method_name(m)}:\n\n" + markdown(header, rows))
         hi, lo = lrs[-1], lrs[0]
-        ea, eb = _examples_of(runs[hi]), _examples_of(runs[lo])
-        if len(lrs) > 1 and same_examples(ea, eb):
-            comp = _paired_models(ea, eb, m, n_bootstrap, seed)
+        if m in comps:
             parts.append(f"lr {hi:g} vs {lo:g}, {method_name(m)} (paired bootstrap, same examples):\n\n"
-                         + _comparison_lines(comp, f"lr {hi:g}", f"lr {lo:g}"))
+                         + _comparison_lines(comps[m], f"lr {hi:g}", f"lr {lo:g}"))
         elif len(lrs) > 1:
             parts.append(f"lr {hi:g} vs {lo:g}: no comparison stated (per-example scores of both runs on the same "
                          "examples are needed).\n")
+    if comps:
+        parts.append(comparisons.family_note(_holm(comps.values()), "learning rates, per method and column") + "\n")
     text = "\n".join(parts)
     return text, {"table4.md": text, "table4.csv": csv_text(
         ["lr", "method", "dataset", "auroc", "auroc_ci_lo", "auroc_ci_hi"], rows_csv)}
@@ -104,16 +126,18 @@ def size_figure(name: str, runs: list[tuple[dict, dict]], methods: list[str], ti
     with_nan = any_nan(res["trained"][d][m] for _, _, _, res in points for d in datasets)
     header = ["Corpus tokens", "Contamination %", *(DATASET_NAMES.get(d, d) for d in datasets)] + \
         (["n (NaN)"] if with_nan else [])
-    md = [[str(man["tokens"]["total"]), f"{rate:.2f}", *(ci_cell(res["trained"][d][m], "auroc") for d in datasets)]
+    md = [[str(man["tokens"]["total"]), fmt(rate, 2), *(ci_cell(res["trained"][d][m], "auroc") for d in datasets)]
           + ([nan_cell([res["trained"][d][m] for d in datasets])] if with_nan else [])
           for rate, _, man, res in points]
     text = f"# {title}\n\n{rebuild_line()}{method_name(m)} AUROC [95% CI]:\n\n" + markdown(header, md)
     (hi_rate, _, _, hi), (lo_rate, _, _, lo) = points[-1], points[0]
     if len(points) > 1 and same_examples(_examples_of(hi), _examples_of(lo)):
         comp = _paired_models(_examples_of(hi), _examples_of(lo), m, *_bootstrap_cfg(hi))
-        text += (f"\nHighest ({hi_rate:.2f}%) vs lowest ({lo_rate:.2f}%) contamination rate, {method_name(m)}, "
+        family = _holm([comp])
+        text += (f"\nHighest ({fmt(hi_rate, 2)}%) vs lowest ({fmt(lo_rate, 2)}%) contamination rate, {method_name(m)}, "
                  "paired bootstrap on the same examples:\n\n"
-                 + _comparison_lines(comp, f"{hi_rate:.2f}%", f"{lo_rate:.2f}%"))
+                 + _comparison_lines(comp, f"{fmt(hi_rate, 2)}%", f"{fmt(lo_rate, 2)}%")
+                 + "\n" + comparisons.family_note(family, "per column") + "\n")
     outputs[f"{name}.md"] = text
     fig, ax = pyplot().subplots(figsize=(5.5, 4))
     for d in datasets:
@@ -185,7 +209,7 @@ def occurrence_figure(records: list[dict], eval_set: list[dict], methods: list[s
     text = (f"# Figure 5c: AUROC [95% CI] of the members inserted k times against all non-members\n\n"
             "'All' pools the datasets after rank-normalising each dataset's scores.\n\n"
             f"{rebuild_line()}" + markdown(header, md))
-    lines = []
+    lines, family = [], []
     if n_bootstrap and shown:
         m = shown[0]
         for g in dict.fromkeys(r[0] for r in rows):
@@ -198,13 +222,18 @@ def occurrence_figure(records: list[dict], eval_set: list[dict], methods: list[s
             lab = np.array([eval_set[i]["label"] for i in idx])
             try:
                 c = metrics.subset_bootstrap(sc, lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
-                                             n_bootstrap=n_bootstrap, seed=seed)
-                said = metrics.describe(c, f"k={ks[-1]}", "k=1")
+                                             n_bootstrap=comparisons.verdict_resamples(n_bootstrap), seed=seed)
+                family.append(c)
+                lines.append((g, m, c, ks[-1]))
             except ValueError as e:
-                said = f"k={ks[-1]} vs k=1: {na(str(e).replace('n/a: ', ''))}"
-            lines.append(f"- {DATASET_NAMES.get(g, g)}, {method_name(m)}: {said}\n")
+                lines.append((g, m, f"k={ks[-1]} vs k=1: {na(str(e).replace('n/a: ', ''))}", ks[-1]))
     if lines:
-        text += "\nLargest k vs k = 1 (bootstrap of the difference, the same non-members):\n\n" + "".join(lines)
+        comparisons.holm_adjust(family)
+        text += ("\nLargest k vs k = 1 (bootstrap of the difference, the same non-members):\n\n"
+                 + "".join(f"- {DATASET_NAMES.get(g, g)}, {method_name(m)}: "
+                           + (c if isinstance(c, str) else metrics.describe(c, f"k={k}", "k=1")) + "\n"
+                           for g, m, c, k in lines)
+                 + "\n" + comparisons.family_note(len(family), "one per dataset and the pooled one") + "\n")
     outputs["fig5c.md"] = text
     fig, ax = pyplot().subplots(figsize=(5.5, 4))
     for g in dict.fromkeys(r[0] for r in rows):

@@ -50,7 +50,7 @@ def to_markdown(res: BooksResult) -> str:
                      f"{books_phrase(len(v.kept), 'validation ')}, each with all its snippets)\n\n"
                      + markdown_table(res.validation_metrics))
     tp = [[threshold_name(t.name, cfg["fpr"]), "+inf (flags nothing)" if t.value == math.inf
-           else f"{t.value:.4f}", fmt(t.accuracy), fmt(t.tpr), fmt(t.fpr)] for t in res.thresholds]
+           else fmt(t.value, 4), fmt(t.accuracy), fmt(t.tpr), fmt(t.fpr)] for t in res.thresholds]
     lines.append(f"\n### Thresholds on {res.rate_method} (a snippet is flagged when its score is at or above)\n\n"
                  + markdown(["Threshold", "Value", "Val. accuracy", "Val. TPR", "Val. FPR"], tp))
     lines.append(_rates_table(res))
@@ -74,7 +74,7 @@ def _rates_table(res: BooksResult) -> str:
         for t in res.thresholds:
             x = r["rates"][t.name]
             cells.append("n/a" if x["rate"] is None else
-                         f"{100 * x['rate']:.1f}% [{100 * x['ci'][0]:.1f}, {100 * x['ci'][1]:.1f}]")
+                         f"{fmt(100 * x['rate'], 1)}% [{fmt(100 * x['ci'][0], 1)}, {fmt(100 * x['ci'][1], 1)}]")
         cells.append(fmt(r["mean_score"]))
         if labeled:
             cells.append({1: "seen", 0: "unseen", None: "?"}[r["label"]])

@@ -33,7 +33,7 @@ def _blind_baseline(ds, args, required: bool):
         return m, f"Blind baseline ({blind.NAME}): {m['note']}."
     ci = m["auroc_ci"] or (float("nan"), float("nan"))
     line = (f"Blind baseline ({blind.NAME}: bag-of-words TF-IDF + logistic regression, {blind.FOLDS}-fold CV, "
-            f"no model): AUROC {m['auroc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}], TPR@5%FPR {m['tpr_at_5pct_fpr']:.3f}.")
+            f"no model): AUROC {report.with_ci(m['auroc'], ci)}, TPR@5%FPR {report.fmt(m['tpr_at_5pct_fpr'])}.")
     warn = blind.warning(m["auroc"])
     return m, line + (f"\n{warn}" if warn else "")
 
