@@ -1,0 +1,149 @@
+"""Peak memory and speed of streamed scoring: two synthetic corpora, one ``--scale`` times the other, scored by
+`mia-jax score` a window of texts at a time (``--stream-window``), each run in a fresh process whose peak RSS is
+read from the kernel (``os.wait4``'s rusage of that child); and the large corpus scored again in memory (one window
+holding every text) for the speed comparison. With tensorflow-datasets present, the small corpus is also built as a
+TFDS dataset (``--tfds``) and scored through ``--data tfds:...``.
+
+    python scripts/benchmark_corpus.py [--texts 1000] [--scale 20] [--stream-window 256] [--model DIR]
+
+The model is a random-weight Llama of the ``tiny`` preset (``scripts/random_model.py``: hidden 64, 2 layers, SmolLM2's
+tokenizer and vocabulary of 49152) unless ``--model`` names one. Texts are random words from a fixed list, 20 to
+120 words each (seeded). Tokens per second come from each run's run.json (scoring seconds: reading, tokenizing,
+packing, the steps and the writes; compiled programs from a persistent cache that a first, unmeasured run fills).
+The last line printed is JSON: ``{"small": {"texts": N, "peak_rss_mib": X}, "large": {"texts": 20N,
+"peak_rss_mib": Y}, "stream_tokens_per_s": S, "in_memory_tokens_per_s": T}``, with the CPU model and the tfds run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
+from bench_tools import cpu_model  # noqa: E402
+
+from mia_jax import entry  # noqa: E402
+
+PROG = "python scripts/benchmark_corpus.py"
+WORDS = ("the of river city old stone bridge north market winter light paper garden music station quiet harbour "
+         "engine letter field morning council history railway museum village church summer island forest school "
+         "season album team player record league film series bank trade law court ancient modern").split()
+
+
+def build_parser() -> entry.ArgumentParser:
+    ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    ap.add_argument("--texts", type=entry.positive_int, default=1000, help="texts of the small corpus (default 1000)")
+    ap.add_argument("--scale", type=entry.positive_int, default=20, help="the large corpus is this many times the "
+                                                                         "small one (default 20)")
+    ap.add_argument("--stream-window", type=entry.positive_int, default=256, help="texts per shard (default 256)")
+    ap.add_argument("--model", type=entry.input_dir, help="a model folder (default: a random tiny Llama, built here)")
+    ap.add_argument("--work", type=entry.out_dir, help="working folder (default: a temporary one)")
+    ap.add_argument("--no-tfds", action="store_true", help="skip the TFDS run")
+    return ap
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, _main, argv)
+
+
+def corpus(path: Path, n: int, seed: int = 0) -> Path:
+    """``n`` random-word texts as JSONL at ``path``."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            f.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))}) + "\n")
+    return path
+
+
+def tiny_model(work: Path) -> Path:
+    """The random tiny Llama (scripts/random_model.py: prepare, then build --numpy in float32)."""
+    script = str(Path(__file__).with_name("random_model.py"))
+    out = work / "model"
+    if not (out / "tiny" / "model.safetensors").exists():
+        subprocess.run([sys.executable, script, "prepare", str(work / "prepared"), "--models", "tiny"], check=True)
+        subprocess.run([sys.executable, script, "build", str(out), str(work / "prepared" / "tiny"), "--numpy",
+                        "--dtype", "float32"], check=True)
+    return out / "tiny"
+
+
+def score(model: Path, data: str, out: Path, window: int, cache: Path, extra=()) -> dict:
+    """One `mia-jax score` in a fresh process: its run.json's passes and speed, and its peak RSS (MiB)."""
+    cmd = [sys.executable, "-m", "mia_jax.cli", "score", "--model", str(model), "--data", data, "--out", str(out),
+           "--stream-window", str(window), "--compilation-cache", str(cache), "--no-progress", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err}")
+    run = json.loads((out / "run.json").read_text())
+    main_pass = run["passes"]["main"]
+    return {"texts": run["data"]["n"], "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "tokens_per_s": run["tokens_per_second"], "seconds": run["seconds"], "shards": main_pass.get("shards")}
+
+
+def tfds_run(model: Path, small: Path, work: Path, window: int, cache: Path) -> dict | None:
+    """The small corpus as a TFDS dataset (ArrayRecord), scored through ``--data tfds:``; None without
+    tensorflow-datasets or the project's TFDS reader."""
+    try:
+        import tensorflow_datasets as tfds  # optional: the TFDS run only
+
+        from mia_jax.data import tfds_source  # noqa: F401  (present once TFDS input is part of the package)
+    except ImportError:
+        return None
+
+    class BenchCorpus(tfds.core.GeneratorBasedBuilder):  # registered by TFDS as "bench_corpus"
+        """The benchmark's small corpus."""
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+                {"text": tfds.features.Text()}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples()}
+
+        def _generate_examples(self):
+            with open(small, encoding="utf-8") as f:
+                for i, line in enumerate(f):
+                    yield i, {"text": json.loads(line)["text"]}
+
+    BenchCorpus(data_dir=str(work / "tfds"), file_format="array_record").download_and_prepare()
+    return score(model, "tfds:bench_corpus:train", work / "runs" / "tfds", window, cache,
+                 ["--data-dir", str(work / "tfds")])
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.work or tmp)
+        (work / "runs").mkdir(parents=True, exist_ok=True)
+        model = Path(args.model) if args.model else tiny_model(work)
+        small = corpus(work / "small.jsonl", args.texts)
+        large = corpus(work / "large.jsonl", args.texts * args.scale, seed=1)
+        cache = work / "jax-cache"
+        w = args.stream_window
+        score(model, str(small), work / "runs" / "warm", w, cache)  # fills the compilation cache, not measured
+        score(model, str(small), work / "runs" / "warm-mem", args.texts, cache)
+        runs = {"small": score(model, str(small), work / "runs" / "small", w, cache),
+                "large": score(model, str(large), work / "runs" / "large", w, cache),
+                "large_in_memory": score(model, str(large), work / "runs" / "large-mem", args.texts * args.scale,
+                                         cache)}
+        runs["tfds_small"] = None if args.no_tfds else tfds_run(model, small, work, w, cache)
+        for name, r in runs.items():
+            print(f"{name}: {json.dumps(r)}", file=sys.stderr)
+        print(json.dumps({"small": {k: runs["small"][k] for k in ("texts", "peak_rss_mib")},
+                          "large": {k: runs["large"][k] for k in ("texts", "peak_rss_mib")},
+                          "stream_tokens_per_s": runs["large"]["tokens_per_s"],
+                          "in_memory_tokens_per_s": runs["large_in_memory"]["tokens_per_s"],
+                          "large_in_memory_peak_rss_mib": runs["large_in_memory"]["peak_rss_mib"],
+                          "tfds_small": runs["tfds_small"], "stream_window": w, "cpu": cpu_model()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

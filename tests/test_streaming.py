@@ -1,0 +1,148 @@
+"""Streaming scoring (mia_jax.data.stream, mia_jax.shards): every input format read in its row / row-group order with
+the texts, labels, digest and duplicate report of the in-memory reader; the reader and the scorer never hold more
+than a window of texts (counted); a streamed eval writes what the in-memory eval writes; a streamed `score` killed
+with SIGKILL once some shards exist resumes from every finished shard (counted from its run.json and its log) and
+ends byte-identical to an uninterrupted run."""
+import json
+import random
+import signal
+
+import numpy as np
+import pytest
+from helpers import start, stderr_of, wait_for
+
+from mia_jax import data, runner
+from mia_jax.cli import main
+from mia_jax.commands import scoring
+from mia_jax.data import stream
+from mia_jax.fingerprint import texts_sha256
+
+WORDS = ("the river city old stone bridge north market winter light paper garden music station quiet "
+         "harbour engine letter field morning").split()
+
+
+def rows(n: int, seed: int = 0) -> list[dict]:
+    """``n`` labeled rows of varied lengths, with exact duplicates (one with the other label) and an empty text."""
+    rng = random.Random(seed)
+    out = [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40))), "label": i % 2} for i in range(n)]
+    out[5] = dict(out[2])  # a duplicate with the same label
+    out[9] = dict(out[4], label=1 - out[4]["label"])  # a conflicting duplicate
+    out[11]["text"] = " "  # skipped by the runner, kept by the reader
+    return out
+
+
+def write(path, recs):
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("stream")
+    recs = rows(61)
+    paths = {"jsonl": write(folder / "c.jsonl", recs)}
+    csv = folder / "c.csv"
+    csv.write_text("text,label\n" + "".join(f'"{r["text"]}",{r["label"]}\n' for r in recs))
+    paths["csv"] = csv
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.Table.from_pylist(recs), folder / "c.parquet", row_group_size=7)
+    paths["parquet"] = folder / "c.parquet"
+    return recs, paths
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_each_format_streams_the_in_memory_texts_in_order(corpus, fmt):
+    recs, paths = corpus
+    ds = data.load_records(paths[fmt])
+    s = stream.TextStream(paths[fmt])
+    got = list(s.windows(8))
+    assert [first for first, _, _ in got] == list(range(0, 61, 8))
+    assert [t for _, texts, _ in got for t in texts] == ds.texts == [r["text"] for r in recs]
+    assert [y for _, _, labels in got for y in labels] == ds.labels
+    assert s.max_held == 8  # never more than a window of texts at once
+    tail = list(stream.TextStream(paths[fmt]).windows(8, start=48))
+    assert [(first, texts) for first, texts, _ in tail] == [(48, ds.texts[48:56]), (56, ds.texts[56:])]
+    scan = stream.TextStream(paths[fmt], limit=50).scan()
+    assert scan.n == 50 and scan.labels.tolist() == ds.labels[:50]
+    assert scan.texts_sha256 == texts_sha256(ds.texts[:50], ds.labels[:50])  # the in-memory fingerprint's digest
+    assert scan.duplicates == data.duplicate_report(ds.texts[:50], ds.labels[:50])
+    assert scan.duplicates["n_duplicate_texts"] == 2 and scan.duplicates["n_conflicting_texts"] == 1
+    unlabeled = stream.TextStream(paths[fmt], label_field=None).scan()
+    assert unlabeled.labels is None and unlabeled.texts_sha256 == texts_sha256(ds.texts, None)
+
+
+def test_parquet_is_read_one_row_group_at_a_time(corpus, monkeypatch):
+    pq = pytest.importorskip("pyarrow.parquet")
+    read = []
+    real = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, g, *a, **k: read.append(g) or real(self, g))
+    got = [t for _, t in stream.parquet_rows(corpus[1]["parquet"], start=15)]
+    assert read == list(range(2, 9))  # groups of 7 rows: 0 and 1 lie before row 15 and are never read
+    assert [r["text"] for r in got] == [r["text"] for r in corpus[0][15:]]
+
+
+def test_streamed_eval_holds_a_window_and_writes_what_the_in_memory_eval_writes(tiny_llama_dir, corpus, tmp_path,
+                                                                                monkeypatch, capsys):
+    path = corpus[1]["jsonl"]
+    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(path), "--methods", "loss", "zlib", "min_k",
+            "--tokens-per-batch", "128", "--n-bootstrap", "20", "--no-progress", "--no-blind"]
+    assert main(argv + ["--out", str(tmp_path / "memory")]) == 0
+    held, opened = [], []
+    real_score, real_open = runner.score_texts, scoring.open_stream
+    monkeypatch.setattr(runner, "score_texts", lambda loaded, texts, *a, **k: held.append(len(texts)) or
+                        real_score(loaded, texts, *a, **k))
+    monkeypatch.setattr(scoring, "open_stream", lambda *a: opened.append(real_open(*a)) or opened[-1])
+    assert main(argv + ["--out", str(tmp_path / "streamed"), "--stream-window", "16"]) == 0
+    assert held == [16, 16, 16, 13] and opened[0].stream.max_held == 16  # counted: never more than a window
+    streamed, memory = tmp_path / "streamed", tmp_path / "memory"
+    index = json.loads((streamed / "passes" / "main" / "index.json").read_text())
+    assert [(s["first"], s["last"]) for s in index["shards"]] == [(0, 15), (16, 31), (32, 47), (48, 60)]
+    # the same records, up to float32 rounding (each window is packed into its own rows)
+    got, want = ([json.loads(line) for line in (d / "results.jsonl").open()] for d in (streamed, memory))
+    assert [dict(r, scores=None) for r in got] == [dict(r, scores=None) for r in want]
+    for m in ("loss", "zlib", "min_k@0.2"):
+        a, b = (np.array([np.nan if r["scores"][m] is None else r["scores"][m] for r in recs]) for recs in (got, want))
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    got, want = (json.loads((d / "summary.json").read_text()) for d in (streamed, memory))
+    for m in ("loss", "zlib", "min_k@0.2"):
+        assert got[m]["auroc"] == pytest.approx(want[m]["auroc"], abs=1e-3) and got[m]["n"] == want[m]["n"]
+    run = json.loads((streamed / "run.json").read_text())
+    assert run["duplicates"] == json.loads((memory / "run.json").read_text())["duplicates"]
+    assert run["passes"]["main"]["shards"] == 4 and run["n_skipped"] == 1
+
+
+def test_streamed_score_killed_resumes_from_its_finished_shards(tiny_llama_dir, tmp_path, capsys):
+    recs = rows(900, seed=1)
+    path = write(tmp_path / "corpus.jsonl", [{"text": r["text"]} for r in recs])
+    argv = ["score", "--model", str(tiny_llama_dir), "--data", str(path), "--methods", "loss", "min_k_pp",
+            "--tokens-per-batch", "128", "--no-progress", "--stream-window", "16"]
+    reference, out = tmp_path / "reference", tmp_path / "run"
+    assert main(argv + ["--out", str(reference)]) == 0
+    index = out / "passes" / "main" / "index.json"
+
+    def shards_done() -> int:
+        try:
+            return len(json.loads(index.read_text())["shards"])
+        except (OSError, ValueError):
+            return 0
+
+    proc = start(["-m", "mia_jax.cli", *argv, "--out", str(out)])
+    wait_for(proc, lambda: shards_done() >= 3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    err = stderr_of(proc)
+    done = shards_done()
+    assert proc.returncode == -signal.SIGKILL and 3 <= done < 57, err
+    assert not (out / "results.jsonl").exists()
+
+    capsys.readouterr()
+    assert main(argv + ["--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"resuming from {out / 'passes' / 'main'}: {done} of 57 shards finished ({16 * done} of 900 texts)" in err
+    main_pass = json.loads((out / "run.json").read_text())["passes"]["main"]
+    assert main_pass["shards"] == 57 and main_pass["shards_reused"] == done  # every finished shard reused
+    assert main_pass["reused"] + main_pass["computed"] + main_pass["skipped"] == 900
+    assert main_pass["reused"] >= 16 * done - 1  # (text 11, empty, is skipped)
+    assert not list((out / "passes" / "main").glob("*.partial.jsonl"))
+    for name in ["results.jsonl", "passes/main/index.json", *(f"passes/main/{k:05d}.jsonl" for k in range(57))]:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
