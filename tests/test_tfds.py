@@ -54,6 +54,10 @@ def test_read_back_without_tensorflow_as_the_jsonl_path(tfds_dir, capsys):
     assert news.texts == data.load_records(builders.train_data_dir() / "news2023_sample.jsonl", "text", None).texts
     imdb = data.load("tfds:contamination/imdb", tfds_dir, label_field=None, extra=("sentiment", "rating"))
     assert imdb.extra["sentiment"][0] in ("positive", "negative") and isinstance(imdb.extra["rating"][0], int)
+    before = snapshot(tfds_dir)
+    capsys.readouterr()
+    assert main(["datasets", "build", "wikimia", "--config", "length32", "--data-dir", str(tfds_dir)]) == 0
+    assert "(already built: kept)" in capsys.readouterr().out and snapshot(tfds_dir) == before
     assert main(["datasets", "list", "--data-dir", str(tfds_dir)]) == 0
     listed = capsys.readouterr().out
     assert "tfds:wikimia/length32\tbuilt 1.0.0" in listed and "tfds:wikimia/length64\tnot built" in listed

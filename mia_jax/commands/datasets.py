@@ -55,8 +55,8 @@ def run(args) -> None:
     if args.source and args.name != "mimir":
         raise UserError(f"--source: {args.name} is built from the files the package ships; --source is for mimir")
     entry.check_out(data_dir, "--data-dir")
-    for config, folder, n in builders.build(args.name, data_dir, args.config or (), args.source,
-                                            progress=not args.no_progress):
-        print(f"tfds:{args.name}/{config}: {n} rows in {folder}")
+    for config, folder, n, new in builders.build(args.name, data_dir, args.config or (), args.source,
+                                                 progress=not args.no_progress):
+        print(f"tfds:{args.name}/{config}: {n} rows in {folder}{'' if new else ' (already built: kept)'}")
     print(f"next: mia-jax eval --data tfds:{args.name}/{(args.config or builders.configs(args.name))[0]} "
           f"--data-dir {data_dir}")

@@ -197,10 +197,11 @@ def configs(name: str) -> list[str]:
 
 
 def build(name: str, data_dir: str | os.PathLike, only: Sequence[str] = (), source: str | os.PathLike | None = None,
-          progress: bool = True) -> list[tuple[str, Path, int]]:
+          progress: bool = True) -> list[tuple[str, Path, int, bool]]:
     """Build dataset ``name`` (every config, or those in ``only``) as ArrayRecord into ``data_dir``, offline; a
     config already built there is kept as it is. Every config's files are checked before the first is written.
-    ``source``: where to read a dataset that is not bundled (MIMIR). Returns (config, version folder, rows)."""
+    ``source``: where to read a dataset that is not bundled (MIMIR). Returns (config, version folder, rows, whether
+    it was built now: False for one kept)."""
     if name not in BUILDERS:
         raise UserError(f"unknown dataset {name!r}; datasets: {', '.join(BUILDERS)}")
     unknown = [c for c in only if c not in configs(name)]
@@ -215,7 +216,8 @@ def build(name: str, data_dir: str | os.PathLike, only: Sequence[str] = (), sour
     done = []
     with tempfile.TemporaryDirectory(prefix="mia_jax_tfds_") as downloads:  # nothing is downloaded; TFDS wants one
         for b in builders:
+            kept = (Path(b.data_dir) / "dataset_info.json").is_file()
             b.download_and_prepare(download_dir=downloads, download_config=tfds.download.DownloadConfig(
                 try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
-            done.append((b.builder_config.name, Path(b.data_dir), b.info.splits["train"].num_examples))
+            done.append((b.builder_config.name, Path(b.data_dir), b.info.splits["train"].num_examples, not kept))
     return done
