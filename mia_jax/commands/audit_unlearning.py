@@ -61,8 +61,9 @@ def add_arguments(p) -> None:
                    help="sampling temperature (default 1: multinomial)")
     p.add_argument("--top-k", type=entry.positive_int, help="sample from the k most likely tokens (default: all)")
     p.add_argument("--seed", type=entry.nonneg_int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--qa", metavar="FILE", type=entry.input_file,
-                   help="optional QA probes: JSONL/CSV with question and answer fields")
+    p.add_argument("--qa", metavar="FILE", type=entry.data_input,
+                   help="optional QA probes: JSONL/CSV with question and answer fields (or a TFDS dataset "
+                        "tfds:NAME[/CONFIG][:SPLIT] built in --data-dir)")
     p.add_argument("--qa-question-field", default="question")
     p.add_argument("--qa-answer-field", default="answer")
     p.add_argument("--qa-max-new-tokens", type=entry.positive_int, default=QA_MAX_NEW_TOKENS)
@@ -130,8 +131,8 @@ def run_audit(args) -> UnlearningResult:
 def _load_qa(args) -> tuple[tuple[list[str], list[str]], dict]:
     """((questions, answers), {file: sha256}) of ``--qa``; UserError for a file without questions or a row without
     a question or an answer."""
-    qds = data.load_records(args.qa, args.qa_question_field, None, encoding=args.encoding,
-                            extra=(args.qa_answer_field,))
+    qds = data.load(args.qa, args.data_dir, args.qa_question_field, None, encoding=args.encoding,
+                    extra=(args.qa_answer_field,))
     answers = qds.extra[args.qa_answer_field]
     if not qds.texts:
         raise UserError(f"{args.qa}: no questions")
