@@ -7,9 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mia_jax import entry
+from mia_jax import data, entry
 from mia_jax.commands import options
-from mia_jax.data import builders, tfds_source
 from mia_jax.errors import UserError
 
 NAME = "datasets"
@@ -23,7 +22,7 @@ DESCRIPTION = ("mia-jax datasets build NAME --data-dir DIR writes dataset NAME (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``mia-jax datasets`` on ``p``."""
     p.add_argument("action", choices=["build", "list"], help="build a dataset, or list them")
-    p.add_argument("name", nargs="?", choices=list(builders.BUILDERS), help="the dataset (build: required)")
+    p.add_argument("name", nargs="?", choices=list(data.TFDS_DATASETS), help="the dataset (build: required)")
     p.add_argument("--config", nargs="+", metavar="CONFIG", help="build only these configs (default: all)")
     p.add_argument("--data-dir", type=entry.out_dir,
                    help="the TFDS data folder (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
@@ -33,25 +32,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.no_progress(p)
 
 
-def _built(data_dir: Path, name: str, config: str) -> list[str]:
-    folder = data_dir / name / config
-    return [v.name for v in tfds_source._built(folder)]
-
-
 def run(args) -> None:
     """``mia-jax datasets`` with the parsed ``args``: every argument checked before anything is written."""
+    # here, not at the top: they import tensorflow-datasets (~0.3 s and more on a loaded machine), which no other
+    # command needs at start-up (every command module is imported by the CLI)
+    from mia_jax.data import builders, tfds_source
+
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else tfds_source.default_data_dir()
     if args.action == "list":
         if args.config or args.source:
             raise UserError("--config and --source apply to build, not list")
         for name in ([args.name] if args.name else builders.BUILDERS):
             for config in builders.configs(name):
-                versions = _built(data_dir, name, config) if data_dir.is_dir() else []
+                versions = [v.name for v in tfds_source._built(data_dir / name / config)]
                 print(f"tfds:{name}/{config}\t{'built ' + ', '.join(versions) if versions else 'not built'} "
                       f"in {data_dir}")
         return
     if args.name is None:
-        raise UserError(f"name the dataset to build: mia-jax datasets build NAME ({', '.join(builders.BUILDERS)})")
+        raise UserError(f"name the dataset to build: mia-jax datasets build NAME ({', '.join(data.TFDS_DATASETS)})")
     if args.source and args.name != "mimir":
         raise UserError(f"--source: {args.name} is built from the files the package ships; --source is for mimir")
     entry.check_out(data_dir, "--data-dir")

@@ -189,6 +189,7 @@ class Contamination(Bundled):
 
 
 BUILDERS: dict[str, type[Bundled]] = {"wikimia": Wikimia, "mimir": Mimir, "contamination": Contamination}
+assert tuple(BUILDERS) == data.TFDS_DATASETS, "list a new builder in mia_jax.data.TFDS_DATASETS too"
 
 
 def configs(name: str) -> list[str]:

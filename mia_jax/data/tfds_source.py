@@ -36,8 +36,6 @@ _SPEC = re.compile(rf"^{PREFIX}(?P<name>{_NAME})(?:/(?P<config>[\w.\-]+))?(?::(?
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 FORMAT = "array_record"
 READ_CHUNK = 256  # rows fetched from the data source at once by rows()
-# the datasets `mia-jax datasets build` makes (kept here, not imported from builders: reading needs no builder code)
-OWN = ("wikimia", "mimir", "contamination")
 
 
 def parse_spec(spec: str) -> tuple[str, str | None, str | None]:
@@ -61,7 +59,7 @@ def default_data_dir() -> Path:
 
 
 def _how_to_build(name: str, data_dir: Path) -> str:
-    if name in OWN:
+    if name in data.TFDS_DATASETS:
         return f"build it with: mia-jax datasets build {name} --data-dir {data_dir}"
     return ("build it there in the ArrayRecord format, e.g. tfds.builder(NAME, data_dir=DIR)"
             ".download_and_prepare(file_format='array_record')")
