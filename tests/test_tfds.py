@@ -6,11 +6,12 @@ import hashlib
 import importlib.util
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import assert_clean_error, snapshot
+from helpers import ENV, REPO, assert_clean_error, snapshot
 
 from mia_jax import data
 from mia_jax.cli import main
@@ -62,6 +63,19 @@ def test_read_back_without_tensorflow_as_the_jsonl_path(tfds_dir, capsys):
     listed = capsys.readouterr().out
     assert "tfds:wikimia/length32\tbuilt 1.0.0" in listed and "tfds:wikimia/length64\tnot built" in listed
     assert importlib.util.find_spec("tensorflow") is None and "tensorflow" not in sys.modules
+
+
+def test_a_fresh_process_reads_it_without_the_builders_code(tfds_dir):
+    """What a user's `mia-jax eval --data tfds:...` does: TFDS reads the dataset from its files alone (the builder
+    classes, imported by this test process, are not registered there)."""
+    code = ("import sys, hashlib, json; from mia_jax import data; "
+            f"ds = data.load('tfds:wikimia/length32', {str(tfds_dir)!r}); "
+            "assert 'mia_jax.data.builders' not in sys.modules and 'tensorflow' not in sys.modules; "
+            "print(hashlib.sha256(json.dumps([ds.texts, ds.labels], ensure_ascii=False).encode()).hexdigest())")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == texts_sha256(data.wikimia(32))
 
 
 def test_mimir_builds_from_its_files_as_the_benchmark_reads_them(tmp_path):
