@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mia_jax import rundir
-from train import claims, sweep_tables
+from train import claims, sweep_tables, traps_tables
 from train.config import ExperimentConfig
 
 _NUMBER = (int, float)
@@ -69,6 +69,10 @@ def _plan_occurrence(cfg: ExperimentConfig) -> list[tuple[str, ExperimentConfig]
     return [("occurrence", with_changes(cfg, corpus__occurrence="buckets"))]
 
 
+def _plan_traps(cfg: ExperimentConfig) -> list[tuple[str, ExperimentConfig]]:
+    return [("traps", with_changes(cfg, corpus__variant="traps", corpus__occurrence="buckets"))]
+
+
 _CORPUS_SIZE = (("corpus.contamination_rate", _NUMBER), ("corpus.tokens.total", int),
                 ("corpus.tokens.background", int))
 
@@ -80,6 +84,8 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
     Ablation("news", _plan_news, "news_*", "news_", _CORPUS_SIZE, False, sweep_tables.news_table, claims.news_study),
     Ablation("occurrence", _plan_occurrence, "occurrence", "occurrence", (), True, sweep_tables.occurrence_table,
              claims.occurrence_study),
+    # the copyright-trap study (Meeus et al. 2024; train/traps.py): after the paper's four
+    Ablation("traps", _plan_traps, "traps", "traps", (), True, traps_tables.traps_table, traps_tables.traps_study),
 )}
 
 

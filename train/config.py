@@ -62,9 +62,23 @@ class NewsConfig:
 
 
 @dataclass
+class TrapsConfig:
+    """The copyright-trap variant (train/traps.py): trap lengths, perplexity bins, traps per cell, generation."""
+
+    lengths: list[int] = field(default_factory=lambda: [24, 48])  # tokens per trap
+    bins: int = 3  # equal-count perplexity bins per length (low / mid / high)
+    per_cell: int = 4  # members per (length, bin, insertion count); as many non-members per (length, bin)
+    temperatures: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.0])
+    oversample: int = 3  # samples drawn per length: oversample x bins x traps needed per stratum
+    jaccard: float = 0.2  # a sample sharing more of its token set with an earlier one is a near-duplicate
+    batch_size: int = 32  # samples per generation call
+    seed: int = 0
+
+
+@dataclass
 class CorpusConfig:
     """The contaminated corpus: its variant, background, downstream data, members and non-members, occurrences."""
-    variant: str = "downstream"  # "downstream" (Table 3/4/7, Figure 5a/5c) | "news" (Figure 5b)
+    variant: str = "downstream"  # "downstream" (Table 3/4/7, Figure 5a/5c) | "news" (Figure 5b) | "traps"
     background: list[str] = field(default_factory=lambda: ["bundled:pile_sample.jsonl"])
     background_tokens: int = 180_000  # background documents are taken (seeded order) until this many tokens
     max_doc_chars: int | None = None  # cut longer background documents at a whitespace before this many characters
@@ -80,6 +94,7 @@ class CorpusConfig:
     occurrence_buckets: list[int] = field(default_factory=lambda: [1, 2, 4])
     seed: int = 0
     news: NewsConfig = field(default_factory=NewsConfig)
+    traps: TrapsConfig = field(default_factory=TrapsConfig)  # variant "traps" (train/traps.py)
 
 
 @dataclass
@@ -213,7 +228,13 @@ def validate(cfg: ExperimentConfig) -> None:
         (t.loss_chunk >= 1, f"train.loss_chunk must be at least 1, got {t.loss_chunk}"),
         (t.epochs >= 1, f"train.epochs must be at least 1, got {t.epochs}"),
         (t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}"),
-        (c.variant in ("downstream", "news"), f"corpus.variant must be 'downstream' or 'news', got {c.variant!r}"),
+        (c.variant in ("downstream", "news", "traps"),
+         f"corpus.variant must be 'downstream', 'news' or 'traps', got {c.variant!r}"),
+        (bool(c.traps.lengths) and min(c.traps.lengths) >= 2 and c.traps.bins >= 1 and c.traps.per_cell >= 1
+         and c.traps.oversample >= 1 and c.traps.batch_size >= 1 and bool(c.traps.temperatures)
+         and min(c.traps.temperatures) > 0 and 0 < c.traps.jaccard <= 1,
+         f"corpus.traps: lengths >= 2, bins, per_cell, oversample, batch_size >= 1, temperatures > 0 and jaccard in "
+         f"(0, 1] needed, got {c.traps}"),
         (c.occurrence in ("fixed", "poisson", "buckets"),
          f"corpus.occurrence must be 'fixed', 'poisson' or 'buckets', got {c.occurrence!r}"),
         (bool(c.occurrence_buckets) and all(k >= 1 for k in c.occurrence_buckets)

@@ -86,7 +86,7 @@ from pathlib import Path
 import numpy as np
 
 from mia_jax.errors import UserError
-from train import split
+from train import split, traps
 from train.config import CorpusConfig
 from train.overlap import NgramHasher, isolate, overlap_check
 from train.sources import BUNDLED, DOWNSTREAM_FILES, load_pool, read_background, read_jsonl, resolve_path, stream
@@ -149,10 +149,10 @@ def check_sizes(cfg: CorpusConfig, data_dir: str | Path | None = None) -> None:
         pool, _ = load_pool("news", resolve_path(cfg.news.path))
         split.check_enough(pool, pool, cfg.news.n_positives, cfg.news.n_negatives, "news", extra=cfg.news.n_background)
         return
-    if not cfg.datasets:
+    if not cfg.datasets and cfg.variant != "traps":
         raise UserError("corpus.datasets is empty: name at least one downstream dataset")
     root = _data_root(cfg, data_dir)
-    for d in cfg.datasets:
+    for d in cfg.datasets if cfg.variant != "traps" else ():
         pool, _ = load_pool(d, root / DOWNSTREAM_FILES[d])
         split.check_enough(pool, pool, cfg.n_positives, cfg.n_negatives, f"dataset {d}")
     for p in cfg.background:
@@ -188,6 +188,18 @@ def _choose_downstream(cfg: CorpusConfig, pools: dict, tokenizer, hasher: NgramH
     for name, (pool, _) in pools.items():
         split.check_enough(cands[name], pool, cfg.n_positives, cfg.n_negatives, f"dataset {name}")
         chosen[name] = split.split(cands[name], cfg.n_positives, cfg.n_negatives, stream(cfg.seed, name))
+    return chosen, cands, drops, background, bg_counts, bg_files, available
+
+
+def _choose_traps(cfg: CorpusConfig, pools: dict, tokenizer, hasher: NgramHasher):
+    """The traps variant (train/traps.py): the trap pool isolated from the background (13-grams), the same number
+    of traps per (length, bin) stratum, halved into members and non-members by ``split.split``."""
+    docs, bg_files = read_background(cfg.background, cfg.max_doc_chars)
+    background, bg_counts, available = _take_background(docs, tokenizer, cfg.background_tokens, cfg.seed)
+    cands, drops = isolate({traps.DATASET: pools[traps.DATASET][0]}, docs, hasher)
+    picked = traps.balanced(cands[traps.DATASET], cfg, stream(cfg.seed, "traps"))
+    n = len(picked) // 2
+    chosen = {traps.DATASET: split.split(picked, n, n, stream(cfg.seed, "traps split"))}
     return chosen, cands, drops, background, bg_counts, bg_files, available
 
 
@@ -254,20 +266,23 @@ def _interleave(cfg: CorpusConfig, background: list[str], inserts: list, chosen:
     return documents, sources, insert_slots
 
 
-def build_corpus(cfg: CorpusConfig, tokenizer, data_dir: str | Path | None = None) -> Corpus:
+def build_corpus(cfg: CorpusConfig, tokenizer, data_dir: str | Path | None = None, trap_pool=None) -> Corpus:
     """The contaminated corpus described by ``cfg`` (see the module docstring), its texts counted with the model's
-    ``tokenizer``; ``data_dir``: the downstream files' folder instead of ``cfg.data_dir``."""
+    ``tokenizer``; ``data_dir``: the downstream files' folder instead of ``cfg.data_dir``; ``trap_pool``: the
+    (examples, generation record) of ``traps.trap_pool`` for the traps variant."""
     if cfg.occurrence not in ("fixed", "poisson", "buckets"):
         raise UserError(f"corpus.occurrence must be 'fixed', 'poisson' or 'buckets', got {cfg.occurrence!r}")
     hasher = NgramHasher()
     if cfg.variant == "news":
         pools = {"news": load_pool("news", resolve_path(cfg.news.path))}
+    elif cfg.variant == "traps":
+        pools = {traps.DATASET: (trap_pool[0], {"generation": trap_pool[1], "dropped": {}})}
     else:
         root = _data_root(cfg, data_dir)
         pools = {d: load_pool(d, root / DOWNSTREAM_FILES[d]) for d in cfg.datasets}
     if not pools:
         raise UserError("corpus.datasets is empty: name at least one downstream dataset")
-    choose = _choose_news if cfg.variant == "news" else _choose_downstream
+    choose = {"news": _choose_news, "traps": _choose_traps}.get(cfg.variant, _choose_downstream)
     chosen, cands, drops, background, bg_counts, bg_files, available = choose(cfg, pools, tokenizer, hasher)
     check = overlap_check(chosen, background, hasher)
     if not check["passed"]:  # cannot happen by construction; refuse rather than write a leaking split

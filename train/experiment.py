@@ -43,6 +43,7 @@ from train.export import save_hf
 from train.records import EXAMPLES, RUN_FILES, example_rows, write_examples
 from train.run_tables import run_results, write_run
 from train.tiny import write_tiny_model
+from train.traps import trap_pool
 
 # display-only keys, and the mesh: a run may resume on another mesh (the trainer restores its checkpoint onto it)
 NOT_COMPARED = {("train", "progress"), ("train", "checkpoint_every"), ("train", "keep_checkpoints"), ("train", "mesh")}
@@ -58,6 +59,8 @@ def comparable(cfg: ExperimentConfig) -> dict:
         d[section].pop(key)
     if d["train"]["objective"] == "lm":  # as before the field existed: older runs still resume
         d["train"].pop("objective")
+    if d["corpus"]["variant"] != "traps":  # likewise corpus.traps: only the traps variant reads it
+        d["corpus"].pop("traps")
     return d
 
 
@@ -272,10 +275,13 @@ def _corpus_and_data(cfg: ExperimentConfig, base, mesh, out: Path, main: bool) -
     check_seq_len(cfg.train.seq_len, base.max_length, f"model {cfg.model.path}")
     placement.check(base.model, mesh, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.seq_len,
                     cfg.train.remat, cfg.train.loss_chunk)  # a mesh, batch or memory that cannot work: refused first
-    corpus = build_corpus(cfg.corpus, base.tokenizer)
+    sep = separator_id(base.tokenizer, base.eos_token_id, cfg.train.separator)
+    pool = None
+    if cfg.corpus.variant == "traps":  # the trap pool: sampled from the base model (train/traps.py)
+        pool = trap_pool(base, cfg.corpus, sep, out / "traps", cfg.train.progress)
+    corpus = build_corpus(cfg.corpus, base.tokenizer, trap_pool=pool)
     if main:
         corpus.write(out / "corpus")
-    sep = separator_id(base.tokenizer, base.eos_token_id, cfg.train.separator)
     return corpus, sep, pack(corpus.documents, base.tokenizer, cfg.train.seq_len, sep)
 
 
