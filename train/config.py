@@ -126,6 +126,9 @@ class TrainConfig:
     keep_checkpoints: int = 2
     separator: str = "auto"  # document separator: "auto" (<|endoftext|> if the vocabulary has it, else EOS) or a token
     progress: bool = True
+    # the order of the packed sequences (train/data.py): "grain" (grain's IndexSampler, seeded global shuffle) or
+    # "numpy" (the per-epoch NumPy permutation of the runs made before grain, e.g. results/contamination/)
+    sampler: str = "grain"
 
 
 @dataclass
@@ -228,6 +231,8 @@ def validate(cfg: ExperimentConfig) -> None:
         (t.loss_chunk >= 1, f"train.loss_chunk must be at least 1, got {t.loss_chunk}"),
         (t.epochs >= 1, f"train.epochs must be at least 1, got {t.epochs}"),
         (t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}"),
+        (t.sampler in ("grain", "numpy"), f"train.sampler must be 'grain' or 'numpy', got {t.sampler!r}"),
+        (t.seed < 2**32, f"train.seed must be below 2**32 (grain's shuffle), got {t.seed}"),
         (c.variant in ("downstream", "news", "traps"),
          f"corpus.variant must be 'downstream', 'news' or 'traps', got {c.variant!r}"),
         (bool(c.traps.lengths) and min(c.traps.lengths) >= 2 and c.traps.bins >= 1 and c.traps.per_cell >= 1

@@ -5,7 +5,8 @@ config is refused)::
 
     run_config.json       the resolved config (compared on resume; see mia_jax.rundir)
     corpus/               documents.jsonl, eval.jsonl, manifest.json (train/corpus.py)
-    train/                Orbax checkpoints, fingerprint.json, metrics.jsonl (train/trainer.py)
+    train/                Orbax checkpoints (with the data position), fingerprint.json, metrics.jsonl, batches.jsonl
+                          (train/trainer.py); data/: the packed sequences as ArrayRecord (train/grain_input.py)
     model/                the trained model in the Hugging Face layout (loads with mia_jax.models.load)
     scores/trained/       runner.score_dataset output for the trained model (with `ref` = the base model)
     examples.jsonl.gz     per-example scores (trained and base model, every method, the blind baseline), from which
@@ -38,8 +39,9 @@ from mia_jax.scorers import expand_methods
 from train import placement
 from train.config import ExperimentConfig
 from train.corpus import build_corpus
-from train.data import Batches, pack, separator_id
+from train.data import Batches, separator_id
 from train.export import save_hf
+from train.grain_input import packed_records
 from train.records import EXAMPLES, RUN_FILES, example_rows, write_examples
 from train.run_tables import run_results, write_run
 from train.tiny import write_tiny_model
@@ -59,6 +61,8 @@ def comparable(cfg: ExperimentConfig) -> dict:
         d[section].pop(key)
     if d["train"]["objective"] == "lm":  # as before the field existed: older runs still resume
         d["train"].pop("objective")
+    if d["train"]["sampler"] == "numpy":  # likewise train.sampler: runs made before grain resume with "numpy"
+        d["train"].pop("sampler")
     if d["corpus"]["variant"] != "traps":  # likewise corpus.traps: only the traps variant reads it
         d["corpus"].pop("traps")
     return d
@@ -177,13 +181,14 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, cache: str | Path | N
 
 
 def train_and_export(base, data, tcfg, sep: int, out: Path, *, on_step=None, mesh=None) -> dict:
-    """Train ``base`` on the packed ``data`` (train config ``tcfg``; checkpoints in ``out/train``, resumed when the
-    run is the same) and export the result to ``out/model`` (Hugging Face layout); a finished run with the same
-    fingerprint is not trained again. Returns the training summary (steps, tokens, losses, tokens/s)."""
+    """Train ``base`` on the packed ``data`` (``PackedData``, or ``grain_input.RecordData`` read by grain; train config
+    ``tcfg``; checkpoints in ``out/train``, resumed when the run is the same) and export the result to ``out/model``
+    (Hugging Face layout); a finished run with the same fingerprint is not trained again. Returns the training
+    summary (steps, tokens, losses, tokens/s)."""
     from train.trainer import apply_params, fingerprint, train  # Orbax and Optax: loaded only to train
 
     main = sharding.is_main_process()
-    batches = Batches(data, tcfg.batch_size, tcfg.grad_accum, tcfg.epochs, tcfg.shuffle, tcfg.seed)
+    batches = Batches(data, tcfg.batch_size, tcfg.grad_accum, tcfg.epochs, tcfg.shuffle, tcfg.seed, tcfg.sampler)
     run_fp = fingerprint(tcfg, model_files=base.files, data=data.digest(), separator=sep)
     done_path = out / "train" / "done.json"
     model_dir = out / "model"
@@ -271,7 +276,8 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
 
 def _corpus_and_data(cfg: ExperimentConfig, base, mesh, out: Path, main: bool) -> tuple:
     """(corpus, separator id, packed training data) of a run on the loaded ``base`` model, after the checks of the
-    model and the mesh; process 0 writes the corpus to ``out/corpus``."""
+    model and the mesh; process 0 writes the corpus to ``out/corpus``, the packed sequences go to ``out/train/data``
+    (ArrayRecord, read by grain: ``grain_input.packed_records``)."""
     check_seq_len(cfg.train.seq_len, base.max_length, f"model {cfg.model.path}")
     placement.check(base.model, mesh, cfg.train.batch_size, cfg.train.grad_accum, cfg.train.seq_len,
                     cfg.train.remat, cfg.train.loss_chunk)  # a mesh, batch or memory that cannot work: refused first
@@ -282,7 +288,9 @@ def _corpus_and_data(cfg: ExperimentConfig, base, mesh, out: Path, main: bool) -
     corpus = build_corpus(cfg.corpus, base.tokenizer, trap_pool=pool)
     if main:
         corpus.write(out / "corpus")
-    return corpus, sep, pack(corpus.documents, base.tokenizer, cfg.train.seq_len, sep)
+    # every process packs into its own copy when the folder is not shared (the same bytes when it is)
+    return corpus, sep, packed_records(out / "train" / "data", corpus.documents, base.tokenizer, cfg.train.seq_len,
+                                       sep)
 
 
 def _write_run(out: Path, examples: list[dict], info: dict, cfg: ExperimentConfig, methods: list[str],

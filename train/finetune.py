@@ -7,10 +7,13 @@ audit demonstrations (books a model was trained on; a forget set learned, then u
 
 ``--texts``: a JSONL / CSV / Parquet file with a ``text`` field (``--text-field``), or bare JSON strings. The texts
 are packed as in the contamination experiments (train/data.py: separator between documents, ``train.seq_len``
-tokens per sequence, each token trained on once per epoch). Overrides are the ``train.*`` keys of the contamination
-configs (train/config.py; e.g. ``train.lr=3e-5 train.epochs=3 train.objective=ascent``) and ``model.dtype``; other
-sections are refused, since they would do nothing here. The run resumes from its last checkpoint when the same
-command is run again; the finished model is ``OUT/model`` and ``OUT/train.json`` holds the losses and the speed.
+tokens per sequence, each token trained on once per epoch), written once as ArrayRecord to ``OUT/train/data`` and
+read by grain in a seeded global shuffle (train/grain_input.py; ``train.sampler=numpy`` for the order of the runs
+made before grain); ``OUT/train/batches.jsonl`` records each step's sequences. Overrides are the ``train.*`` keys
+of the contamination configs (train/config.py; e.g. ``train.lr=3e-5 train.epochs=3 train.objective=ascent``) and
+``model.dtype``; other sections are refused, since they would do nothing here. The run resumes from its last
+checkpoint when the same command is run again, also on another mesh (``train.mesh=...``); the finished model is
+``OUT/model`` and ``OUT/train.json`` holds the losses and the speed.
 """
 from __future__ import annotations
 
@@ -27,11 +30,14 @@ from mia_jax.commands import options
 from mia_jax.data import load_records
 from mia_jax.errors import UserError
 from train.config import load_config
-from train.data import pack, separator_id
+from train.data import pack_stream, separator_id
+from train.grain_input import packed_records
 from train.placement import memory_from_env
 
 PROG = "python -m train.finetune"
 ALLOWED = ("train.", "model.dtype=")
+# what may change between a run and its resumption (as the trainer's fingerprint: train.trainer.NOT_IN_FINGERPRINT)
+NOT_IN_FINGERPRINT = ("progress", "mesh", "checkpoint_every", "keep_checkpoints")
 
 
 def build_parser() -> entry.ArgumentParser:
@@ -50,8 +56,9 @@ def build_parser() -> entry.ArgumentParser:
 
 
 def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, progress: bool = True,
-             overwrite: bool = False, texts_name: str = "texts") -> dict:
-    """Train ``model`` on ``texts`` with the ``train.*`` ``overrides``; returns OUT/train.json's content."""
+             overwrite: bool = False, texts_name: str = "texts", on_step=None) -> dict:
+    """Train ``model`` on ``texts`` with the ``train.*`` ``overrides``; ``on_step(step)`` is called after each step
+    (and its checkpoint, if any). Returns OUT/train.json's content."""
     from train.experiment import check_seq_len, model_context, train_and_export  # ~0.15 s (runner): only to train
 
     bad = [o for o in overrides if not o.startswith(ALLOWED)]
@@ -70,12 +77,13 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
     loaded = models.load(model, dtype=cfg.model.dtype)
     check_seq_len(cfg.train.seq_len, loaded.max_length, f"model {model}")
     sep = separator_id(loaded.tokenizer, loaded.eos_token_id, cfg.train.separator)
-    data = pack(texts, loaded.tokenizer, cfg.train.seq_len, sep)
-    fp = {"model_files": loaded.files, "data": data.digest(), "train": json.loads(json.dumps(vars(cfg.train)))}
-    fp["train"].pop("progress")
+    packing = pack_stream(texts, loaded.tokenizer, cfg.train.seq_len, sep)  # refused before the claim if too short
+    kept = {k: v for k, v in vars(cfg.train).items() if k not in NOT_IN_FINGERPRINT and (k, v) != ("sampler", "numpy")}
+    fp = {"model_files": loaded.files, "data": packing.sha256, "train": json.loads(json.dumps(kept))}
     with rundir.claim(out, fp, overwrite=overwrite,
                       hint="use another --out, the original command, or --overwrite to start afresh"):
-        info = train_and_export(loaded, data, cfg.train, sep, out)
+        data = packed_records(out / "train" / "data", texts, loaded.tokenizer, cfg.train.seq_len, sep, packing.sha256)
+        info = train_and_export(loaded, data, cfg.train, sep, out, on_step=on_step)
         info = {"model": loaded.name, "texts": texts_name, "n_texts": len(texts), "train": vars(cfg.train),
                 "command": " ".join(sys.argv), **info}
         (out / "train.json").write_text(json.dumps(info, indent=2, default=str) + "\n")

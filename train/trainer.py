@@ -14,6 +14,11 @@
   deterministic, so a run killed after a checkpoint and resumed ends with the same parameters and the same
   per-step metrics as an uninterrupted run. Resuming is refused (UserError) when anything that defines the
   run differs (``fingerprint``: model files, packed-data hash, training config).
+* Input: the steps are read through a grain iterator (train/grain_input.py: the packed sequences from an
+  ArrayRecord file, or from memory; each process reads only its own rows), whose state (the data position) is an
+  item of every checkpoint, checked against the checkpoint's step on restore. ``batches.jsonl`` records the
+  sequence indices of every step's global batch (-1 = a dummy row), the lines of a killed run's steps up to its
+  checkpoint kept on resume: an interrupted and resumed run's file equals the uninterrupted run's.
 """
 from __future__ import annotations
 
@@ -36,11 +41,13 @@ from mia_jax.errors import UserError
 from train import placement
 from train.config import TrainConfig
 from train.data import Batches
+from train.grain_input import DataRestore, DataSave, step_iterator
 from train.step import make_step
 
 # what may differ between an interrupted run and its resumption without changing the result (the mesh changes
 # the order of floating-point reductions only: a run resumed on another mesh ends within float32 rounding)
 NOT_IN_FINGERPRINT = ("checkpoint_every", "keep_checkpoints", "progress", "mesh")
+BATCH_LOG = "batches.jsonl"
 
 
 def learning_rate(cfg: TrainConfig, total_steps: int) -> optax.Schedule:
@@ -117,9 +124,11 @@ class TrainResult:
 def fingerprint(cfg: TrainConfig, **extra) -> dict:
     """What defines a training run (``cfg`` less display-only keys, plus ``extra``): a checkpoint resumes only under the
     same."""
-    # objective "lm" is what every run did before the field existed: left out, so those runs still resume
+    # objective "lm" and sampler "numpy" are what every run did before the fields existed: left out, so those runs
+    # still resume
     return {"train": {k: v for k, v in asdict(cfg).items()
-                      if k not in NOT_IN_FINGERPRINT and (k, v) != ("objective", "lm")}, **extra}
+                      if k not in NOT_IN_FINGERPRINT and (k, v) not in (("objective", "lm"), ("sampler", "numpy"))},
+            **extra}
 
 
 def _manager(workdir: Path, cfg: TrainConfig) -> ocp.CheckpointManager:
@@ -127,7 +136,7 @@ def _manager(workdir: Path, cfg: TrainConfig) -> ocp.CheckpointManager:
         (workdir / "checkpoints").absolute(),
         options=ocp.CheckpointManagerOptions(max_to_keep=max(1, cfg.keep_checkpoints), create=True,
                                              enable_async_checkpointing=False),
-        item_names=("state", "meta"))
+        item_names=("state", "meta", "data"))
 
 
 def _settle(folder: Path, quiet_s: float = 1.0, limit_s: float = 60.0) -> None:
@@ -159,7 +168,7 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     the files besides the checkpoints (Orbax coordinates those)."""
     workdir = Path(workdir)
     mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh)
-    placement.check(model, mesh, batches.batch_size, batches.grad_accum, batches.data.tokens.shape[1], cfg.remat,
+    placement.check(model, mesh, batches.batch_size, batches.grad_accum, batches.seq_len, cfg.remat,
                     cfg.loss_chunk)  # before anything is written
     main = sharding.is_main_process()
     total = batches.total_steps
@@ -170,21 +179,25 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     _check_same_run(workdir, fp_path, run_fingerprint)
     workdir.mkdir(parents=True, exist_ok=True)
     mngr = _manager(workdir, cfg)
-    params, opt_state, metrics, resumed_from = _restore_or_init(mngr, model, opt, target)
+    shape = (batches.grad_accum, batches.batch_size // batches.grad_accum, batches.seq_len)
+    rows = placement.local_rows(mesh, shape)
+    data = step_iterator(batches, rows)
+    params, opt_state, metrics, resumed_from = _restore_or_init(mngr, model, opt, target, data)
     start = resumed_from or 0
     if main:
         fp_path.write_text(json.dumps(run_fingerprint, indent=2) + "\n")
+    log = BatchLog(workdir / BATCH_LOG, batches, start) if main else None
 
     step_fn = train_step_for(model, cfg, total, mesh)
-    shape = (batches.grad_accum, batches.batch_size // batches.grad_accum, batches.data.tokens.shape[1])
-    rows = placement.local_rows(mesh, shape)
     bar = tqdm(total=total, initial=start, desc="training", unit="step", disable=not (cfg.progress and main))
     t_first, tokens_timed, seconds = None, 0, 0.0
     for step in range(start, total):
-        ids, mask = batches.batch(step, rows)
+        item = next(data)
+        if item["step"] != step:
+            raise RuntimeError(f"the input iterator gave step {item['step']} for step {step}")
         t0 = time.perf_counter()
-        params, opt_state, m = step_fn(params, opt_state, placement.global_batch(mesh, ids, shape),
-                                       placement.global_batch(mesh, mask, shape))
+        params, opt_state, m = step_fn(params, opt_state, placement.global_batch(mesh, item["ids"], shape),
+                                       placement.global_batch(mesh, item["mask"], shape))
         m = jax.device_get(m)
         dt = time.perf_counter() - t0
         if t_first is None:
@@ -194,20 +207,52 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
             seconds += dt
         metrics.append({"step": step + 1, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
                         "lr": float(schedule(step)), "tokens": int(m["tokens"])})
+        if log is not None:
+            log.write(step + 1, item["index"])
         bar.set_postfix(loss=f"{metrics[-1]['loss']:.4f}", tok_s=f"{tokens_timed / seconds:.0f}" if seconds else "-")
         bar.update(1)
         if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
             _save(mngr, step + 1, params, opt_state, {"metrics": metrics, "fingerprint": run_fingerprint,
-                                                      "mesh": sharding.mesh_str(mesh)}, workdir)
+                                                      "mesh": sharding.mesh_str(mesh)}, data, workdir)
         if on_step is not None:
             on_step(step + 1)
         rundir.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here
     bar.close()
     mngr.close()
+    data.close()
     if main:
+        log.close()
         (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     return TrainResult(placement.to_host(params), metrics, total, resumed_from, seconds,
                        tokens_timed / seconds if seconds else None)
+
+
+class BatchLog:
+    """``batches.jsonl``: one line per step, ``{"step": s, "index": [sequence of each row of the global batch]}``.
+    Opened at ``start``: the lines of steps up to ``start`` already there are kept (those written by the run that
+    made the checkpoint); missing ones (a folder of a run made before the file existed) are written from ``batches``
+    (the index of a step is a pure function of it), later ones (steps after the checkpoint, trained again) dropped."""
+
+    def __init__(self, path: Path, batches: Batches, start: int):
+        lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+        kept = [line for line in lines[:start] if line.endswith("\n")]
+        kept += [self.line(s + 1, batches.indices(s)) for s in range(len(kept), start)]
+        path.write_text("".join(kept))
+        self.file = path.open("a")
+
+    @staticmethod
+    def line(step: int, index) -> str:
+        """The line of ``step``."""
+        return json.dumps({"step": step, "index": [int(i) for i in index]}) + "\n"
+
+    def write(self, step: int, index) -> None:
+        """Append (and flush) the line of ``step``."""
+        self.file.write(self.line(step, index))
+        self.file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self.file.close()
 
 
 def _check_same_run(workdir: Path, fp_path: Path, run_fingerprint: dict) -> None:
@@ -221,27 +266,36 @@ def _check_same_run(workdir: Path, fp_path: Path, run_fingerprint: dict) -> None
                             "config, or delete the folder (--overwrite) to start afresh")
 
 
-def _restore_or_init(mngr: ocp.CheckpointManager, model: nnx.Module, opt, target: dict) -> tuple:
+def _restore_or_init(mngr: ocp.CheckpointManager, model: nnx.Module, opt, target: dict, data) -> tuple:
     """(params, opt_state, metrics, step resumed from or None): the latest checkpoint's, else fresh ones placed on
-    ``target``'s shardings."""
+    ``target``'s shardings. The input iterator ``data`` is moved to the checkpoint's data position (a checkpoint
+    written before the position was saved: its step, the position being a pure function of it)."""
     latest = mngr.latest_step()
     if latest is None:
         params = placement.place_params(model, placement.shardings_of(target["params"]))
         return params, jax.jit(opt.init, out_shardings=placement.shardings_of(target["opt_state"]))(params), [], None
     # each array is read straight onto its sharding on *this* mesh (the checkpoint's mesh does not matter)
-    restored = mngr.restore(latest, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                            meta=ocp.args.JsonRestore()))
+    items = {"state": ocp.args.StandardRestore(target), "meta": ocp.args.JsonRestore()}
+    saved_position = (Path(mngr.directory) / str(latest) / "data").is_dir()
+    if saved_position:
+        items["data"] = DataRestore(data)
+    restored = mngr.restore(latest, args=ocp.args.Composite(**items))
+    if not saved_position:
+        data.set_state({"next_index": int(latest)})
+    elif data.get_state().get("next_index") != int(latest):
+        raise UserError(f"{mngr.directory}/{latest}: the saved data position {data.get_state()} is not step {latest}; "
+                        "the checkpoint is damaged: delete it (or the folder, --overwrite) to start afresh")
     return (restored["state"]["params"], restored["state"]["opt_state"], restored["meta"]["metrics"],
             int(latest))
 
 
-def _save(mngr: ocp.CheckpointManager, step: int, params, opt_state, meta: dict, workdir: Path) -> None:
-    """The checkpoint of ``step`` written (state and ``meta``) and waited for; on a failure the unfinished
-    folder settles before the error goes on (``_settle``)."""
+def _save(mngr: ocp.CheckpointManager, step: int, params, opt_state, meta: dict, data, workdir: Path) -> None:
+    """The checkpoint of ``step`` written (state, ``meta`` and the input iterator ``data``'s position) and waited
+    for; on a failure the unfinished folder settles before the error goes on (``_settle``)."""
     try:
         mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params,
                                                                              "opt_state": opt_state}),
-                                                meta=ocp.args.JsonSave(meta)))
+                                                meta=ocp.args.JsonSave(meta), data=DataSave(data)))
         mngr.wait_until_finished()
     except BaseException:
         _settle(workdir / "checkpoints")
