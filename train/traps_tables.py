@@ -143,7 +143,7 @@ def _markdown(res: dict, methods: list[str]) -> str:
                    "is the same detector on the model before training (a control: ~0.5 expected).\n\n"
                    + markdown(header, table))
     if res["verdicts"]:
-        text += ("\n\nLargest vs smallest number of insertions (paired: the same non-members, trained model):\n\n"
+        text += ("\nLargest vs smallest number of insertions (paired: the same non-members, trained model):\n\n"
                  + "".join(_describe(v) for v in res["verdicts"]) + "\n"
                  + comparisons.family_note(res["family"], "k = max vs k = 1 per method"))
     cell_header = ["Length", "Bin", "k", "Members", "Non-members", *(method_name(m) for m in order)]
@@ -153,7 +153,7 @@ def _markdown(res: dict, methods: list[str]) -> str:
              "non-members of its (length, bin) stratum. A cell holds fewer members than the "
              f"{metrics.MIN_PER_CLASS} the project asks for a verdict: its AUROC and interval are shown, wide, and "
              "no verdict is drawn from a cell.\n\n" + markdown(cell_header, cells))
-    return text + "\n"
+    return text
 
 
 def _csv(res: dict, methods: list[str]) -> bytes:
