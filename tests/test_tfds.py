@@ -111,6 +111,14 @@ def _tfrecord_copy(tfds_dir: Path, dest: Path) -> Path:
     return dest
 
 
+def _damaged_copy(tfds_dir: Path, dest: Path) -> Path:
+    """A copy of the built WikiMIA whose ArrayRecord file is cut short (a copy interrupted, a full disk)."""
+    shutil.copytree(tfds_dir / "wikimia", dest / "wikimia")
+    shard = dest / "wikimia" / "length32" / "1.0.0" / "wikimia-train.array_record-00000-of-00001"
+    shard.write_bytes(shard.read_bytes()[:50_000])
+    return dest
+
+
 @pytest.mark.parametrize("what, spec, extra, needle", [
     ("unknown name", "tfds:no_such_set", [], "no TFDS dataset 'no_such_set'"),
     ("missing config", "tfds:wikimia/length64", [], "no config 'length64'"),
@@ -119,13 +127,15 @@ def _tfrecord_copy(tfds_dir: Path, dest: Path) -> Path:
     ("missing feature", "tfds:wikimia/length32", ["--label-field", "member"], "no feature 'member'"),
     ("not a TFDS folder", "tfds:wikimia/length32", ["--data-dir", "{plain}"], "is not a TFDS data folder"),
     ("TFRecord", "tfds:wikimia/length32", ["--data-dir", "{tfrecord}"], "stored as tfrecord"),
+    ("damaged file", "tfds:wikimia/length32", ["--data-dir", "{damaged}"], "damaged: rebuild it"),
     ("bad spec", "tfds:Wiki MIA", [], "not a TFDS dataset spec"),
 ])
 def test_bad_tfds_input_is_one_line_and_writes_nothing(what, spec, extra, needle, tfds_dir, tmp_path, capsys):
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "notes.txt").write_text("not a dataset")
-    folders = {"plain": str(plain), "tfrecord": str(_tfrecord_copy(tfds_dir, tmp_path / "tf"))}
+    folders = {"plain": str(plain), "tfrecord": str(_tfrecord_copy(tfds_dir, tmp_path / "tf")),
+               "damaged": str(_damaged_copy(tfds_dir, tmp_path / "cut"))}
     extra = [e.format(**folders) for e in extra]
     argv = ["eval", "--model", "unused", "--data", spec, "--methods", "loss", "--out", str(tmp_path / "out")]
     argv += extra if "--data-dir" in extra else ["--data-dir", str(tfds_dir), *extra]

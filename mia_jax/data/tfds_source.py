@@ -180,7 +180,7 @@ class TfdsSource:
         try:
             self._source = tfds.data_source(full, split=self.split, data_dir=str(folder.parents[1 + bool(self.config)]),
                                             download=False, try_gcs=False)
-        except (ValueError, NotImplementedError, FileNotFoundError, KeyError, AssertionError) as e:
+        except (ValueError, NotImplementedError, FileNotFoundError, KeyError, AssertionError, RuntimeError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise UserError(f"{spec}: TFDS cannot open {folder} ({first}); rebuild the dataset") from None
         self.features = self._source.dataset_info.features
@@ -203,7 +203,14 @@ class TfdsSource:
         """Every row from index ``start`` on, in the split's order, as a dict of plain Python values (text as str);
         read :data:`READ_CHUNK` rows at a time, so a streaming reader holds only a window."""
         for lo in range(start, len(self), READ_CHUNK):
-            for row in self._source.__getitems__(list(range(lo, min(lo + READ_CHUNK, len(self))))):
+            hi = min(lo + READ_CHUNK, len(self))
+            try:
+                chunk = self._source.__getitems__(list(range(lo, hi)))
+            except (RuntimeError, ValueError, OSError) as e:  # ArrayRecord's reader: a cut or garbled file
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise UserError(f"{self.spec}: rows {lo + 1}-{hi} cannot be read ({first}); the dataset's files are "
+                                "damaged: rebuild it") from None
+            for row in chunk:
                 yield plain(row)
 
     def check_text_field(self, fld: str, what: str = "--text-field") -> None:
@@ -252,7 +259,7 @@ def load(spec: str, data_dir: str | os.PathLike | None = None, text_field: str |
     if label_field is not None:
         src.check_label_field(label_field)
     for f in extra:
-        src._check_field(f, "its option")
+        src._check_field(f, "the option that names it")
     texts, labels, kept = [], [], {f: [] for f in extra}
     for i, row in enumerate(src.rows()):
         texts.append(row[text_field])
