@@ -48,14 +48,14 @@ from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, skip_reason
 from mia_jax.rundir import check_interrupted
 from mia_jax.score_step import shared_score_step
+from mia_jax.shards import stable_steps
 from mia_jax.scorers import MULTI_PASS, is_multi_pass, parse_method, requirements, resource_arrays
 from mia_jax.scorers.dispatch import check_ids
 from mia_jax.scorers.base import check_resources
 from mia_jax.scorers.likelihood import zlib_bytes
 from mia_jax.stats import DEFAULT_CHUNK, TokenStats
 
-__all__ = ["NONFINITE", "default_tokens_per_batch", "score_texts", "score_dataset", "run_fingerprint", "default_dtype",
-           "stable_steps"]
+__all__ = ["NONFINITE", "default_tokens_per_batch", "score_texts", "score_dataset", "run_fingerprint", "default_dtype"]
 
 
 NONFINITE = "the model's logits are not finite"  # the skip reason of such a text (counted and warned by the CLI)
@@ -71,7 +71,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 out_path: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
                 desc: str = "scoring", mesh=None, report: dict | None = None, prefixes: Sequence[str] | None = None,
                 resources: dict | None = None, compute=None, window: int | None = None, shapes: set | None = None,
-                stable_shapes: bool = False) -> list[dict]:
+                row_length: int | None = None) -> list[dict]:
     """Score every text with every method; returns records in input order.
 
     Texts are packed into rows of a token budget (``tokens_per_batch`` per step, default per backend:
@@ -101,8 +101,9 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     ``computed`` (texts scored by a forward pass here), ``batches_computed`` (steps), ``skipped``, ``slots`` and
     ``tokens`` (token slots of the steps run vs real tokens in them), ``scoring_programs`` (the distinct step
     shapes run; ``shapes``, a set, collects them over several calls). A resume that reuses records says so on
-    stderr. ``stable_shapes``: steps rounded to shapes shared by every call (``stable_steps``; a corpus scored a
-    window at a time, ``mia_jax.shards``).
+    stderr. ``row_length``: every packed row that long (the longer texts in rows of their own) and the steps rounded
+    to shapes that calls over other texts share (``stable_steps``; a corpus scored a window at a time,
+    ``mia_jax.shards``).
     """
     tokens_per_batch = _check_arguments(loaded, methods, tokens_per_batch, compute, resources, window)
     p = _start(loaded, texts, methods, labels=labels, prefixes=prefixes, out_path=out_path, resume=resume,
@@ -111,8 +112,8 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     if mesh is not None:
         shd.shard_model(loaded.model, mesh)
     steps = _plan(loaded, [len(p.encoded[i].ids) for i in todo], todo, tokens_per_batch, batch_size, mesh, p.multi,
-                  compute is None, lambda idx: all(i in p.sink for i in idx))
-    if stable_shapes:
+                  compute is None, lambda idx: all(i in p.sink for i in idx), row_length)
+    if row_length:
         steps = stable_steps(steps, tokens_per_batch, shd.local_batch_shards(mesh) if mesh is not None else 1)
     p.shapes = shapes if shapes is not None else p.shapes
     reused = _count_resumed(p, steps, todo, report, desc, out_path)
@@ -293,10 +294,14 @@ def _step_scores(p: _Pass, step: Step, scores: dict, broken: np.ndarray, reasons
     return per_text
 
 
-def _plan(loaded, lengths, todo, tokens_per_batch, batch_size, mesh, multi, packed, done) -> list[Step]:
-    """The steps of a pass over the texts ``todo`` (of these token lengths), aligned across processes."""
+def _plan(loaded, lengths, todo, tokens_per_batch, batch_size, mesh, multi, packed, done,
+          row_length=None) -> list[Step]:
+    """The steps of a pass over the texts ``todo`` (of these token lengths), aligned across processes; packed rows of
+    ``row_length`` when given."""
     row_multiple = shd.local_batch_shards(mesh) if mesh is not None else 1
     choose = longest = None
+    if row_length:
+        longest, choose = row_length, (lambda costs: 0)  # the first candidate: the bucket of row_length
     if multi:
         longest = int(shd.allgather_ints([max(lengths, default=0)]).max())
 
@@ -308,20 +313,6 @@ def _plan(loaded, lengths, todo, tokens_per_batch, batch_size, mesh, multi, pack
              for s in local]
     gather = shd.allgather_ints if multi else (lambda v: np.asarray(v, np.int64).reshape(1, -1))
     return align(steps, loaded.max_length, gather, done)
-
-
-def stable_steps(steps: list[Step], tokens_per_batch: int, row_multiple: int = 1) -> list[Step]:
-    """``steps`` with their rows rounded up to a power of two (at most the rows a full step of their length has,
-    then to a multiple of ``row_multiple``) and their segments to a power of two: empty rows and segments, so that
-    plans of different texts share a few compiled shapes."""
-    def pow2(n: int) -> int:
-        return 1 << max(n - 1, 0).bit_length()
-
-    out = []
-    for s in steps:
-        rows = max(s.rows, min(pow2(s.rows), max(tokens_per_batch // s.length, 1)))
-        out.append(Step(-(-rows // row_multiple) * row_multiple, s.length, pow2(s.segments), s.contents))
-    return out
 
 
 def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None, neighbors=None,

@@ -22,12 +22,14 @@ import json
 import os
 import shutil
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from mia_jax.batching import Step, encode, pack
 from mia_jax.files import sha256, write_jsonl
 
 INDEX = "index.json"
@@ -73,33 +75,56 @@ def columns_of(records: Sequence[dict], methods: Sequence[str], nonfinite_reason
     return cols
 
 
+def stable_steps(steps: list[Step], tokens_per_batch: int, row_multiple: int = 1) -> list[Step]:
+    """``steps`` with their rows rounded up to a power of two (at most the rows a full step of their length has,
+    then to a multiple of ``row_multiple``) and their segments to a power of two: empty rows and segments, so that
+    plans of different texts share a few compiled shapes."""
+    def pow2(n: int) -> int:
+        return 1 << max(n - 1, 0).bit_length()
+
+    out = []
+    for s in steps:
+        rows = max(s.rows, min(pow2(s.rows), max(tokens_per_batch // s.length, 1)))
+        out.append(Step(-(-rows // row_multiple) * row_multiple, s.length, pow2(s.segments), s.contents))
+    return out
+
+
 def shard_name(k: int) -> str:
     """Shard ``k``'s file name."""
     return f"{k:05d}.jsonl"
 
 
-def finished_shards(folder: Path, window: int, n_texts: int, methods: Sequence[str]) -> list[dict]:
-    """The index's entries of the shards that are on disk intact (SHA-256), in order, up to the first that is not;
-    [] without an index or with one of another layout."""
+def finished_shards(folder: Path, window: int, n_texts: int, methods: Sequence[str]) -> tuple[list[dict], int | None]:
+    """The index's entries of the shards that are on disk intact (SHA-256), in order, up to the first that is not,
+    and the run's packed row length; ([], None) without an index or with one of another layout."""
     try:
         index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
+        return [], None
     if (index.get("window"), index.get("n_texts"), index.get("methods")) != (window, n_texts, list(methods)):
-        return []
+        return [], None
     kept = []
     for k, entry in enumerate(index.get("shards", [])):
         path = folder / shard_name(k)
         if entry.get("file") != path.name or not path.is_file() or sha256(path) != entry.get("sha256"):
             break
         kept.append(entry)
-    return kept
+    return kept, index.get("row_length") if kept else None
 
 
-def _write_index(folder: Path, window: int, n_texts: int, methods: Sequence[str], shards: list[dict]) -> None:
+def plan_row_length(loaded, texts: Sequence[str], tokens_per_batch: int) -> int:
+    """The packed rows' length of a streamed run: the length of most steps (the shorter of a tie) that
+    ``batching.pack`` plans for ``texts``, its first window (so every window is packed alike)."""
+    lengths = [len(e.ids) for e in encode(loaded, texts)]
+    counts = Counter(s.length for s in pack(lengths, tokens_per_batch, loaded.max_length))
+    return min(counts, key=lambda n: (-counts[n], n)) if counts else tokens_per_batch
+
+
+def _write_index(folder: Path, window: int, n_texts: int, methods: Sequence[str], row_length: int,
+                 shards: list[dict]) -> None:
     tmp = folder / f"{INDEX}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"window": window, "n_texts": n_texts, "methods": list(methods), "shards": shards},
-                              indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps({"window": window, "n_texts": n_texts, "methods": list(methods),
+                               "row_length": row_length, "shards": shards}, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, folder / INDEX)
 
 
@@ -123,11 +148,15 @@ def score_stream(loaded, stream, scan, methods: Sequence[str], *, window: int, o
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
     n_shards = -(-scan.n // window)
-    done = finished_shards(folder, window, scan.n, methods) if resume else []
+    done, row_length = finished_shards(folder, window, scan.n, methods) if resume else ([], None)
+    if row_length is None:
+        budget = kwargs.get("tokens_per_batch") or runner.default_tokens_per_batch()
+        row_length = plan_row_length(loaded, next(stream.windows(window))[1], budget)
     cols = Columns(scan.n, list(methods), scan.labels)
     counts = {"texts": scan.n, "reused": 0, "computed": 0, "batches_computed": 0, "skipped": 0, "slots": 0,
               "tokens": 0, "scoring_programs": 0, "shards": n_shards, "shards_reused": len(done)}
-    for entry in done:
+    for k, entry in enumerate(done):
+        (folder / f"{k:05d}.partial.jsonl").unlink(missing_ok=True)  # a kill between the index and this unlink
         recs = _read_shard(folder / entry["file"])
         cols.take(recs, nonfinite_reason)
         skipped = sum("skip_reason" in r for r in recs)
@@ -144,12 +173,12 @@ def score_stream(loaded, stream, scan, methods: Sequence[str], *, window: int, o
         part: dict = {}
         recs = runner.score_texts(loaded, texts, methods, labels=labels, out_path=partial, resume=True,
                                   report=part, desc=f"{desc} (shard {k + 1}/{n_shards})", shapes=shapes,
-                                  stable_shapes=True, **kwargs)
+                                  row_length=row_length, **kwargs)
         recs = [dict(r, index=first + r["index"]) for r in recs]
         path = folder / shard_name(k)
         write_jsonl(path, recs)
         shards.append({"file": path.name, "first": first, "last": first + len(texts) - 1, "sha256": sha256(path)})
-        _write_index(folder, window, scan.n, methods, shards)
+        _write_index(folder, window, scan.n, methods, row_length, shards)
         partial.unlink(missing_ok=True)
         cols.take(recs, nonfinite_reason)
         for key in ("reused", "computed", "batches_computed", "skipped", "slots", "tokens"):
