@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 from helpers import ENV, REPO, assert_clean_error, snapshot
 
 from mia_jax import data
+from mia_jax.audits import books
 from mia_jax.cli import main
 from mia_jax.data import builders, corpora, tfds_source
 from mia_jax.errors import UserError
@@ -166,3 +169,29 @@ def test_contamination_files_are_the_studys(tmp_path):
     assert (builders.train_data_dir() / "downstream" / "boolq_validation.jsonl").is_file()
     assert builders.Contamination(config="pile", data_dir=str(tmp_path)).path() == corpora.PILE_SAMPLE
     assert set(builders.configs("contamination")) == {"boolq", "commonsenseqa", "truthfulqa", "imdb", "news", "pile"}
+
+
+class TfdsTestBooks(builders.Bundled):
+    """Books as audit-books reads them (title, text, label), for the TFDS path of --books / --validation."""
+
+    def _features(self) -> dict:
+        return {"title": tfds.features.Text(), "text": tfds.features.Text(), "label": np.int64}
+
+    def _rows(self):
+        for i in range(4):
+            yield {"title": f"book {i}", "text": " ".join(f"w{i}x{j}" for j in range(300)), "label": i % 2}
+
+
+def test_audit_books_reads_books_from_tfds(tmp_path, capsys):
+    TfdsTestBooks(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+    cfg = books.BooksConfig(snippets=2, snippet_words=50)
+    plan, val, files = books.prepare("tfds:tfds_test_books", "tfds:tfds_test_books", cfg, data_dir=tmp_path)
+    assert [b.title for b in plan.books] == [f"book {i}" for i in range(4)]
+    assert [b.label for b in val.books] == [0, 1] * 2
+    assert any(f.endswith("tfds_test_books-train.array_record-00000-of-00001") for f in files)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    rc = main(["audit-books", "--books", "tfds:no_books", "--data-dir", str(tmp_path), "--model", "unused",
+               "--threshold", "0", "--out", str(tmp_path / "out")])
+    assert_clean_error(rc, capsys.readouterr().err, "no TFDS dataset 'no_books'")
+    assert snapshot(tmp_path) == before

@@ -148,22 +148,22 @@ def check_methods(methods: Sequence[str], rate_method: str) -> tuple[list[str], 
     return names + [m for m in rate if m not in names], rate[0]
 
 
-def prepare(books, validation=None, cfg: BooksConfig = BooksConfig()) -> tuple[SnippetPlan, SnippetPlan | None,
-                                                                                  dict]:
+def prepare(books, validation=None, cfg: BooksConfig = BooksConfig(),
+            data_dir=None) -> tuple[SnippetPlan, SnippetPlan | None, dict]:
     """(audited plan, validation plan or None, {file: sha256}) of ``books`` and ``validation`` (each: a path or a
     sequence of books, ``books_snippets.as_books``) cut and drawn as ``cfg`` says: every input check that needs no
-    model."""
+    model. ``data_dir``: the TFDS data folder of a ``tfds:`` spec."""
     if validation is None and cfg.threshold is None:
         raise UserError("no threshold to compute rates with: give --validation (labeled seen / unseen books) or "
                         "--threshold")
-    audited, files = as_books(books, cfg.encoding, "--books")
+    audited, files = as_books(books, cfg.encoding, "--books", data_dir)
     p = make_snippets(audited, cfg.snippets, cfg.snippet_words, cfg.seed)
     if not p.snippets:
         raise UserError(f"--books: no book has {cfg.snippet_words} words (one snippet, --snippet-words); all "
                         f"{len(audited)} skipped")
     vp = None
     if validation is not None:
-        val, vfiles = as_books(validation, cfg.encoding, "--validation")
+        val, vfiles = as_books(validation, cfg.encoding, "--validation", data_dir)
         files = {**files, **vfiles}
         unlabeled = [b.title for b in val if b.label is None]
         if unlabeled:

@@ -100,16 +100,19 @@ def _read_txt(path: Path, encoding: str) -> str:
             from None
 
 
-def load_books(path: str | Path, *, encoding: str = "utf-8", flag: str = "--books") -> tuple[list[Book], dict]:
+def load_books(path: str | Path, *, encoding: str = "utf-8", flag: str = "--books",
+               data_dir: str | Path | None = None) -> tuple[list[Book], dict]:
     """(books, {file: sha256}) from a folder of .txt files (title = file stem; unlabeled), a folder with ``seen/``
-    and / or ``unseen/`` subfolders of .txt files (labels 1 / 0), or a .jsonl / .csv / .tsv / .parquet file with
-    ``title`` and ``text`` fields (and optionally ``label``, on every row or none)."""
+    and / or ``unseen/`` subfolders of .txt files (labels 1 / 0), or a .jsonl / .csv / .tsv / .parquet file or a
+    TFDS dataset ``tfds:NAME[/CONFIG][:SPLIT]`` (built in ``data_dir``) with ``title`` and ``text`` fields (and
+    optionally ``label``, on every row or none)."""
     try:
         codecs.lookup(encoding)
     except LookupError:
         raise UserError(f"unknown --encoding {encoding!r}") from None
-    path = Path(path)
-    if path.is_dir():
+    spec = isinstance(path, str) and path.startswith("tfds:")
+    path = path if spec else Path(path)
+    if not spec and path.is_dir():
         parts = [(path / sub, label) for sub, label in (("seen", 1), ("unseen", 0)) if (path / sub).is_dir()]
         top = sorted(path.glob("*.txt"))
         if parts and top:
@@ -122,8 +125,8 @@ def load_books(path: str | Path, *, encoding: str = "utf-8", flag: str = "--book
                             "subfolders of them)")
         books = [Book(f.stem, _read_txt(f, encoding), label, str(f)) for f, label in files]
         digests = {str(f): sha256(f) for f, _ in files}
-    elif path.is_file():
-        ds = data.load_records(path, "text", None, encoding=encoding, extra=("title", "label"))
+    elif spec or path.is_file():
+        ds = data.load(path, data_dir, "text", None, encoding=encoding, extra=("title", "label"))
         books = []
         for i, (text, title, label) in enumerate(zip(ds.texts, ds.extra["title"], ds.extra["label"])):
             where = f"{path}: record {i + 1}"
@@ -146,11 +149,11 @@ def load_books(path: str | Path, *, encoding: str = "utf-8", flag: str = "--book
     return books, digests
 
 
-def as_books(books, encoding: str, flag: str) -> tuple[list[Book], dict]:
+def as_books(books, encoding: str, flag: str, data_dir: str | Path | None = None) -> tuple[list[Book], dict]:
     """(books, {file: sha256}) of ``books``: a path (``load_books`` with ``encoding``; ``flag`` names the option in
     its messages) or a sequence of ``Book`` or dicts with ``title``, ``text`` (and ``label``; no files then)."""
     if isinstance(books, (str, Path)):
-        return load_books(books, encoding=encoding, flag=flag)
+        return load_books(books, encoding=encoding, flag=flag, data_dir=data_dir)
     out = [b if isinstance(b, Book) else Book(str(b["title"]), b["text"], book_label(b.get("label"), f"{flag} book "
                                                                                   f"{b['title']!r}"))
            for b in books]

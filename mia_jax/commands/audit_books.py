@@ -14,6 +14,7 @@ from mia_jax.audits.books_rebuild import read_info, rebuild
 from mia_jax.audits.books_report import REBUILD_READS, render_outputs, to_markdown, write_outputs
 from mia_jax.commands.audit_options import (claim_runs, from_option, model_options, out_option, rebuild_command,
                                             resolved)
+from mia_jax.commands import options
 from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError
 
@@ -25,7 +26,8 @@ RESUME_HINT = RESUME  # what Ctrl-C tells: the scoring runs keep every finished 
 def add_arguments(p) -> None:
     """The options of ``mia-jax audit-books`` on the argparse parser ``p``."""
     p.add_argument("--books", help="the books to audit: a folder of BOOK.txt files (or of seen/ and unseen/ "
-                                   "subfolders), or a .jsonl with title and text fields")
+                                   "subfolders), or a .jsonl (or a TFDS dataset tfds:NAME[/CONFIG][:SPLIT] built in "
+                                   "--data-dir) with title and text fields")
     p.add_argument("--model", help="a Hugging Face folder, a .gguf file or an offline name")
     from_option(p, "audit-books", "source",
                 help="rebuild every output of the audit in DIR (its --out) from DIR/snippets.csv, books.csv and "
@@ -33,7 +35,8 @@ def add_arguments(p) -> None:
                      "an earlier rebuild of DIR, or DIR itself); its settings are DIR's (no --books, --model, "
                      "--validation or --threshold)")
     p.add_argument("--validation", help="labeled books that set the thresholds: a .jsonl with title, text and label "
-                                        "(1 = seen, 0 = unseen), or a folder with seen/ and unseen/ subfolders")
+                                        "(1 = seen, 0 = unseen; or such a TFDS dataset), or a folder with seen/ and "
+                                        "unseen/ subfolders")
     out_option(p, "books.md, books.csv, snippets.csv, histogram.png, info.json, manifest.json; the scoring runs in "
                   "OUT/books and OUT/validation")
     p.add_argument("--snippets", type=entry.positive_int, default=SNIPPETS,
@@ -54,6 +57,7 @@ def add_arguments(p) -> None:
     p.add_argument("--n-bootstrap", type=entry.nonneg_int, default=N_BOOTSTRAP,
                    help="bootstrap resamples of the AUROC intervals")
     p.add_argument("--encoding", default="utf-8", help="text encoding of the books (default: utf-8)")
+    options.data_dir(p)
     model_options(p, "OUT/books and OUT/validation")
 
 
@@ -82,7 +86,7 @@ def run_audit(args) -> BooksResult:
     cfg = config_of(args)
     check_options(cfg)
     methods, rate_method = check_methods(cfg.methods, cfg.rate_method)
-    p, vp, files = prepare(args.books, args.validation, cfg)
+    p, vp, files = prepare(args.books, args.validation, cfg, data_dir=args.data_dir)
     skipped = [f"audit-books: {books_phrase(len(pl.skipped), name)} shorter than one snippet ({cfg.snippet_words} "
                f"words) skipped: {', '.join(s['title'] for s in pl.skipped[:10])}"
                f"{' ...' if len(pl.skipped) > 10 else ''}"
@@ -123,7 +127,7 @@ def _claim_runs(args, stack, out: Path, loaded, plans: dict, files: dict, method
 
 # Options of `audit-books` that are not in the folder's fingerprint, and why (every other one is)
 NOT_IN_FINGERPRINT = ("source", "out", "overwrite", "no_progress", "allow_download",  # not what is computed
-                      "books", "validation", "model",  # by their files' SHA-256 instead
+                      "books", "validation", "model", "data_dir",  # by their files' SHA-256 instead
                       "methods", "method_for_rate")  # expanded (methods, rate_method)
 
 

@@ -245,8 +245,9 @@ def load(spec: str, data_dir: str | os.PathLike | None = None, text_field: str |
          label_field: str | None = "label", extra: Sequence[str] = ()) -> data.Dataset:
     """A split of a built TFDS dataset as a :class:`mia_jax.data.Dataset`, as :func:`mia_jax.data.load_records` reads
     a file: texts from ``text_field`` (None: the one of :data:`mia_jax.data.TEXT_FIELDS` among the features),
-    0/1 labels from ``label_field`` unless it is None, the ``extra`` features (``Dataset.extra``). A missing feature,
-    a text feature that is not Text, a label that is not 0/1 or an empty split is a UserError naming it."""
+    0/1 labels from ``label_field`` unless it is None, the ``extra`` features (``Dataset.extra``; None for a feature
+    the dataset lacks, as for a file's missing field). A missing text or label feature, a text feature that is not
+    Text, a label that is not 0/1 or an empty split is a UserError naming it."""
     src = TfdsSource(spec, data_dir)
     if text_field is None:
         found = [f for f in data.TEXT_FIELDS if f in src.features]
@@ -258,15 +259,13 @@ def load(spec: str, data_dir: str | os.PathLike | None = None, text_field: str |
     src.check_text_field(text_field)
     if label_field is not None:
         src.check_label_field(label_field)
-    for f in extra:
-        src._check_field(f, "the option that names it")
     texts, labels, kept = [], [], {f: [] for f in extra}
     for i, row in enumerate(src.rows()):
         texts.append(row[text_field])
         if label_field is not None:
             labels.append(data._label(row[label_field], spec, i + 1))
         for f in extra:
-            kept[f].append(row[f])
+            kept[f].append(row.get(f))
     if not texts:
         raise UserError(f"{spec}: split {src.split} has no rows; choose another split")
     return data.Dataset(texts, labels if label_field is not None else None, src.label, src.files, kept, text_field)
