@@ -10,21 +10,26 @@ in two), the resumed run on ``data=4`` (replicated parameters, the batch split i
 killed run start together to share the wall-clock.
 """
 import json
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import grain.python as grain
+import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from test_sharding import _env
 from tokenizers import Tokenizer
 
+from mia_jax import models
+from train.config import TrainConfig
 from train.data import Batches, make_sampler, pack, pack_stream
 from train.grain_input import (RECORDS, decode, open_records, packed_records, process_shard, shard_rows, step_batch,
                                step_iterator)
+from train.trainer import fingerprint, train
 
 HERE = Path(__file__).parent
 HELPER = HERE / "grain_train_check.py"
@@ -208,3 +213,33 @@ def test_killed_mid_epoch_resumed_on_another_mesh_trains_the_same_batches(runs):
     assert json.loads((cut / "checkpoints" / str(last) / "data" / "process_0-of-1.json").read_text()) == \
         {"next_index": last}
     assert (cut / "data" / RECORDS).is_file()  # the packed sequences, written once into the run folder
+
+
+class Killed(Exception):
+    pass
+
+
+def test_checkpoint_without_a_data_position_resumes_at_its_step(tiny_llama_dir, tok, tmp_path):
+    """A checkpoint written before the data position was saved (its ``data`` item removed here) resumes from its step,
+    the position being a pure function of it: the same batches.jsonl, metrics and parameters as the uninterrupted
+    run (in memory, one device)."""
+    loaded = models.load(str(tiny_llama_dir))
+    data = pack(_texts(tmp_path / "t.jsonl", 12), tok, 32, 0)
+    cfg = TrainConfig(seq_len=32, batch_size=4, lr=3e-3, checkpoint_every=2, progress=False, seed=3)
+    b = Batches(data, cfg.batch_size, epochs=1, seed=cfg.seed)
+    assert b.total_steps >= 5
+    full = train(loaded.model, b, cfg, tmp_path / "full", fingerprint(cfg))
+
+    def kill_at_3(step):
+        if step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(loaded.model, b, cfg, tmp_path / "cut", fingerprint(cfg), on_step=kill_at_3)
+    shutil.rmtree(tmp_path / "cut" / "checkpoints" / "2" / "data")
+    resumed = train(loaded.model, b, cfg, tmp_path / "cut", fingerprint(cfg))
+    assert resumed.resumed_from == 2 and resumed.metrics == full.metrics
+    for name in ("batches.jsonl", "metrics.jsonl"):
+        assert (tmp_path / "cut" / name).read_text() == (tmp_path / "full" / name).read_text()
+    for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(full.params)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -113,7 +114,7 @@ def write_records(folder: str | Path, documents: Iterable[str], tokenizer, seq_l
     temporary name and renamed, then ``sequences.json``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{RECORDS}.{os.getpid()}.tmp"
+    tmp = folder / f".{RECORDS}.{_unique()}.tmp"
     writer = ArrayRecordWriter(str(tmp), WRITER_OPTIONS)
     try:
         info = pack_stream(documents, tokenizer, seq_len, separator, lambda t, m: writer.write(encode(t, m)))
@@ -124,10 +125,15 @@ def write_records(folder: str | Path, documents: Iterable[str], tokenizer, seq_l
         tmp.unlink(missing_ok=True)
         raise
     data = RecordData(folder / RECORDS, info.n_sequences, seq_len, info.n_tokens, separator, info.sha256)
-    meta_tmp = folder / f".{META}.{os.getpid()}.tmp"
+    meta_tmp = folder / f".{META}.{_unique()}.tmp"
     meta_tmp.write_text(json.dumps(data.meta(), indent=2) + "\n")
     os.replace(meta_tmp, folder / META)
     return data
+
+
+def _unique() -> str:
+    """A temporary name's part unique to this process (several hosts may write into one shared folder)."""
+    return f"{socket.gethostname()}.{os.getpid()}"
 
 
 def packed_records(folder: str | Path, documents: Iterable[str], tokenizer, seq_len: int, separator: int,
