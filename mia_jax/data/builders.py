@@ -29,7 +29,6 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
-from etils import epath
 
 from mia_jax import data
 from mia_jax.data import corpora
@@ -50,10 +49,10 @@ class Bundled(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
     @tfds.core.utils.classproperty
     @classmethod
-    def code_path(cls) -> epath.Path:
+    def code_path(cls) -> tfds.core.Path:
         """This module's file. TFDS's own lookup of a builder's code in a package needs the importlib_resources
         backport (absent on Python >= 3.9 installs); the file is what it would find."""
-        return epath.Path(__file__)
+        return tfds.core.Path(__file__)
 
     def __init__(self, *, source: str | os.PathLike | None = None, **kwargs):
         self.source = source
