@@ -112,7 +112,7 @@ def test_process_shards_are_disjoint_and_cover_every_row(tok, tmp_path):
         seen = []
         for step in range(epoch * b.steps_per_epoch, (epoch + 1) * b.steps_per_epoch):
             whole = step_batch(b, None, step)
-            parts = [step_batch(b, r, step) for r in rows]
+            parts = [step_batch(b, o, step) for o in shards]
             index = whole["index"].reshape(2, micro)
             own = [set(index[:, r].ravel().tolist()) - {-1} for r in rows]
             assert not own[0] & own[1] and own[0] | own[1] == set(index.ravel().tolist()) - {-1}
@@ -123,11 +123,12 @@ def test_process_shards_are_disjoint_and_cover_every_row(tok, tmp_path):
             seen += [i for i in index.ravel().tolist() if i >= 0]
         assert sorted(seen) == list(range(data.n_sequences))
     # grain's iterator over the steps: its position is the step, set_state moves it there
-    it = step_iterator(b, rows[1])
+    it = step_iterator(b, shards[1])
     assert next(it)["step"] == 0 and it.get_state() == {"next_index": 1}
     it.set_state({"next_index": 5})
     item = next(it)
-    assert item["step"] == 5 and np.array_equal(item["ids"], step_batch(b, rows[1], 5)["ids"])
+    assert item["step"] == 5 and item["ids"].shape == (2, 2, 16)
+    assert np.array_equal(item["ids"], step_batch(b, shards[1], 5)["ids"])
     it.close()
 
 

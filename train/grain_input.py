@@ -174,17 +174,21 @@ def shard_rows(options: grain.ShardOptions, micro: int) -> slice:
     return slice(options.shard_index * width, (options.shard_index + 1) * width)
 
 
-def step_batch(batches: Batches, rows: slice | None, step: int) -> dict:
-    """What the step iterator yields for ``step``: this process's ``ids`` and ``mask`` [grad_accum, rows, seq_len] and
-    the sequence ``index`` of every row of the global batch (-1 = dummy)."""
+def step_batch(batches: Batches, shard: grain.ShardOptions | None, step: int) -> dict:
+    """What the step iterator yields for ``step``: the ``ids`` and ``mask`` [grad_accum, rows, seq_len] of the rows
+    that ``shard`` reads of each micro-batch (``shard_rows``; all of them without one) and the sequence ``index`` of
+    every row of the global batch (-1 = dummy)."""
+    rows = None if shard is None else shard_rows(shard, batches.batch_size // batches.grad_accum)
     ids, mask = batches.batch(step, rows)
     return {"step": step, "ids": ids, "mask": mask, "index": batches.indices(step)}
 
 
-def step_iterator(batches: Batches, rows: slice | None = None, read_options: grain.ReadOptions = READ_OPTIONS):
-    """A grain ``DatasetIterator`` over ``batches``' steps (``step_batch``), from step 0: ``set_state({"next_index":
-    s})`` moves it to step s, ``get_state()`` is its position (saved with the checkpoint)."""
-    steps = grain.MapDataset.range(batches.total_steps).map(partial(step_batch, batches, rows))
+def step_iterator(batches: Batches, shard: grain.ShardOptions | None = None,
+                  read_options: grain.ReadOptions = READ_OPTIONS):
+    """A grain ``DatasetIterator`` over ``batches``' steps (``step_batch``: this process's ``shard`` of each), from
+    step 0: ``set_state({"next_index": s})`` moves it to step s, ``get_state()`` is its position (saved with the
+    checkpoint)."""
+    steps = grain.MapDataset.range(batches.total_steps).map(partial(step_batch, batches, shard))
     return iter(steps.to_iter_dataset(read_options))
 
 

@@ -41,7 +41,7 @@ from mia_jax.errors import UserError
 from train import placement
 from train.config import TrainConfig
 from train.data import Batches
-from train.grain_input import DataRestore, DataSave, step_iterator
+from train.grain_input import DataRestore, DataSave, process_shard, step_iterator
 from train.step import make_step
 
 # what may differ between an interrupted run and its resumption without changing the result (the mesh changes
@@ -180,8 +180,8 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     workdir.mkdir(parents=True, exist_ok=True)
     mngr = _manager(workdir, cfg)
     shape = (batches.grad_accum, batches.batch_size // batches.grad_accum, batches.seq_len)
-    rows = placement.local_rows(mesh, shape)
-    data = step_iterator(batches, rows)
+    # this process's rows of every micro-batch, as grain's ShardOptions (all of them on one process)
+    data = step_iterator(batches, process_shard(placement.local_rows(mesh, shape), shape[1]))
     params, opt_state, metrics, resumed_from = _restore_or_init(mngr, model, opt, target, data)
     start = resumed_from or 0
     if main:
