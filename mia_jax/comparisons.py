@@ -20,11 +20,12 @@ family, and a reader could no longer compare two rows' intervals."""
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
 
-from mia_jax import bootstrap
+from mia_jax import bootstrap, verdict_log
 from mia_jax.bootstrap import (MIN_PER_CLASS, ClusterDraw, as_labels, as_scores, auroc_rows, cluster_bootstrap,
                                cluster_ids, group_rows, grouped_bootstrap, interval, too_few, tpr_at_fpr_rows, tpr_key)
 from mia_jax.rounding import fmt
@@ -71,6 +72,7 @@ def holm_adjust(comparisons: Sequence, key: str = "auroc", alpha: float | None =
     family = [c for c in comparisons if c is not None]
     if not family:
         return 0
+    verdict_log.family(key, alpha, family)
     adjusted = holm([c[key]["p"] for c in family])
     for c, p_adj in zip(family, adjusted):
         m = c[key]
@@ -157,6 +159,10 @@ def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = No
                    cluster_stratified=all(d.stratified for d in draws), n_redrawn=n_redrawn)
     for key, point, boot in (("auroc", auc, boot_auc), (tpr_key(fpr), tpr, boot_tpr)):
         out[key] = _comparison(point[0], point[1], boot[:, 0], boot[:, 1], confidence)
+    if verdict_log.active():
+        verdict_log.record(out, lambda k: paired_bootstrap(
+            labels, scores_a, scores_b, groups=groups, n_bootstrap=n_bootstrap, seed=seed + k, confidence=confidence,
+            fpr=fpr, clusters=clusters, min_per_class=min_per_class))
     return out
 
 
@@ -246,6 +252,10 @@ def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int =
     for j, (key, blocks) in enumerate((("auroc", boot["auroc"]), (tpr_key(fpr), boot["tpr"]))):
         draws = np.concatenate(blocks) if blocks else np.zeros((0, 2))
         out[key] = _comparison(point[0][j], point[1][j], draws[:, 0], draws[:, 1], confidence)
+    if verdict_log.active():
+        verdict_log.record(out, lambda k: subset_bootstrap(
+            scores, labels, members_a, members_b, n_bootstrap=n_bootstrap, seed=seed + k, confidence=confidence,
+            fpr=fpr, min_per_class=min_per_class))
     return out
 
 
@@ -310,8 +320,15 @@ def compare_to_best(labels, scores: dict, points: dict, *, key: str = "auroc", g
     if not point:
         return None
     best = max(point, key=lambda m: point[m])
-    return {"best": best, "vs": _paired_with(labels, scores, best, [m for m in point if m != best], groups,
-                                             n_bootstrap, seed)}
+    others = [m for m in point if m != best]
+    vs = _paired_with(labels, scores, best, others, groups, n_bootstrap, seed)
+    if verdict_log.active():  # the column recomputed once per seed offset, for all its comparisons
+        again = functools.lru_cache(maxsize=None)(
+            lambda k: _paired_with(labels, scores, best, others, groups, n_bootstrap, seed + k))
+        for m, c in vs.items():
+            if c is not None:
+                verdict_log.record(c, lambda k, m=m: again(k)[m])
+    return {"best": best, "vs": vs}
 
 
 def runner_up(entry: dict | None, key: str = "auroc") -> tuple[str, dict] | None:

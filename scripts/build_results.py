@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mia_jax import entry, files
+from mia_jax import comparisons, entry, files, verdict_log
 from mia_jax.audits import overview_report
 from mia_jax.audits.concat import window_metrics, window_metrics_markdown
 from mia_jax.cli import main as cli_main
@@ -74,17 +74,27 @@ def study_argv() -> list[str]:
     return argv + ["--header", f"{CONTAMINATION}/README.md", "--out", "results/contamination.md"]
 
 
-def build() -> None:
-    """Every step, in place, in the current folder (a repository root, or a copy holding its results/)."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        _check(study.main(study_argv()), "train.study")
-        src = "results/wikimia_reproduction"
-        _check(_script_main("reproduce_wikimia")(["--from", src, "--out", src]), "reproduce_wikimia")
-        for command, audit in AUDITS:
-            src = f"results/audits/{audit}"
-            _check(cli_main([command, "--from", src, "--out", src]), command)
-        _check(_script_main("detectors")(["--from", *DETECTORS, "--header", "results/detectors/README.md",
-                                          "--md", "results/detectors.md"]), "detectors")
+def _contamination() -> None:
+    _check(study.main(study_argv()), "train.study")
+
+
+def _wikimia() -> None:
+    src = "results/wikimia_reproduction"
+    _check(_script_main("reproduce_wikimia")(["--from", src, "--out", src]), "reproduce_wikimia")
+
+
+def _audits() -> None:
+    for command, audit in AUDITS:
+        src = f"results/audits/{audit}"
+        _check(cli_main([command, "--from", src, "--out", src]), command)
+
+
+def _detectors() -> None:
+    _check(_script_main("detectors")(["--from", *DETECTORS, "--header", "results/detectors/README.md",
+                                      "--md", "results/detectors.md"]), "detectors")
+
+
+def _windows_and_overview() -> None:
     concat = Path("results/audits/concat")
     reps = {run: window_metrics(concat / run, concat / "contam.jsonl") for run in WINDOW_RUNS}
     outputs = {f"{run}.windows.md": window_metrics_markdown(rep) + "\n" for run, rep in reps.items()}
@@ -92,6 +102,65 @@ def build() -> None:
     overview = overview_report.render(template, Path("results/audits"), reps)
     files.write_all(concat, outputs)
     files.write_all(Path("results"), {"audits.md": overview})
+
+
+STEPS = {"contamination study (train.study)": _contamination, "WikiMIA reproduction": _wikimia,
+         "audits (--from)": _audits, "detectors": _detectors, "audits.md and window-metrics": _windows_and_overview}
+
+
+def build(logs: dict | None = None) -> None:
+    """Every step, in place, in the current folder (a repository root, or a copy holding its results/); with
+    ``logs`` ({}), each step's verdicts recorded there (:mod:`mia_jax.verdict_log`) under its name."""
+    for name, step in STEPS.items():
+        with contextlib.redirect_stdout(io.StringIO()), \
+                (verdict_log.recording() if logs is not None else contextlib.nullcontext()) as log:
+            step()
+        if logs is not None:
+            logs[name] = log
+
+
+def seed_audit(log: dict, offsets: range) -> tuple[int, list[str]]:
+    """Every Holm family of ``log`` recomputed with each seed offset (its comparisons with the seed + offset, then
+    Holm over the family again): (verdicts, [a line per verdict that changes under some offset])."""
+    cache: dict = {}
+    done, n, changed = set(), 0, []
+    for key, alpha, comps in log["families"]:
+        ident = (key, tuple(id(c) for c in comps))
+        if ident in done:  # a family corrected twice (idempotent) is one family
+            continue
+        done.add(ident)
+        again = []
+        for k in offsets:
+            new = [cache.setdefault((id(c), k), log["recompute"][id(c)][1](k)) for c in comps]
+            comparisons.holm_adjust(new, key, alpha)
+            again.append([c[key]["verdict"] for c in new])
+        for i, c in enumerate(comps):
+            n += 1
+            other = [v[i] for v in again]
+            if any(v != c[key]["verdict"] for v in other):
+                changed.append(f"{c[key]['verdict']} -> {', '.join(other)}: "
+                               + comparisons.describe(c, "A", "B", key=key, label=key))
+    return n, changed
+
+
+def seeds_report(n_seeds: int) -> str:
+    """The build run in a temporary copy while recording, then every table's verdicts re-tested under ``n_seeds``
+    other seeds: a markdown report (not a committed file)."""
+    logs: dict = {}
+    with tempfile.TemporaryDirectory(prefix="build_results_") as tmp:
+        shutil.copytree(REPO / "results", Path(tmp) / "results")
+        here = Path.cwd()
+        os.chdir(tmp)
+        try:
+            build(logs)
+        finally:
+            os.chdir(here)
+    lines = [f"# Verdicts of every committed table under {n_seeds} other bootstrap seeds\n"]
+    for name, log in logs.items():
+        n, changed = seed_audit(log, range(1, n_seeds + 1))
+        lines.append(f"- {name}: {n - len(changed)} of {n} verdicts the same under every other seed"
+                     + "".join(f"\n  - {line}" for line in changed))
+    return "\n".join(lines) + "\n"
 
 
 def _without(data: bytes, key: str) -> dict:
@@ -141,6 +210,9 @@ def build_parser() -> entry.ArgumentParser:
     """The parser of ``python scripts/build_results.py``: --check."""
     p = entry.ArgumentParser(prog=PROG, description="Rebuild every committed file under results/ from the committed "
                              "per-example files (no model needed), or check that the committed ones are so.")
+    p.add_argument("--seeds", type=entry.positive_int, metavar="N",
+                   help="instead: rebuild a temporary copy, re-test every table's verdicts (each Holm family) under "
+                        "N other bootstrap seeds and print which change (nothing under results/ is written)")
     p.add_argument("--check", action="store_true",
                    help="rebuild a temporary copy and compare it with the committed files byte for byte "
                         "(exit 1 when a file differs); nothing under results/ is written")
@@ -149,6 +221,9 @@ def build_parser() -> entry.ArgumentParser:
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
+    if args.seeds:
+        print(seeds_report(args.seeds))
+        return 0
     if args.check:
         diff = check()
         for line in diff:

@@ -5,6 +5,7 @@ re-tested under other bootstrap seeds (:func:`other_seed`, train/study.py's repo
 from __future__ import annotations
 
 import contextlib
+import re
 
 import numpy as np
 
@@ -199,3 +200,36 @@ def news_study(runs: list[tuple[str, dict]], outputs: dict, tag: str = "") -> tu
 def occurrence_study(runs: list[tuple[str, dict]], outputs: dict, tag: str = "") -> tuple[list[str], list[dict]]:
     """An occurrence sweep's claim (Figure 5c: more occurrences are easier); no part of its own."""
     return [], occurrence_claim(runs[0][1], tag)
+
+
+_T3 = re.compile(r"^Table 3 \((?P<model>[^)]*)\): Min-K% > (?P<base>\w+) \(average over datasets\)$")
+_T4 = re.compile(r"^Table 4 \((?P<model>[^)]*)\): lr \S+ > lr \S+, Min-K%, (?P<where>.+)$")
+
+
+def _stated(c: dict) -> str:
+    return f"{c['verdict']}, {rounding.diff_ci(c['diff'], c['ci'])}" if c["verdict"] != NA else f"n/a ({c['note']})"
+
+
+def across_models(found: list[dict]) -> str:
+    """What holds across the models of a learning-rate sweep run on several (claims tagged with the model): the
+    Table 4 average with whether every dataset kept its verdict, and each Table 3 claim per model; '' with one
+    model."""
+    t4: dict = {}
+    t3: dict = {}
+    for c in found:
+        if m := _T4.match(c["claim"]):
+            t4.setdefault(m["model"], {})[m["where"]] = c
+        elif m := _T3.match(c["claim"]):
+            t3.setdefault(m["base"], {})[m["model"]] = c
+    if len(t4) < 2:
+        return ""
+    lr = []
+    for model, by_where in t4.items():
+        rest = [c["verdict"] for w, c in by_where.items() if w != "average"]
+        same = "every dataset " + rest[0] if rest and len(set(rest)) == 1 else "datasets: " + ", ".join(
+            f"{w} {c['verdict']}" for w, c in by_where.items() if w != "average")
+        lr.append(f"{model}: {_stated(by_where['average'])} ({same})" if "average" in by_where else model)
+    t3_said = [f"Min-K% > {base}: " + "; ".join(f"{model} {_stated(c)}" for model, c in by_model.items())
+               for base, by_model in t3.items()]
+    return ("the learning-rate effect (Table 4, Min-K% average, highest vs lowest lr) "
+            + "; ".join(lr) + ". Table 3 (average over datasets): " + ". ".join(t3_said) + ".")

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from mia_jax import comparisons, entry, files, rundir
 from mia_jax.errors import UserError
+from mia_jax.report import fmt, with_ci
 from train.ablations import ABLATIONS
 from train import claims
 from train.claims import claims_markdown
@@ -80,6 +81,39 @@ def _stability_note(claims_found: list[dict], loaded: dict, outputs: dict, sweep
             f"recomputed); verdicts that change under some seed: {changed}.\n\n")
 
 
+def _blind(outputs: dict, folder: Path) -> dict:
+    """{dataset: blind baseline metrics} of a sweep folder's first run (model-free: the same in every run)."""
+    first = sorted(k for k in outputs[folder] if k.endswith("/metrics.json"))[0]
+    return {d: r for d, r in json.loads(outputs[folder][first])["blind"].items() if r}
+
+
+def header_fields(found: list[dict], outputs: dict, sweeps: dict) -> dict:
+    """The numbers a ``--header`` may name as ``{name}``: ``across_models`` (:func:`claims.across_models`),
+    ``blind_range`` (the lowest-highest blind-baseline AUROC over the first lr sweep's datasets), ``news_blind`` (the
+    news sweep's blind AUROC with its interval)."""
+    fields = {"across_models": claims.across_models(found)}
+    for kind, key in (("lr", "blind_range"), ("news", "news_blind")):
+        folders = _folders(sweeps.get(kind))
+        if folders:
+            blind = _blind(outputs, folders[0])
+            aurocs = [r["auroc"] for r in blind.values()]
+            fields[key] = (f"{fmt(min(aurocs), 2)}-{fmt(max(aurocs), 2)}" if kind == "lr"
+                           else "; ".join(with_ci(r["auroc"], r["auroc_ci"]) for r in blind.values()))
+    return fields
+
+
+def fill_header(header: str, fields: dict) -> str:
+    """``header`` with every ``{name}`` of ``fields`` filled in (``{{`` for a brace); UserError naming an unknown
+    one."""
+    try:
+        return header.format_map(fields)
+    except KeyError as e:
+        raise UserError(f"--header names {{{e.args[0]}}}, which the study does not compute; it computes: "
+                        f"{', '.join(sorted(fields))}") from None
+    except (ValueError, IndexError) as e:
+        raise UserError(f"--header is not a template the study can fill ({e}); write a brace as {{{{ or }}}}") from None
+
+
 def compute(sweeps: dict[str, Path | list[Path]], header: str = "",
             other_seeds: int = comparisons.OTHER_SEEDS) -> tuple[str, list[dict], dict]:
     """(the report's markdown, its claims, {sweep folder: {path: content}} of every table and figure rebuilt) from
@@ -118,6 +152,7 @@ def compute(sweeps: dict[str, Path | list[Path]], header: str = "",
             "are unadjusted).\n\n" + claims_markdown(found) + "\n" + seeds
             + comparisons.family_note(len([c for c in found if "p_holm" in c]), "the claims") + "\n\n"
             + "\n\n".join(parts))
+    header = fill_header(header, header_fields(found, outputs, sweeps)) if header else ""
     return (header + "\n\n" if header else "") + body, found, outputs
 
 

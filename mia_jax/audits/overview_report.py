@@ -23,7 +23,7 @@ NAMES = {"min_k@0.2": "Min-K% (k = 20%)", "ppl": "PPL", "zlib": "Zlib", "lowerca
          "loss": "Loss", "min_k_pp@0.2": "Min-K%++ (k = 20%)"}
 SHORT = {"min_k@0.2": "Min-K%", "ppl": "PPL", "zlib": "Zlib", "lowercase": "Lowercase", "loss": "Loss",
          "min_k_pp@0.2": "Min-K%++"}
-DATASETS = {"boolq": "BoolQ", "imdb": "IMDB", "commonsense_qa": "CommonsenseQA", "truthful_qa": "TruthfulQA"}
+DATASETS = {"boolq": "BoolQ", "imdb": "IMDB", "commonsenseqa": "CommonsenseQA", "truthfulqa": "TruthfulQA"}
 
 
 def _csv(path: Path) -> list[dict]:
@@ -198,14 +198,15 @@ def window_fields(root: Path, reps: dict) -> dict:
     rows.append(["**blind bag-of-words (no model; a text's windows in one fold)**",
                  "**" + _window_cell(wiki, "blind_bow").replace(" [", "** [", 1)])
     tr, ba = reps["contam-trained"], reps["contam-base"]
+    order = [d for d in DATASETS if d in tr] + [d for d in tr if d not in DATASETS]
     drows = [[f"{DATASETS.get(d, d)} ({tr[d]['n_labeled']:,} windows)",
               *(_window_cell(rep[d], m) for m in ("loss", "min_k@0.2", "min_k_pp@0.2") for rep in (tr, ba)),
-              fmt(tr[d]["metrics"]["blind_bow"]["auroc"])] for d in tr]
+              fmt(tr[d]["metrics"]["blind_bow"]["auroc"])] for d in order]
     header = ["Dataset", *(f"{SHORT[m]}, {w}" for m in ("loss", "min_k@0.2", "min_k_pp@0.2")
                            for w in ("trained", "base")), "blind"]
     paired, family = window_paired(root)
     said = []
-    for d in tr:
+    for d in order:
         parts = [f"{SHORT[m]} {diff_ci(c['auroc']['diff'], c['auroc']['ci'])} ({_verdict(c, 'trained', 'base')})"
                  for (dd, m), c in paired.items() if dd == d]
         said.append(f"{DATASETS.get(d, d)}: " + ", ".join(parts))
@@ -215,8 +216,8 @@ def window_fields(root: Path, reps: dict) -> dict:
             "wiki_table": markdown(["Method", "window AUROC [95% CI]"], rows).rstrip("\n"),
             "windows_table": markdown(header, drows).rstrip("\n"),
             "base_loss_range": f"{fmt(min(base_loss), 2)}-{fmt(max(base_loss), 2)}",
-            "blind_csqa": fmt(tr["commonsense_qa"]["metrics"]["blind_bow"]["auroc"], 2),
-            "blind_tqa": fmt(tr["truthful_qa"]["metrics"]["blind_bow"]["auroc"], 2),
+            "blind_csqa": fmt(tr["commonsenseqa"]["metrics"]["blind_bow"]["auroc"], 2),
+            "blind_tqa": fmt(tr["truthfulqa"]["metrics"]["blind_bow"]["auroc"], 2),
             "windows_paired": "; ".join(said), "windows_family": family}
 
 
