@@ -146,3 +146,17 @@ def test_streamed_score_killed_resumes_from_its_finished_shards(tiny_llama_dir, 
     assert not list((out / "passes" / "main").glob("*.partial.jsonl"))
     for name in ["results.jsonl", "passes/main/index.json", *(f"passes/main/{k:05d}.jsonl" for k in range(57))]:
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def test_tfds_streams_the_jsonl_texts(tmp_path, capsys):
+    pytest.importorskip("tensorflow_datasets")
+    assert main(["datasets", "build", "wikimia", "--config", "length32", "--data-dir", str(tmp_path),
+                 "--no-progress"]) == 0
+    s = stream.TextStream("tfds:wikimia/length32", data_dir=tmp_path)
+    ds = data.wikimia(32)
+    got = list(s.windows(100, start=200))
+    assert [first for first, _, _ in got] == list(range(200, len(ds), 100)) and s.max_held == 100
+    assert [t for _, texts, _ in got for t in texts] == ds.texts[200:]
+    assert [y for _, _, labels in got for y in labels] == ds.labels[200:]
+    scan = stream.TextStream("tfds:wikimia/length32", data_dir=tmp_path).scan()
+    assert scan.texts_sha256 == texts_sha256(ds.texts, ds.labels) and s.text_field == "input"
