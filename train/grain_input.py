@@ -17,6 +17,12 @@ own rows of every step, and the data position saved in the Orbax checkpoint.
   ``grain.MapDataset`` of steps (prefetched by grain's threads); its iterator state ``{"next_index": step}`` is
   an item of the Orbax checkpoint (grain's ``PyGrainCheckpointHandler``: one JSON file per process; restored from
   any process's file when the number of processes changed, the position being global).
+
+Where this differs from grain's usual multi-host recipe (``IndexSampler(shard_options=ShardByJaxProcess())`` and a
+``DataLoader`` per process, as in maxtext): there each process shuffles and batches its own contiguous part of the
+records, so a global batch, and the order, depend on the number of processes, and a short shard must drop or pad
+records. Here one sampler orders every record globally and the ``ShardOptions`` only choose each process's rows
+within a global batch, which keeps the batches of the single-process run (and every record once per epoch).
 """
 from __future__ import annotations
 
