@@ -71,7 +71,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 out_path: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
                 desc: str = "scoring", mesh=None, report: dict | None = None, prefixes: Sequence[str] | None = None,
                 resources: dict | None = None, compute=None, window: int | None = None, shapes: set | None = None,
-                row_length: int | None = None) -> list[dict]:
+                stable: tuple[int, int] | None = None) -> list[dict]:
     """Score every text with every method; returns records in input order.
 
     Texts are packed into rows of a token budget (``tokens_per_batch`` per step, default per backend:
@@ -101,9 +101,9 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     ``computed`` (texts scored by a forward pass here), ``batches_computed`` (steps), ``skipped``, ``slots`` and
     ``tokens`` (token slots of the steps run vs real tokens in them), ``scoring_programs`` (the distinct step
     shapes run; ``shapes``, a set, collects them over several calls). A resume that reuses records says so on
-    stderr. ``row_length``: every packed row that long (the longer texts in rows of their own) and the steps rounded
-    to shapes that calls over other texts share (``stable_steps``; a corpus scored a window at a time,
-    ``mia_jax.shards``).
+    stderr. ``stable`` = (row length, segments): every packed row that long (the longer texts in rows of their own)
+    and the steps padded to shapes that calls over other texts share (``shards.stable_steps``; a corpus scored a
+    window at a time, ``mia_jax.shards``).
     """
     tokens_per_batch = _check_arguments(loaded, methods, tokens_per_batch, compute, resources, window)
     p = _start(loaded, texts, methods, labels=labels, prefixes=prefixes, out_path=out_path, resume=resume,
@@ -112,9 +112,9 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     if mesh is not None:
         shd.shard_model(loaded.model, mesh)
     steps = _plan(loaded, [len(p.encoded[i].ids) for i in todo], todo, tokens_per_batch, batch_size, mesh, p.multi,
-                  compute is None, lambda idx: all(i in p.sink for i in idx), row_length)
-    if row_length:
-        steps = stable_steps(steps, tokens_per_batch, shd.local_batch_shards(mesh) if mesh is not None else 1)
+                  compute is None, lambda idx: all(i in p.sink for i in idx), stable[0] if stable else None)
+    if stable:
+        steps = stable_steps(steps, tokens_per_batch, *stable, shd.local_batch_shards(mesh) if mesh is not None else 1)
     p.shapes = shapes if shapes is not None else p.shapes
     reused = _count_resumed(p, steps, todo, report, desc, out_path)
     p.sink.open()

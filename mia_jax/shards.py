@@ -13,8 +13,9 @@ is the shards' concatenation (streamed, never held).
 
 What stays in memory is one window of texts, their tokens and records, plus :class:`Columns`: per text its label,
 one float64 per method and a few counts -- what ``eval``'s metrics and bootstraps read. Each window is planned on
-its own (``batching.pack``); its last step's rows and every step's segments are rounded up to a power of two
-(empty rows and segments, as ``batching.align`` feeds them), so the windows share a handful of compiled shapes.
+its own (``batching.pack``) into rows of one length with the first window's (``plan_shape``), each step padded
+with empty rows and segments (as ``batching.align`` feeds them) to a full step of at least the first window's
+segments (``stable_steps``), so the windows share one or two compiled programs whatever the corpus's size.
 """
 from __future__ import annotations
 
@@ -75,17 +76,22 @@ def columns_of(records: Sequence[dict], methods: Sequence[str], nonfinite_reason
     return cols
 
 
-def stable_steps(steps: list[Step], tokens_per_batch: int, row_multiple: int = 1) -> list[Step]:
-    """``steps`` with their rows rounded up to a power of two (at most the rows a full step of their length has,
-    then to a multiple of ``row_multiple``) and their segments to a power of two: empty rows and segments, so that
-    plans of different texts share a few compiled shapes."""
-    def pow2(n: int) -> int:
-        return 1 << max(n - 1, 0).bit_length()
+def pow2(n: int) -> int:
+    """The least power of two >= ``n`` (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
 
+
+def stable_steps(steps: list[Step], tokens_per_batch: int, row_length: int, segments: int,
+                 row_multiple: int = 1) -> list[Step]:
+    """``steps`` padded with empty rows and segments to shapes that plans of other texts share: the rows of a full
+    step of their length (``tokens_per_batch // length``, then a multiple of ``row_multiple``), segments a power of
+    two, at least ``segments`` in rows of ``row_length``. A corpus scored a window at a time then runs one or two
+    compiled programs, whatever its size."""
     out = []
     for s in steps:
-        rows = max(s.rows, min(pow2(s.rows), max(tokens_per_batch // s.length, 1)))
-        out.append(Step(-(-rows // row_multiple) * row_multiple, s.length, pow2(s.segments), s.contents))
+        rows = max(s.rows, tokens_per_batch // s.length, 1)
+        seg = max(pow2(s.segments), segments if s.length == row_length else 1)
+        out.append(Step(-(-rows // row_multiple) * row_multiple, s.length, seg, s.contents))
     return out
 
 
@@ -94,9 +100,9 @@ def shard_name(k: int) -> str:
     return f"{k:05d}.jsonl"
 
 
-def finished_shards(folder: Path, window: int, n_texts: int, methods: Sequence[str]) -> tuple[list[dict], int | None]:
+def finished_shards(folder: Path, window: int, n_texts: int, methods: Sequence[str]) -> tuple[list[dict], tuple | None]:
     """The index's entries of the shards that are on disk intact (SHA-256), in order, up to the first that is not,
-    and the run's packed row length; ([], None) without an index or with one of another layout."""
+    and the run's (row length, segments); ([], None) without an index or with one of another layout."""
     try:
         index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -109,22 +115,28 @@ def finished_shards(folder: Path, window: int, n_texts: int, methods: Sequence[s
         if entry.get("file") != path.name or not path.is_file() or sha256(path) != entry.get("sha256"):
             break
         kept.append(entry)
-    return kept, index.get("row_length") if kept else None
+    shape = (index.get("row_length"), index.get("segments"))
+    return kept, shape if kept and None not in shape else None
 
 
-def plan_row_length(loaded, texts: Sequence[str], tokens_per_batch: int) -> int:
-    """The packed rows' length of a streamed run: the length of most steps (the shorter of a tie) that
-    ``batching.pack`` plans for ``texts``, its first window (so every window is packed alike)."""
+def plan_shape(loaded, texts: Sequence[str], tokens_per_batch: int) -> tuple[int, int]:
+    """(row length, segments) of a streamed run's packed rows: the length of most steps (the shorter of a tie) that
+    ``batching.pack`` plans for ``texts``, its first window, and the most texts in a row of that length (a power of
+    two): every window is packed alike (``stable_steps``)."""
     lengths = [len(e.ids) for e in encode(loaded, texts)]
-    counts = Counter(s.length for s in pack(lengths, tokens_per_batch, loaded.max_length))
-    return min(counts, key=lambda n: (-counts[n], n)) if counts else tokens_per_batch
+    steps = pack(lengths, tokens_per_batch, loaded.max_length)
+    counts = Counter(s.length for s in steps)
+    if not counts:
+        return min(tokens_per_batch, loaded.max_length), 1
+    length = min(counts, key=lambda n: (-counts[n], n))
+    return length, pow2(max(s.segments for s in steps if s.length == length))
 
 
-def _write_index(folder: Path, window: int, n_texts: int, methods: Sequence[str], row_length: int,
+def _write_index(folder: Path, window: int, n_texts: int, methods: Sequence[str], shape: tuple[int, int],
                  shards: list[dict]) -> None:
     tmp = folder / f"{INDEX}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"window": window, "n_texts": n_texts, "methods": list(methods),
-                               "row_length": row_length, "shards": shards}, indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps({"window": window, "n_texts": n_texts, "methods": list(methods), "row_length": shape[0],
+                               "segments": shape[1], "shards": shards}, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, folder / INDEX)
 
 
@@ -148,10 +160,10 @@ def score_stream(loaded, stream, scan, methods: Sequence[str], *, window: int, o
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
     n_shards = -(-scan.n // window)
-    done, row_length = finished_shards(folder, window, scan.n, methods) if resume else ([], None)
-    if row_length is None:
+    done, shape = finished_shards(folder, window, scan.n, methods) if resume else ([], None)
+    if shape is None:
         budget = kwargs.get("tokens_per_batch") or runner.default_tokens_per_batch()
-        row_length = plan_row_length(loaded, next(stream.windows(window))[1], budget)
+        shape = plan_shape(loaded, next(stream.windows(window))[1], budget)
     cols = Columns(scan.n, list(methods), scan.labels)
     counts = {"texts": scan.n, "reused": 0, "computed": 0, "batches_computed": 0, "skipped": 0, "slots": 0,
               "tokens": 0, "scoring_programs": 0, "shards": n_shards, "shards_reused": len(done)}
@@ -173,12 +185,12 @@ def score_stream(loaded, stream, scan, methods: Sequence[str], *, window: int, o
         part: dict = {}
         recs = runner.score_texts(loaded, texts, methods, labels=labels, out_path=partial, resume=True,
                                   report=part, desc=f"{desc} (shard {k + 1}/{n_shards})", shapes=shapes,
-                                  row_length=row_length, **kwargs)
+                                  stable=shape, **kwargs)
         recs = [dict(r, index=first + r["index"]) for r in recs]
         path = folder / shard_name(k)
         write_jsonl(path, recs)
         shards.append({"file": path.name, "first": first, "last": first + len(texts) - 1, "sha256": sha256(path)})
-        _write_index(folder, window, scan.n, methods, row_length, shards)
+        _write_index(folder, window, scan.n, methods, shape, shards)
         partial.unlink(missing_ok=True)
         cols.take(recs, nonfinite_reason)
         for key in ("reused", "computed", "batches_computed", "skipped", "slots", "tokens"):

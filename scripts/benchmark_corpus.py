@@ -4,7 +4,7 @@ read from the kernel (``os.wait4``'s rusage of that child); and the large corpus
 holding every text) for the speed comparison. With tensorflow-datasets present, the small corpus is also built as a
 TFDS dataset (``--tfds``) and scored through ``--data tfds:...``.
 
-    python scripts/benchmark_corpus.py [--texts 1000] [--scale 20] [--stream-window 250] [--model DIR]
+    python scripts/benchmark_corpus.py [--texts 1000] [--scale 20] [--stream-window 500] [--model DIR]
 
 The model is a random-weight Llama of the ``tiny`` preset's sizes (``scripts/random_model.py``: hidden 64, 2 layers)
 over a 512-id BPE tokenizer trained here, unless ``--model`` names one: a fast model is the strict case for the
@@ -45,7 +45,7 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--texts", type=entry.positive_int, default=1000, help="texts of the small corpus (default 1000)")
     ap.add_argument("--scale", type=entry.positive_int, default=20, help="the large corpus is this many times the "
                                                                          "small one (default 20)")
-    ap.add_argument("--stream-window", type=entry.positive_int, default=250, help="texts per shard (default 250)")
+    ap.add_argument("--stream-window", type=entry.positive_int, default=500, help="texts per shard (default 500)")
     ap.add_argument("--model", type=entry.input_dir, help="a model folder (default: a random tiny Llama, built here)")
     ap.add_argument("--work", type=entry.out_dir, help="working folder (default: a temporary one)")
     ap.add_argument("--no-tfds", action="store_true", help="skip the TFDS run")
