@@ -237,5 +237,9 @@ class Batches:
     def batch(self, step: int, rows: slice | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask) of a step, [grad_accum, micro, seq_len]; ``rows``: only these rows of each micro-batch (a
         process's own block of a batch split over several hosts; only those rows are read)."""
-        idx = self.indices(step).reshape(self.grad_accum, self.batch_size // self.grad_accum)
+        return self.gather(self.indices(step), rows)
+
+    def gather(self, index: np.ndarray, rows: slice | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``batch`` from a step's ``indices``: (ids, mask) [grad_accum, micro (or ``rows`` of it), seq_len]."""
+        idx = index.reshape(self.grad_accum, self.batch_size // self.grad_accum)
         return self.data.rows(idx if rows is None else idx[:, rows])
