@@ -160,3 +160,13 @@ def test_tfds_streams_the_jsonl_texts(tmp_path, capsys):
     assert [y for _, _, labels in got for y in labels] == ds.labels[200:]
     scan = stream.TextStream("tfds:wikimia/length32", data_dir=tmp_path).scan()
     assert scan.texts_sha256 == texts_sha256(ds.texts, ds.labels) and s.text_field == "input"
+
+
+def test_a_multi_pass_run_says_it_holds_every_text(tiny_llama_dir, corpus, tmp_path, capsys):
+    assert main(["score", "--model", str(tiny_llama_dir), "--data", str(corpus[1]["jsonl"]), "--methods", "lowercase",
+                 "--limit", "20", "--stream-window", "16", "--tokens-per-batch", "128", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert ("note: 20 texts held in memory, not streamed (--stream-window 16): multi-pass methods (lowercase) take "
+            "the in-memory path") in err
+    assert (tmp_path / "run" / "passes" / "main.jsonl").exists() and not (tmp_path / "run" / "passes" / "main").exists()

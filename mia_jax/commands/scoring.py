@@ -116,6 +116,14 @@ def open_stream(args, labeled: bool, methods) -> stream.StreamDataset | None:
     return stream.StreamDataset(texts, scan, args.stream_window) if scan.n > args.stream_window else None
 
 
+def held_because(args, methods) -> str:
+    """Why a run of more than --stream-window texts is not streamed (``open_stream``'s conditions), for its note."""
+    multi = [m for m in methods if is_multi_pass(m)]
+    if multi:
+        return f"multi-pass methods ({', '.join(multi)})"
+    return "--window runs" if getattr(args, "window", None) is not None else "runs on several processes"
+
+
 def fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh, res) -> dict:
     """What makes a run: every input that can change a record (see NOT_IN_FINGERPRINT for the rest). ``res``: the
     run's ``resources.Resources``; the rest as :func:`run` makes them."""
@@ -180,6 +188,9 @@ def run(args, labeled: bool) -> Path:
                       overwrite=args.overwrite) as resume:
         if resume:
             print(f"resuming the run in {out}", file=sys.stderr)
+        if args.data and ds.texts is not None and len(ds) > args.stream_window:  # after the checks: never 2 lines
+            print(f"note: {len(ds)} texts held in memory, not streamed (--stream-window {args.stream_window}): "
+                  f"{held_because(args, methods)} take the in-memory path", file=sys.stderr)
         scoring_report.score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh,
                                         blind_asked, compare, res)
     return out
