@@ -9,7 +9,7 @@ import signal
 
 import numpy as np
 import pytest
-from helpers import start, stderr_of, wait_for
+from helpers import assert_clean_error, start, stderr_of, wait_for
 
 from mia_jax import data, runner
 from mia_jax.cli import main
@@ -170,3 +170,13 @@ def test_a_multi_pass_run_says_it_holds_every_text(tiny_llama_dir, corpus, tmp_p
     assert ("note: 20 texts held in memory, not streamed (--stream-window 16): multi-pass methods (lowercase) take "
             "the in-memory path") in err
     assert (tmp_path / "run" / "passes" / "main.jsonl").exists() and not (tmp_path / "run" / "passes" / "main").exists()
+
+
+def test_a_bad_row_past_the_first_window_is_refused_before_anything_is_written(tiny_llama_dir, tmp_path, capsys):
+    recs = rows(40)
+    recs[33]["label"] = 7
+    path = write(tmp_path / "bad.jsonl", recs)
+    out = tmp_path / "run"
+    rc = main(["eval", "--model", str(tiny_llama_dir), "--data", str(path), "--stream-window", "16", "--out", str(out)])
+    assert_clean_error(rc, capsys.readouterr().err, "row 34 has label 7")
+    assert not out.exists()
