@@ -159,6 +159,8 @@ def score_stream(loaded, stream, scan, methods: Sequence[str], *, window: int, o
     if not resume and folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in [*folder.glob(f"{INDEX}.*.tmp"), *Path(out_dir).glob("results.jsonl.*.tmp")]:  # of a killed run
+        stale.unlink(missing_ok=True)
     n_shards = -(-scan.n // window)
     done, shape = finished_shards(folder, window, scan.n, methods) if resume else ([], None)
     if shape is None:
