@@ -143,7 +143,7 @@ def test_streamed_score_killed_resumes_from_its_finished_shards(tiny_llama_dir, 
     assert main_pass["shards"] == 57 and main_pass["shards_reused"] == done  # every finished shard reused
     assert main_pass["reused"] + main_pass["computed"] + main_pass["skipped"] == 900
     assert main_pass["reused"] >= 16 * done - 1  # (text 11, empty, is skipped)
-    assert not list((out / "passes" / "main").glob("*.partial.jsonl"))
+    assert not list((out / "passes" / "main").glob("*.partial.jsonl")) and not list(out.rglob("*.tmp"))
     for name in ["results.jsonl", "passes/main/index.json", *(f"passes/main/{k:05d}.jsonl" for k in range(57))]:
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
 
