@@ -249,14 +249,39 @@ def _label(value, path: Path, where: int) -> int:
 TEXT_FIELDS = ("text", "input")
 
 
-def _text_field(row: dict, path: Path, where: int) -> str:
-    """The one of :data:`TEXT_FIELDS` that ``row`` (the file's first object) has (both or neither: a UserError)."""
-    found = [f for f in TEXT_FIELDS if f in row]
+def default_text_field(fields, where: str, kind: str = "field") -> str:
+    """The one of :data:`TEXT_FIELDS` among ``fields`` (a file's first object's fields, or a dataset's features:
+    ``kind``); both or neither: a UserError that starts with ``where`` (e.g. "FILE: row 1")."""
+    fields = list(fields)
+    found = [f for f in TEXT_FIELDS if f in fields]
     if len(found) != 1:
-        has = "both a 'text' and an 'input' field" if found else "neither a 'text' nor an 'input' field"
-        raise UserError(f"{path}: row {where} has {has} (fields: {', '.join(map(str, row))}); choose the field "
-                        "with --text-field")
+        has = f"both a 'text' and an 'input' {kind}" if found else f"neither a 'text' nor an 'input' {kind}"
+        raise UserError(f"{where} has {has} ({kind}s: {', '.join(map(str, fields))}); choose the {kind} with "
+                        "--text-field")
     return found[0]
+
+
+def record(row, path, where: int, text_field: str | None, label_field: str | None) -> tuple[str, int | None, str]:
+    """(text, 0/1 label or None, the text field) of the raw ``row`` number ``where`` of the file ``path``: a bare
+    string is the text; an object's text is its ``text_field`` (None: :func:`default_text_field` of this row, which
+    the caller keeps for the rows after it), its label its ``label_field`` (None: unlabeled). Anything else is a
+    UserError naming the row."""
+    if isinstance(row, str):
+        row = {text_field or TEXT_FIELDS[0]: row}
+    if not isinstance(row, dict):
+        kind = {list: "a list", int: "a number", float: "a number", bool: "true/false"}.get(type(row), "null")
+        raise UserError(f"{path}: row {where} is {kind}, expected an object with a {text_field or 'text'!r} field "
+                        "(or a string); each line must be one JSON object")
+    if text_field is None:
+        text_field = default_text_field(row, f"{path}: row {where}")
+    for fld in (text_field, label_field):
+        if fld is not None and fld not in row:
+            raise UserError(f"{path}: row {where} has no field {fld!r} (fields: {', '.join(map(str, row))}); "
+                            "choose the field with --text-field / --label-field")
+    text = row[text_field]
+    if not isinstance(text, str):
+        raise UserError(f"{path}: row {where} field {text_field!r} is {type(text).__name__}, expected a string")
+    return text, _label(row[label_field], path, where) if label_field is not None else None, text_field
 
 
 def load_records(path: str | Path, text_field: str | None = None, label_field: str | None = "label",
@@ -279,26 +304,12 @@ def load_records(path: str | Path, text_field: str | None = None, label_field: s
     texts, labels = [], []
     kept: dict[str, list] = {f: [] for f in extra}
     for where, row in _rows(path, encoding):
-        if isinstance(row, str):
-            row = {text_field or TEXT_FIELDS[0]: row}
-        if text_field is None and isinstance(row, dict):
-            text_field = _text_field(row, path, where)
-        if not isinstance(row, dict):
-            kind = {list: "a list", int: "a number", float: "a number", bool: "true/false"}.get(type(row), "null")
-            raise UserError(f"{path}: row {where} is {kind}, expected an object with a {text_field!r} field (or a "
-                            "string); each line must be one JSON object")
-        for fld in (text_field, label_field):
-            if fld is not None and fld not in row:
-                raise UserError(f"{path}: row {where} has no field {fld!r} (fields: {', '.join(map(str, row))}); "
-                                "choose the field with --text-field / --label-field")
-        text = row[text_field]
-        if not isinstance(text, str):
-            raise UserError(f"{path}: row {where} field {text_field!r} is {type(text).__name__}, expected a string")
+        text, label, text_field = record(row, path, where, text_field, label_field)
         texts.append(text)
         if label_field is not None:
-            labels.append(_label(row[label_field], path, where))
+            labels.append(label)
         for f in extra:
-            kept[f].append(row.get(f))
+            kept[f].append(row.get(f) if isinstance(row, dict) else None)
     if not texts:
         raise UserError(f"{path}: no rows (the file is empty or holds only blank lines or a header); give a file "
                         "with at least one row")

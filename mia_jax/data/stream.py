@@ -46,7 +46,7 @@ class Scan:
 
 class TextStream:
     """One input read row by row: ``spec`` (a data file, or a ``tfds:`` spec read from ``data_dir``), the
-    ``text_field`` (None: ``text``, else ``input``, chosen on the first row), ``label_field`` (None: unlabeled),
+    ``text_field`` (None: ``text`` or ``input``, ``data.default_text_field``), ``label_field`` (None: unlabeled),
     the text files' ``encoding``, at most ``limit`` texts. ``name`` and ``files`` ({path: SHA-256}) as a
     ``data.Dataset``'s."""
 
@@ -58,12 +58,7 @@ class TextStream:
         if is_tfds(spec):
             self._tfds = src = _tfds_source(str(spec), data_dir)
             self.name, self.files, self.path = src.label, dict(src.files), str(spec)
-            if self.text_field is None:  # as tfds_source.load chooses it: among the features, not a row's fields
-                self.text_field = next((f for f in data.TEXT_FIELDS if f in src.features), None)
-                if self.text_field is None:
-                    raise UserError(f"{spec} has neither a 'text' nor an 'input' feature (features: "
-                                    f"{', '.join(src.features)}); choose the text feature with --text-field")
-            src.check_text_field(self.text_field)
+            self.text_field = src.resolve_text_field(self.text_field)
             if label_field is not None:
                 src.check_label_field(label_field)
         else:
@@ -123,23 +118,7 @@ class TextStream:
         return [t for t, _ in self.rows()]
 
     def _record(self, row, where) -> tuple[str, int | None]:
-        if isinstance(row, str):
-            row = {self.text_field or data.TEXT_FIELDS[0]: row}
-        if self.text_field is None and isinstance(row, dict):
-            self.text_field = data._text_field(row, self.path, where)
-        if not isinstance(row, dict):
-            kind = {list: "a list", int: "a number", float: "a number", bool: "true/false"}.get(type(row), "null")
-            raise UserError(f"{self.path}: row {where} is {kind}, expected an object with a {self.text_field!r} field "
-                            "(or a string); each line must be one JSON object")
-        for fld in (self.text_field, self.label_field):
-            if fld is not None and fld not in row:
-                raise UserError(f"{self.path}: row {where} has no field {fld!r} (fields: {', '.join(map(str, row))}); "
-                                "choose the field with --text-field / --label-field")
-        text = row[self.text_field]
-        if not isinstance(text, str):
-            raise UserError(f"{self.path}: row {where} field {self.text_field!r} is {type(text).__name__}, expected "
-                            "a string")
-        label = data._label(row[self.label_field], self.path, where) if self.label_field is not None else None
+        text, label, self.text_field = data.record(row, self.path, where, self.text_field, self.label_field)
         return text, label
 
     def _raw(self, start: int) -> Iterator[tuple[int, object]]:

@@ -213,6 +213,13 @@ class TfdsSource:
             for row in chunk:
                 yield plain(row)
 
+    def resolve_text_field(self, fld: str | None) -> str:
+        """``fld`` checked (:meth:`check_text_field`), or when None the one of ``text`` and ``input`` among the
+        features (:func:`mia_jax.data.default_text_field`: both or neither is a UserError)."""
+        fld = fld if fld is not None else data.default_text_field(self.features, self.spec, "feature")
+        self.check_text_field(fld)
+        return fld
+
     def check_text_field(self, fld: str, what: str = "--text-field") -> None:
         """A UserError unless ``fld`` is a Text feature of the dataset."""
         self._check_field(fld, what)
@@ -249,14 +256,7 @@ def load(spec: str, data_dir: str | os.PathLike | None = None, text_field: str |
     the dataset lacks, as for a file's missing field). A missing text or label feature, a text feature that is not
     Text, a label that is not 0/1 or an empty split is a UserError naming it."""
     src = TfdsSource(spec, data_dir)
-    if text_field is None:
-        found = [f for f in data.TEXT_FIELDS if f in src.features]
-        if len(found) != 1:
-            raise UserError(f"{spec} has {'both' if found else 'neither'} a 'text' {'and' if found else 'nor'} an "
-                            f"'input' feature (features: {', '.join(src.features)}); choose the text feature with "
-                            "--text-field")
-        text_field = found[0]
-    src.check_text_field(text_field)
+    text_field = src.resolve_text_field(text_field)
     if label_field is not None:
         src.check_label_field(label_field)
     texts, labels, kept = [], [], {f: [] for f in extra}
