@@ -18,7 +18,7 @@ from helpers import ENV, REPO, assert_clean_error, snapshot
 from mia_jax import data
 from mia_jax.audits import books
 from mia_jax.cli import main
-from mia_jax.data import builders, corpora, tfds_source
+from mia_jax.data import builders, corpora, stream, tfds_source
 from mia_jax.errors import UserError
 
 
@@ -195,3 +195,27 @@ def test_audit_books_reads_books_from_tfds(tmp_path, capsys):
                "--threshold", "0", "--out", str(tmp_path / "out")])
     assert_clean_error(rc, capsys.readouterr().err, "no TFDS dataset 'no_books'")
     assert snapshot(tmp_path) == before
+
+
+class TfdsTestBoth(builders.Bundled):
+    """Records with both a text and an input feature: no default text feature."""
+
+    def _features(self) -> dict:
+        return {"text": tfds.features.Text(), "input": tfds.features.Text(), "label": np.int64}
+
+    def _rows(self):
+        for i in range(12):
+            yield {"text": f"text {i}", "input": f"input {i}", "label": i % 2}
+
+
+def test_text_feature_default_is_the_same_in_memory_and_streamed(tmp_path):
+    """A split with both `text` and `input` needs --text-field, whether it is read whole or streamed (one rule,
+    data.default_text_field); a named feature is read by both readers alike."""
+    TfdsTestBoth(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+    with pytest.raises(UserError, match=r"has both a 'text' and an 'input' feature \(features: "):
+        tfds_source.load("tfds:tfds_test_both", tmp_path)
+    with pytest.raises(UserError, match=r"has both a 'text' and an 'input' feature \(features: "):
+        stream.TextStream("tfds:tfds_test_both", data_dir=tmp_path)
+    whole = tfds_source.load("tfds:tfds_test_both", tmp_path, text_field="input")
+    streamed = stream.TextStream("tfds:tfds_test_both", "input", data_dir=tmp_path)
+    assert [t for t, _ in streamed.rows()] == whole.texts == [f"input {i}" for i in range(12)]
