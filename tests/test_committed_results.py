@@ -6,8 +6,9 @@ every file; the only differences allowed are the records of the rebuild itself (
 info.json / unlearning.json, hence their entries in manifest.json).
 
 The rebuild computes each table once (the sweeps' tables once, inside train.study, where the earlier tests rebuilt
-them twice, by train.tables and by train.study). Measured on the development machine (2 CPU cores shared with other
-test runs; times vary two- to three-fold with the load): see the commit that last changed this file."""
+them twice, by train.tables and by train.study). Measured on the development machine, the 2 cores shared with other
+test runs (load average 7-9): the --check test 681 s wall, 177 s of CPU (user); the 14 tests it replaces, run the
+same hour under a similar load: 384 s wall, 198 s of CPU. Wall times vary two- to three-fold with the load."""
 from __future__ import annotations
 
 import runpy

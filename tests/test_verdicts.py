@@ -4,12 +4,14 @@ p-value against its interval, ``holm_adjust`` on a table's comparisons, the runn
 the claims' correction and seed re-test, and the one formatter's rounding of ties (0.7325 prints 0.733 wherever it
 comes from)."""
 import itertools
+import runpy
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mia_jax import comparisons as cmp
-from mia_jax import report, rounding
+from mia_jax import report, rounding, verdict_log
 from train import claims
 
 
@@ -131,3 +133,22 @@ def test_signed_rounding_and_intervals():
     assert report.with_ci(0.7325, [0.66449999999999998, 0.7995]) == "0.733 [0.665, 0.800]"
     for a, b in itertools.combinations([0.7325, 0.73249999999999993, 0.7325000000000001], 2):
         assert rounding.fmt(a) == rounding.fmt(b)
+
+
+def test_seed_audit_recomputes_each_family_under_other_seeds():
+    """Inside verdict_log.recording(), every paired comparison and Holm family is recorded; build_results' seed audit
+    recomputes them with the seed shifted (the same numbers as calling with that seed) and Holm again."""
+    audit = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "build_results.py"),
+                           run_name="_script_build_results")["seed_audit"]
+    rng = np.random.default_rng(2)
+    labels = np.r_[np.ones(40, int), np.zeros(40, int)]
+    a, b = labels * 1.2 + rng.normal(size=80), rng.normal(size=80)
+    with verdict_log.recording() as log:
+        entry = cmp.compare_to_best(labels, {"a": a, "b": b, "c": b + 0.01 * rng.normal(size=80)},
+                                    {"a": 0.8, "b": 0.5, "c": 0.5}, n_bootstrap=300, seed=4)
+        cmp.holm_adjust(list(entry["vs"].values()))
+    assert not verdict_log.active() and len(log["families"]) == 1
+    again = log["recompute"][id(entry["vs"]["b"])][1](3)
+    assert again["auroc"]["ci"] == cmp.paired_bootstrap(labels, a, b, n_bootstrap=300, seed=7)["auroc"]["ci"]
+    n, changed = audit(log, range(1, 3))
+    assert n == 2 and changed == []  # a clear difference keeps its verdict under every seed
