@@ -168,8 +168,10 @@ def comparisons_markdown(comparisons: Sequence[dict]) -> str:
         lines.append(describe(c, c["a"], c["b"]))
     pct = f"{comparisons[0].get('confidence', 0.95):.0%}"
     header = ["A", "B", f"AUROC A - B [{pct} CI]", "AUROC verdict", f"TPR@5%FPR A - B [{pct} CI]", "TPR verdict"]
-    return ("Paired comparisons (bootstrap of the difference on the same texts; a verdict only where the interval "
-            "excludes 0):\n\n" + markdown(header, rows) + "\n" + "\n".join(f"- {line}" for line in lines) + "\n")
+    n = sum(1 for c in comparisons if "error" not in c)
+    return ("Paired comparisons (bootstrap of the difference on the same texts; the intervals unadjusted; a verdict "
+            f"only where the Holm-adjusted p over these {n} comparisons, per metric, is below 0.05):\n\n"
+            + markdown(header, rows) + "\n" + "\n".join(f"- {line}" for line in lines) + "\n")
 
 
 def write_summary(out_dir, summary: dict[str, dict], extra: dict | None = None, notes: Sequence[str] = (),

@@ -66,8 +66,14 @@ def test_eval_writes_every_output(tiny_llama_dir, labeled, tmp_path, capsys):
     md = (out / "summary.md").read_text()
     scores = {m: np.array([r["scores"][m] for r in records[:20]]) for m in methods}
     best = max(methods, key=lambda m: summary[m]["auroc"])
-    want = {best} | {m for m in methods if m != best and metrics.paired_bootstrap(
-        labels, scores[best], scores[m], n_bootstrap=50, seed=0)["auroc"]["verdict"] != "A > B"}
+    others = [m for m in methods if m != best]  # each against the best, 2000 resamples, Holm over the comparisons
+    pairs = [metrics.paired_bootstrap(labels, scores[best], scores[m], n_bootstrap=2000, seed=0)["auroc"]
+             for m in others]
+    p = np.array([c["p"] for c in pairs])
+    order = np.argsort(p, kind="stable")
+    holm = np.empty_like(p)
+    holm[order] = np.minimum(1, np.maximum.accumulate(p[order] * (len(p) - np.arange(len(p)))))
+    want = {best} | {m for m, c, ph in zip(others, pairs, holm) if not (c["ci"][0] > 0 and ph < 0.05)}
     got = {m for m in methods if re.search(rf"\| {re.escape(m)} \| \*\*", md)}
     assert got == want and "Bold AUROC" in md
     assert {m for m in methods if re.search(rf"\| {re.escape(m)} \| \*\*", printed)} == want

@@ -14,6 +14,7 @@ import jax
 
 from mia_jax import __version__, blind, comparisons, compilation, data, metrics, report, resources, sharding, shards
 from mia_jax.audits import concat, windowed
+from mia_jax.bootstrap import tpr_key
 from mia_jax.data.stream import StreamDataset
 from mia_jax.errors import UserError
 
@@ -46,30 +47,38 @@ def _neighbor_meta(generator, records) -> dict:
 
 
 def _paired(scores, labels, pairs, args) -> list[dict]:
-    """comparisons.paired_bootstrap of each --compare pair over the run's ``scores`` ({method: float64 [N]})."""
+    """comparisons.paired_bootstrap of each --compare pair over the run's ``scores`` ({method: float64 [N]}), from
+    at least ``comparisons.VERDICT_RESAMPLES`` resamples, each metric's verdicts Holm-corrected over the pairs."""
     out = []
     for a, b in pairs:
         try:
-            res = comparisons.paired_bootstrap(labels, scores[a], scores[b], n_bootstrap=args.n_bootstrap,
-                                           seed=args.seed)
+            res = comparisons.paired_bootstrap(labels, scores[a], scores[b], seed=args.seed,
+                                               n_bootstrap=comparisons.verdict_resamples(args.n_bootstrap))
         except ValueError as e:  # e.g. one class left once the texts either method could not score are dropped
             res = {"error": str(e)}
         out.append({"a": a, "b": b, **res})
+    for key in ("auroc", tpr_key(0.05)):
+        comparisons.holm_adjust([c for c in out if "error" not in c], key)
     return out
 
 
-BOLD_NOTE = ("Bold AUROC: the highest and every method the paired bootstrap on the same texts does not place "
-             "below it (best - method interval containing 0).")
+def bold_note(m: int) -> str:
+    """The note under a run's table that says what its bold means (``m``: the comparisons with the best behind it)."""
+    return ("Bold AUROC: the highest and every method that the paired bootstrap on the same texts does not place "
+            f"below it (best - method, Holm-corrected over the {m} comparisons with the best at level 0.05; at "
+            f"least {comparisons.VERDICT_RESAMPLES} resamples).")
 
 
-def _tied_with_best(labels, scores, summary, methods, args) -> set:
-    """The methods whose AUROC the run's table bolds (comparisons.compare_to_best / tied_with_best); none without
-    bootstrap resamples or with fewer than two methods."""
+def _tied_with_best(labels, scores, summary, methods, args) -> tuple[set, int]:
+    """(the methods whose AUROC the run's table bolds, the number of comparisons behind it):
+    comparisons.compare_to_best from at least ``comparisons.VERDICT_RESAMPLES`` resamples, Holm-corrected, then
+    comparisons.tied_with_best; nothing without bootstrap resamples or with fewer than two methods."""
     if args.n_bootstrap < 1 or len(methods) < 2 or len(set(labels)) < 2:
-        return set()
+        return set(), 0
     entry = comparisons.compare_to_best(labels, scores, {m: summary[m].get("auroc") for m in methods},
-                                    n_bootstrap=args.n_bootstrap, seed=args.seed)
-    return comparisons.tied_with_best(entry)
+                                        n_bootstrap=comparisons.verdict_resamples(args.n_bootstrap), seed=args.seed)
+    m = comparisons.holm_adjust(list(entry["vs"].values()) if entry else [], "auroc")
+    return comparisons.tied_with_best(entry), m
 
 
 def _compile_meta(count: dict) -> dict:
@@ -199,9 +208,9 @@ def _write_metrics(args, out: Path, ds, loaded, cols, methods, generator, meta: 
                 summary[blind.NAME] = blind_metrics
         notes.append(note)
     comparisons = _paired(scores, labels, compare, args)
-    bold = _tied_with_best(labels, scores, summary, methods, args)
+    bold, n_compared = _tied_with_best(labels, scores, summary, methods, args)
     if bold:
-        notes.append(BOLD_NOTE)
+        notes.append(bold_note(n_compared))
     report.write_summary(out, summary, extra=meta, notes=notes, comparisons=comparisons, bold=bold)
     report.plot_roc(out / "roc.png", {m: (labels, scores[m]) for m in methods}, title=f"{ds.name}, {loaded.name}")
     report.plot_histograms(out / "histograms.png", scores, labels)
