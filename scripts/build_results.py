@@ -143,18 +143,24 @@ def seed_audit(log: dict, offsets: range) -> tuple[int, list[str]]:
     return n, changed
 
 
+def build_in(folder: Path, logs: dict | None = None) -> None:
+    """Every step (:func:`build`, recording into ``logs`` when given) run with ``folder`` (holding a results/) as
+    the working folder, which is restored after."""
+    here = Path.cwd()
+    os.chdir(folder)
+    try:
+        build(logs)
+    finally:
+        os.chdir(here)
+
+
 def seeds_report(n_seeds: int) -> str:
     """The build run in a temporary copy while recording, then every table's verdicts re-tested under ``n_seeds``
     other seeds: a markdown report (not a committed file)."""
     logs: dict = {}
     with tempfile.TemporaryDirectory(prefix="build_results_") as tmp:
         shutil.copytree(REPO / "results", Path(tmp) / "results")
-        here = Path.cwd()
-        os.chdir(tmp)
-        try:
-            build(logs)
-        finally:
-            os.chdir(here)
+        build_in(Path(tmp), logs)
     lines = [f"# Verdicts of every committed table under {n_seeds} other bootstrap seeds\n"]
     for name, log in logs.items():
         n, changed = seed_audit(log, range(1, n_seeds + 1))
@@ -197,12 +203,7 @@ def check() -> list[str]:
     """Every step run in a temporary copy of results/; the files that differ from the committed ones."""
     with tempfile.TemporaryDirectory(prefix="build_results_") as tmp:
         shutil.copytree(REPO / "results", Path(tmp) / "results")
-        here = Path.cwd()
-        os.chdir(tmp)
-        try:
-            build()
-        finally:
-            os.chdir(here)
+        build_in(Path(tmp))
         return differences(Path(tmp) / "results", REPO / "results")
 
 
@@ -231,12 +232,7 @@ def _main(argv) -> int:
         print(f"{len(diff)} file(s) differ" if diff else "every file under results/ rebuilds byte for byte",
               file=sys.stderr)
         return 1 if diff else 0
-    here = Path.cwd()
-    os.chdir(REPO)
-    try:
-        build()
-    finally:
-        os.chdir(here)
+    build_in(REPO)
     print("rebuilt results/", file=sys.stderr)
     return 0
 
