@@ -87,11 +87,104 @@ def _blind(outputs: dict, folder: Path) -> dict:
     return {d: r for d, r in json.loads(outputs[folder][first])["blind"].items() if r}
 
 
-def header_fields(found: list[dict], outputs: dict, sweeps: dict) -> dict:
+def _count(n: int) -> str:
+    """An integer as the reports print counts: a space between thousands from 10 000 on (1554, 65 429)."""
+    return f"{n:,}".replace(",", " ") if n >= 10_000 else str(n)
+
+
+# A run's numbers a header may name as {run[SWEEP/RUN][name]} (SWEEP: the sweep folder's name, RUN: the run's
+# sub-folder), each read from the run's committed run.json.
+RUN_FIELDS = {
+    "docs": lambda r: _count(r["corpus"]["n_documents"]),
+    "tokens": lambda r: _count(r["corpus"]["tokens"]["total"]),
+    "background": lambda r: _count(r["corpus"]["tokens"]["background"]),
+    "inserted": lambda r: _count(r["corpus"]["tokens"]["contaminant"]),
+    "copies": lambda r: _count(r["corpus"]["n_inserted_segments"]),
+    "contamination": lambda r: f"{100 * r['corpus']['contamination_rate']:.1f}%",
+    "steps": lambda r: str(r["train"]["steps"]),
+    "train_s": lambda r: f"{r['train']['seconds']:.0f}",
+    "tok_s": lambda r: f"{r['train']['tokens_per_second']:.0f}",
+    "first_loss": lambda r: f"{r['train']['first_loss']:.3f}",
+    "final_loss": lambda r: f"{r['train']['final_loss']:.3f}",
+    "score_base_s": lambda r: f"{r['timings_s']['score_base_s']:.0f}",
+    "score_trained_s": lambda r: f"{r['timings_s']['score_trained_s']:.0f}",
+    "texts": lambda r: str(r["scoring"]["trained"]["main"]["texts"]),
+    "ref_reused": lambda r: "{reused} of {texts}".format(**r["scoring"]["trained"]["ref"]),
+}
+
+
+def run_fields(loaded: dict) -> dict:
+    """{"SWEEP/RUN": {name: text}} of every loaded run (:data:`RUN_FIELDS`; a name whose record is missing left out)."""
+    out = {}
+    for (_, folder), (_, runs) in loaded.items():
+        for sub, run in runs:
+            got = out.setdefault(f"{Path(folder).name}/{sub}", {})
+            for name, get in RUN_FIELDS.items():
+                with contextlib.suppress(KeyError, TypeError):
+                    got[name] = get(run)
+    return out
+
+
+def lower_loss(folder: Path) -> str:
+    """Of an lr sweep's two runs (``train_metrics.jsonl``, the loss of each new batch): from which step the lower
+    learning rate's loss stays below the higher one's (all steps but the last), the step with the widest gap and
+    the final losses."""
+    runs = sorted((p for p in Path(folder).iterdir() if (p / "train_metrics.jsonl").is_file()),
+                  key=lambda p: -json.loads((p / "run.json").read_text())["config"]["train"]["lr"])
+    hi, lo = ([json.loads(line)["loss"] for line in (p / "train_metrics.jsonl").read_text().splitlines()]
+              for p in runs)
+    start = len(lo) - 1
+    while start > 0 and lo[start - 1] < hi[start - 1]:
+        start -= 1
+    gap = max(range(len(lo) - 1), key=lambda i: hi[i] - lo[i])
+    return (f"at every step from {start + 1} on but the last (e.g. step {gap + 1}: {lo[gap]:.3f} vs {hi[gap]:.3f}; "
+            f"final {lo[-1]:.3f} vs {hi[-1]:.3f}")
+
+
+def pool_fields(folder: Path) -> dict:
+    """The trap pool's record (``traps/traps/pool.jsonl``'s first line) as texts: drawn, dropped_short,
+    dropped_retokenized, dropped_near_duplicate, kept_24 / kept_48 (per length), bins_24 / bins_48 (the perplexity
+    bin edges, "low 2.3-87, mid ..., high ...")."""
+    pool = next(Path(folder).glob("*/traps/pool.jsonl"))
+    rec = json.loads(pool.read_text(encoding="utf-8").splitlines()[0])["record"]
+    out = {"drawn": _count(rec["drawn"]), "dropped_short": str(rec["dropped"]["short"]),
+           "dropped_retokenized": str(rec["dropped"]["retokenized_length"]),
+           "dropped_near_duplicate": str(rec["dropped"]["near_duplicate"])}
+    for length, r in rec["lengths"].items():
+        e = [f"{x:.2g}" if x < 10 else _count(round(x)) for x in r["bin_edges_ppl"]]
+        out[f"kept_{length}"] = str(r["kept"])
+        out[f"bins_{length}"] = f"low {e[0]}-{e[1]}, mid {e[1]}-{e[2]}, high {e[2]}-{e[3]}"
+    return out
+
+
+def trap_split(runs: list) -> dict:
+    """The traps run's split from its examples: members, non_members, per_count (members per number of
+    insertions), per_stratum_count (members per stratum and count), strata."""
+    rows = runs[0][1]["examples"]
+    members = [r for r in rows if r["label"] == 1]
+    per = {}
+    for r in members:
+        per[(r["stratum"], r["occurrences"])] = per.get((r["stratum"], r["occurrences"]), 0) + 1
+    counts = sorted({r["occurrences"] for r in members})
+    return {"members": str(len(members)), "non_members": str(len(rows) - len(members)),
+            "per_count": "/".join(sorted({str(sum(v for (s, k), v in per.items() if k == c)) for c in counts})),
+            "per_stratum_count": "/".join(sorted({str(v) for v in per.values()})),
+            "strata": str(len({r["stratum"] for r in rows}))}
+
+
+def header_fields(found: list[dict], outputs: dict, sweeps: dict, loaded: dict | None = None) -> dict:
     """The numbers a ``--header`` may name as ``{name}``: ``across_models`` (:func:`claims.across_models`),
     ``blind_range`` (the lowest-highest blind-baseline AUROC over the first lr sweep's datasets), ``news_blind`` (the
-    news sweep's blind AUROC with its interval)."""
-    fields = {"across_models": claims.across_models(found)}
+    news sweep's blind AUROC with its interval), ``run[SWEEP/RUN][name]`` (:func:`run_fields`), ``lower_loss[SWEEP]``
+    (:func:`lower_loss`, lr sweeps with training logs), ``pool[name]`` and ``split[name]`` (the traps sweep:
+    :func:`pool_fields`, :func:`trap_split`), ``traps_blind`` (its blind AUROC with its interval)."""
+    fields = {"across_models": claims.across_models(found), "run": run_fields(loaded or {}),
+              "lower_loss": {f.name: lower_loss(f) for f in _folders(sweeps.get("lr"))
+                             if len(list(f.glob("*/train_metrics.jsonl"))) == 2}}
+    for folder in _folders(sweeps.get("traps"))[:1]:
+        fields["pool"] = pool_fields(folder)
+        fields["split"] = trap_split(loaded[("traps", folder)][1])
+        fields["traps_blind"] = "; ".join(with_ci(r["auroc"], r["auroc_ci"]) for r in _blind(outputs, folder).values())
     for kind, key in (("lr", "blind_range"), ("news", "news_blind")):
         folders = _folders(sweeps.get(kind))
         if folders:
@@ -152,7 +245,7 @@ def compute(sweeps: dict[str, Path | list[Path]], header: str = "",
             "are unadjusted).\n\n" + claims_markdown(found) + "\n" + seeds
             + comparisons.family_note(len([c for c in found if "p_holm" in c]), "the claims") + "\n\n"
             + "\n\n".join(parts))
-    header = fill_header(header, header_fields(found, outputs, sweeps)) if header else ""
+    header = fill_header(header, header_fields(found, outputs, sweeps, loaded)) if header else ""
     return (header + "\n\n" if header else "") + body, found, outputs
 
 
