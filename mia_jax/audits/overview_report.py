@@ -221,8 +221,37 @@ def window_fields(root: Path, reps: dict) -> dict:
             "windows_paired": "; ".join(said), "windows_family": family}
 
 
+def setup_fields(root: Path) -> dict:
+    """The set-up's counts, from the books audit's ``snippets.csv`` / ``info.json``, the unlearning audit's
+    ``unlearning.json`` and the windowed contamination run's ``run.json``: books in all, per domain, trained on,
+    validation books per domain and label, audited books per label, snippets per book and their words, the forget
+    set's texts and chunks, the story-completion prompt and samples, the concatenated records."""
+    snips = _csv(root / "books" / "snippets.csv")
+    books = {(r["set"], r["title"], r["label"]) for r in snips}
+    domains = {t.rsplit("-", 1)[0] for _, t, _ in books}
+    info = json.loads((root / "books" / "info.json").read_text())
+    unl = json.loads((root / "unlearning" / "unlearning.json").read_text())
+
+    def per_domain(sel) -> str:  # the count per domain when every domain has the same, else each one's
+        n = sorted({sum(1 for b in books if sel(b) and b[1].rsplit("-", 1)[0] == d) for d in domains})
+        return "/".join(map(str, n))
+
+    return {"books_total": len(books), "books_domains": len(domains), "books_per_domain": per_domain(lambda b: True),
+            "books_trained": sum(b[2] == "1" for b in books),
+            "books_val_per_domain": per_domain(lambda b: b[0] == "validation" and b[2] == "1"),
+            "books_val_unseen_per_domain": per_domain(lambda b: b[0] == "validation" and b[2] == "0"),
+            "books_unseen": sum(b[0] == "audit" and b[2] == "0" for b in books),
+            "books_snippets_per_book": len(snips) // len(books),
+            "books_snippet_words": info["config"]["snippet_words"],
+            "u_texts": unl["counts"]["texts"], "u_chunks": unl["counts"]["chunks"],
+            "u_chunk_words": unl["config"]["chunk_words"], "u_prompt_words": unl["config"]["prompt_words"],
+            "u_samples": unl["config"]["n_samples"],
+            "concat_records": json.loads((root / "concat" / "contam-trained" / "run.json").read_text())["data"]["n"]}
+
+
 def render(template: str, root: Path, reps: dict) -> str:
     """The overview: ``template`` (the text of results/audits/README.md) with every ``{name}`` filled in from the
-    audit folders under ``root`` (:func:`book_fields`, :func:`unlearning_fields`, :func:`window_fields`)."""
-    fields = {**book_fields(root), **unlearning_fields(root), **window_fields(root, reps)}
+    audit folders under ``root`` (:func:`setup_fields`, :func:`book_fields`, :func:`unlearning_fields`,
+    :func:`window_fields`)."""
+    fields = {**setup_fields(root), **book_fields(root), **unlearning_fields(root), **window_fields(root, reps)}
     return template.format(**fields)
