@@ -477,12 +477,29 @@ def build_parser() -> entry.ArgumentParser:
     return ap
 
 
+def header_fields(srcs) -> dict:
+    """What a --header may name as ``{run[FOLDER][name]}`` (FOLDER: a --from folder's name): every key of its
+    info.json (n_evaluated, n_shots_held_out, shots_per_prefix, per_cell, ...), ``single_pass`` (how many methods
+    share the single forward pass) and ``GROUP_s`` (each cost.json group's seconds, e.g. ``lowercase_s``)."""
+    out = {}
+    for folder in srcs or []:
+        cost = json.loads((Path(folder) / "cost.json").read_text(encoding="utf-8"))
+        out[Path(folder).name] = {**json.loads((Path(folder) / "info.json").read_text(encoding="utf-8")),
+                                  "single_pass": len(cost["single-pass"]["methods"]),
+                                  **{f"{g.replace('-', '_')}_s": f"{c['seconds']:.0f}" for g, c in cost.items()}}
+    return {"run": out}
+
+
 def _write_report(args, text: str) -> None:
     if args.header:
         try:
-            head = args.header.read_text(encoding="utf-8")
+            head = args.header.read_text(encoding="utf-8").format_map(header_fields(args.src))
         except UnicodeDecodeError:
             raise UserError(f"--header {args.header} is not UTF-8 text") from None
+        except KeyError as e:
+            raise UserError(f"--header names {{{e.args[0]}}}, which the --from folders do not record") from None
+        except (ValueError, IndexError, AttributeError) as e:
+            raise UserError(f"--header is not a template ({e}); write a brace as {{{{ or }}}}") from None
         text = head.rstrip() + "\n\n" + text
     if args.md:
         files.write_all(args.md.absolute().parent, {args.md.name: text})
