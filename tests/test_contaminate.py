@@ -67,7 +67,9 @@ def test_tiny_experiment(tiny_run, capsys):
         assert text in table3, text
     assert "TPR@5%FPR" in (out / "table7.md").read_text()
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics) == {"trained", "base", "blind", "average", "gain", "best"}
+    assert set(metrics) == {"trained", "base", "blind", "average", "gain", "best", "family"}
+    # the Holm family of each metric: every paired comparison behind the tables' verdicts (bold ties, gains, best)
+    assert set(metrics["family"]) == {"auroc", "tpr_at_5pct_fpr"} and metrics["family"]["auroc"] > 4
     assert set(metrics["trained"]) == {"boolq", "commonsenseqa", "imdb", "truthfulqa"}
     r = metrics["trained"]["imdb"]["min_k@0.2"]
     eval_set = [json.loads(line) for line in (out / "corpus" / "eval.jsonl").read_text().splitlines()]
