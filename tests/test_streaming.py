@@ -76,7 +76,7 @@ def test_parquet_is_read_one_row_group_at_a_time(corpus, monkeypatch):
     read = []
     real = pq.ParquetFile.read_row_group
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, g, *a, **k: read.append(g) or real(self, g))
-    got = [t for _, t in stream.parquet_rows(corpus[1]["parquet"], start=15)]
+    got = [t for _, t in data.parquet_rows(corpus[1]["parquet"], start=15)]
     assert read == list(range(2, 9))  # groups of 7 rows: 0 and 1 lie before row 15 and are never read
     assert [r["text"] for r in got] == [r["text"] for r in corpus[0][15:]]
 

@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
@@ -38,7 +38,7 @@ class Dataset:
         return len(self.texts)
 
 
-def _check_encoding(encoding: str) -> bool:
+def check_encoding(encoding: str) -> bool:
     """Refuse an unknown (or non-text) encoding name; True when the encoding is line-splittable, i.e. a newline
     or carriage return is the single byte 0x0a / 0x0d and never part of another character (UTF-8, Latin-1,
     cp1252, Shift-JIS, ...; not UTF-16 or UTF-32)."""
@@ -77,7 +77,7 @@ def _lines(path: Path, encoding: str):
     the byte and its offset in the file (from 0). Line-splittable encodings are read a line at a time; others
     (UTF-16, UTF-32) are decoded whole.
     """
-    splittable = _check_encoding(encoding)
+    splittable = check_encoding(encoding)
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -173,7 +173,29 @@ def _csv_rows(path: Path, encoding: str, delimiter: str, header_out: list | None
         yield where, row
 
 
-def _rows(path: Path, encoding: str = "utf-8"):
+def parquet_rows(path: Path, start: int = 0) -> Iterator[tuple[int, dict]]:
+    """(row number from 1, row dict) of a Parquet file from row ``start`` on, one row group in memory at a time (the
+    row groups before ``start`` are skipped by their metadata, never read)."""
+    import pyarrow as pa  # a dependency, imported here: only .parquet input pays its start-up time
+    import pyarrow.parquet as pq  # (as above)
+
+    try:
+        pf = pq.ParquetFile(path)
+        first = 0
+        for g in range(pf.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if first + n > start:
+                rows = pf.read_row_group(g).to_pylist()
+                for k in range(max(start - first, 0), n):
+                    yield first + k + 1, rows[k]
+            first += n
+    except (OSError, ValueError, pa.ArrowException) as e:
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"{path}: cannot read it as Parquet ({msg}); the file is corrupt or not Parquet: re-export "
+                        "it, or give a .jsonl / .csv file") from None
+
+
+def read_rows(path: Path, encoding: str = "utf-8"):
     """Yield (row number, dict) from a .jsonl / .json / .csv / .tsv / .parquet file. The row number is the
     line (from 1) where the row starts in a text file, the row's position (from 1) in a Parquet file."""
     suffix = path.suffix.lower()
@@ -182,18 +204,7 @@ def _rows(path: Path, encoding: str = "utf-8"):
     elif suffix in (".csv", ".tsv"):
         yield from _csv_rows(path, encoding, "\t" if suffix == ".tsv" else ",")
     elif suffix == ".parquet":
-        try:
-            import pyarrow as pa  # optional (not installed with mia_jax): only for .parquet files
-            import pyarrow.parquet as pq  # (optional, as above)
-        except ImportError:
-            raise UserError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
-        try:
-            table = pq.read_table(path)
-        except (OSError, ValueError, pa.ArrowException) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise UserError(f"{path}: cannot read it as Parquet ({first}); the file is corrupt or not Parquet: "
-                            "re-export it, or give a .jsonl / .csv file") from None
-        yield from enumerate(table.to_pylist(), 1)
+        yield from parquet_rows(path)
     else:
         raise UserError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .csv, .tsv or .parquet")
 
@@ -224,7 +235,7 @@ def read_csv(path: str | Path, columns: Sequence[str] = (), encoding: str = "utf
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path} is a folder, not a CSV file" if path.is_dir() else f"file not found: {path}")
-    _check_encoding(encoding)
+    check_encoding(encoding)
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     header: list[list[str]] = []
     rows = [row for _, row in _csv_rows(path, encoding, delimiter, header_out=header)]
@@ -237,7 +248,7 @@ def read_csv(path: str | Path, columns: Sequence[str] = (), encoding: str = "utf
     return rows
 
 
-def _label(value, path: Path, where: int) -> int:
+def label_of(value, path: Path, where: int) -> int:
     if isinstance(value, str) and value.strip() in ("0", "1"):
         return int(value)
     if isinstance(value, (bool, int, float)) and value in (0, 1):
@@ -281,7 +292,7 @@ def record(row, path, where: int, text_field: str | None, label_field: str | Non
     text = row[text_field]
     if not isinstance(text, str):
         raise UserError(f"{path}: row {where} field {text_field!r} is {type(text).__name__}, expected a string")
-    return text, _label(row[label_field], path, where) if label_field is not None else None, text_field
+    return text, label_of(row[label_field], path, where) if label_field is not None else None, text_field
 
 
 def load_records(path: str | Path, text_field: str | None = None, label_field: str | None = "label",
@@ -298,12 +309,12 @@ def load_records(path: str | Path, text_field: str | None = None, label_field: s
     encoding are refused with their line and file offset. Parquet is always UTF-8. ``extra``: other fields to
     keep (``Dataset.extra``; None where a row has none).
     """
-    _check_encoding(encoding)
+    check_encoding(encoding)
     path = Path(path)
     check_data_file(path)
     texts, labels = [], []
     kept: dict[str, list] = {f: [] for f in extra}
-    for where, row in _rows(path, encoding):
+    for where, row in read_rows(path, encoding):
         text, label, text_field = record(row, path, where, text_field, label_field)
         texts.append(text)
         if label_field is not None:

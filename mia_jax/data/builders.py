@@ -183,7 +183,7 @@ class Contamination(Bundled):
 
     def _rows(self) -> Iterator[dict]:
         spec = CONTAMINATION[self.builder_config.name][1]
-        for _, row in data._rows(self.path()):
+        for _, row in data.read_rows(self.path()):
             yield {k: (get(row) if callable(get) else row[get]) for k, (_, get) in spec.items()}
 
 

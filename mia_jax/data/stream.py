@@ -1,15 +1,15 @@
-"""Texts read in a bounded window: JSONL / CSV / TSV a line at a time, Parquet a row group at a time (pyarrow), TFDS
-through ``mia_jax.data.tfds_source.TfdsSource`` (random access, ``rows(start)``), so that scoring a corpus never
-holds more than one window of its texts.
+"""Texts read in a bounded window: JSONL / CSV / TSV a line at a time, Parquet a row group at a time
+(``data.parquet_rows``), TFDS through ``mia_jax.data.tfds_source.TfdsSource`` (random access, ``rows(start)``), so
+that scoring a corpus never holds more than one window of its texts.
 
-:class:`TextStream` is one input (a file or a ``tfds:NAME[/CONFIG][:SPLIT]`` spec) with the same field rules and
-errors as :func:`mia_jax.data.load_records` (the text field: ``--text-field``, else the first of ``text`` /
-``input`` the first row has; labels 0 / 1). Its :meth:`TextStream.scan` is the streaming first pass a run needs
-before it claims its folder: the number of texts, the SHA-256 of the texts and labels (the same digest as
-``runner.run_fingerprint`` computes over the lists, so a run's fingerprint does not depend on how its texts were
-read), the labels (one small integer per text) and the exact-duplicate report (``data.duplicate_report``'s fields,
-from one 64-bit hash per text). :meth:`TextStream.windows` yields the texts again, ``size`` at a time, from any
-window on; ``max_held`` counts the most texts it ever held at once (what the tests check, not memory).
+:class:`TextStream` is one input (a file or a ``tfds:NAME[/CONFIG][:SPLIT]`` spec) with the same field rules and errors
+as :func:`mia_jax.data.load_records` (one row check, ``data.record``: the text field is ``--text-field``, else the one
+of ``text`` / ``input`` the first row has; labels 0 / 1). Its :meth:`TextStream.scan` is the streaming first pass a run
+needs before it claims its folder: the number of texts, the SHA-256 of the texts and labels (the same digest as
+``runner.run_fingerprint`` computes over the lists, so a run's fingerprint does not depend on how its texts were read),
+the labels (one small integer per text) and the exact-duplicate report (``data.duplicate_report``'s fields, from one
+64-bit hash per text). :meth:`TextStream.windows` yields the texts again, ``size`` at a time, from any window on;
+``max_held`` counts the most texts it ever held at once (what the tests check, not memory).
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from itertools import islice
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -62,7 +61,7 @@ class TextStream:
             if label_field is not None:
                 src.check_label_field(label_field)
         else:
-            data._check_encoding(encoding)
+            data.check_encoding(encoding)
             self._tfds = None
             self.path = data.check_data_file(spec)
             self.name = self.path.stem
@@ -126,32 +125,8 @@ class TextStream:
         if self._tfds is not None:
             return ((start + k + 1, row) for k, row in enumerate(self._tfds.rows(start)))
         if self.path.suffix.lower() == ".parquet":
-            return parquet_rows(self.path, start)
-        return islice(data._rows(self.path, self.encoding), start, None)
-
-
-def parquet_rows(path: Path, start: int = 0) -> Iterator[tuple[int, dict]]:
-    """(row number from 1, row dict) of a Parquet file from row ``start`` on, one row group in memory at a time (the
-    row groups before ``start`` are skipped by their metadata, never read)."""
-    try:
-        import pyarrow as pa  # optional (not installed with mia_jax): only for .parquet files
-        import pyarrow.parquet as pq  # (optional, as above)
-    except ImportError:
-        raise UserError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
-    try:
-        pf = pq.ParquetFile(path)
-        first = 0
-        for g in range(pf.num_row_groups):
-            n = pf.metadata.row_group(g).num_rows
-            if first + n > start:
-                rows = pf.read_row_group(g).to_pylist()
-                for k in range(max(start - first, 0), n):
-                    yield first + k + 1, rows[k]
-            first += n
-    except (OSError, ValueError, pa.ArrowException) as e:
-        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"{path}: cannot read it as Parquet ({msg}); the file is corrupt or not Parquet: re-export "
-                        "it, or give a .jsonl / .csv file") from None
+            return data.parquet_rows(self.path, start)
+        return islice(data.read_rows(self.path, self.encoding), start, None)
 
 
 def duplicates(hashes: np.ndarray, labels: np.ndarray | None, max_examples: int = 5) -> dict:

@@ -263,7 +263,7 @@ def load(spec: str, data_dir: str | os.PathLike | None = None, text_field: str |
     for i, row in enumerate(src.rows()):
         texts.append(row[text_field])
         if label_field is not None:
-            labels.append(data._label(row[label_field], spec, i + 1))
+            labels.append(data.label_of(row[label_field], spec, i + 1))
         for f in extra:
             kept[f].append(row.get(f))
     if not texts:
