@@ -19,7 +19,9 @@ VERDICT = {"A > B": "reproduced", "B > A": "not reproduced", "not distinguishabl
 NA = "n/a"  # the verdict of a claim with no comparison (a class with fewer than metrics.MIN_PER_CLASS examples)
 
 
-def _claim(name: str, paper: str, comp: dict | str, a: str, b: str) -> dict:
+def make_claim(name: str, paper: str, comp: dict | str, a: str, b: str) -> dict:
+    """One row of the claims table: the claim ``name``, what the ``paper`` says, the sides ``a`` / ``b`` and the
+    AUROC comparison ``comp`` (a paired-bootstrap result, or a string: the reason there is none)."""
     if isinstance(comp, str):  # the reason there is no comparison
         return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": None, "auroc_a_ci": None, "auroc_b": None,
                 "auroc_b_ci": None, "diff": None, "ci": None, "verdict": NA, "note": comp}
@@ -44,7 +46,7 @@ def other_seed(offset: int):
         _SEED["offset"] = 0
 
 
-def _cfg(run: dict) -> tuple[int, int]:
+def claim_resamples(run: dict) -> tuple[int, int]:
     """(resamples, seed) of a claim: the run's score.n_bootstrap, at least comparisons.VERDICT_RESAMPLES; its seed
     (plus the offset of :func:`other_seed`)."""
     score = run["config"]["score"]
@@ -101,9 +103,9 @@ def table3_claims(run: dict, tag: str = "") -> list[dict]:
     for base, label in (("ppl", "PPL"), ("zlib", "Zlib"), ("lowercase", "Lowercase"), ("neighbor", "Neighbor")):
         if mk is None or base not in methods:
             continue
-        comp = _paired(rows, rows, "trained", "trained", mk, base, *_cfg(run))
-        out.append(_claim(f"Table 3{tag}: Min-K% > {label} (average over datasets)", "reproduced in the paper", comp,
-                          method_name(mk), label))
+        comp = _paired(rows, rows, "trained", "trained", mk, base, *claim_resamples(run))
+        out.append(make_claim(f"Table 3{tag}: Min-K% > {label} (average over datasets)", "reproduced in the paper",
+                              comp, method_name(mk), label))
     return out
 
 
@@ -118,9 +120,9 @@ def lr_claims(runs: list[tuple[str, dict]], tag: str = "") -> list[dict]:
     lr_hi, lr_lo = hi["config"]["train"]["lr"], lo["config"]["train"]["lr"]
     out = []
     for d in [None, *dict.fromkeys(r["dataset"] for r in hi["examples"])]:
-        comp = _paired(hi["examples"], lo["examples"], "trained", "trained", mk, mk, *_cfg(hi), dataset=d)
+        comp = _paired(hi["examples"], lo["examples"], "trained", "trained", mk, mk, *claim_resamples(hi), dataset=d)
         where = "average" if d is None else DATASET_NAMES.get(d, d)
-        out.append(_claim(f"Table 4{tag}: lr {lr_hi:g} > lr {lr_lo:g}, Min-K%, {where}", "every dataset", comp,
+        out.append(make_claim(f"Table 4{tag}: lr {lr_hi:g} > lr {lr_lo:g}, Min-K%, {where}", "every dataset", comp,
                           f"lr {lr_hi:g}", f"lr {lr_lo:g}"))
     return out
 
@@ -134,10 +136,10 @@ def size_claim(runs: list[tuple[str, dict]], figure: str, larger_is_easier: bool
         return []
     mk = headline(large["methods"], "min_k")
     a, b = (large, small) if larger_is_easier else (small, large)
-    comp = _paired(a["examples"], b["examples"], "trained", "trained", mk, mk, *_cfg(large))
+    comp = _paired(a["examples"], b["examples"], "trained", "trained", mk, mk, *claim_resamples(large))
     tok = {id(r): r["corpus"]["tokens"]["total"] for r in (small, large)}
     name = (f"{figure}{tag}: Min-K% AUROC, {tok[id(a)]:,} > {tok[id(b)]:,} corpus tokens (average)")
-    return [_claim(name, "larger corpus easier" if larger_is_easier else "larger corpus harder", comp,
+    return [make_claim(name, "larger corpus easier" if larger_is_easier else "larger corpus harder", comp,
                    f"{tok[id(a)]:,} tokens", f"{tok[id(b)]:,} tokens")]
 
 
@@ -154,11 +156,11 @@ def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
         return []
     try:
         comp = metrics.subset_bootstrap(sc[mk], lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
-                                        n_bootstrap=_cfg(run)[0], seed=_cfg(run)[1])
+                                        n_bootstrap=claim_resamples(run)[0], seed=claim_resamples(run)[1])
         comp["n_used"] = int(((lab == 0) | (occ == ks[-1]) | (occ == 1)).sum())
     except ValueError as e:
         comp = str(e).replace("n/a: ", "")
-    return [_claim(f"Figure 5c{tag}: Min-K% AUROC, k = {ks[-1]} > k = 1 (pooled after rank normalisation)",
+    return [make_claim(f"Figure 5c{tag}: Min-K% AUROC, k = {ks[-1]} > k = 1 (pooled after rank normalisation)",
                    "more occurrences easier", comp, f"k={ks[-1]}", "k=1")]
 
 

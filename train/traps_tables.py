@@ -21,8 +21,7 @@ from mia_jax.report import markdown, pyplot
 from train.cells import ORACLE, ci_cell, csv_text, figure_bytes, headline, method_name, na, num, rebuild_line
 # the claims' own constructor and (resamples, seed) rule, other_seed's offset included: the trap claims are
 # Holm-corrected and re-tested under other seeds with the study's other claims (train/study.py)
-from train.claims import _cfg as claim_resamples
-from train.claims import _claim as make_claim
+from train.claims import claim_resamples, make_claim
 from train.records import score_vector
 from train.traps import parse_stratum
 
