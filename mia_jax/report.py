@@ -8,6 +8,7 @@ every report of the package is written with (``fmt``, ``markdown``, ``best_in_bo
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -53,12 +54,19 @@ def best_in_bold(rows: Sequence[Sequence], *, never: Collection = (), shown_ties
     return out
 
 
+def csv_bytes(header: Sequence[str], rows: Sequence[Sequence]) -> bytes:
+    """A CSV file's bytes: the header, then the rows (None as an empty cell), UTF-8, CRLF line ends (what
+    :func:`write_csv` writes; in memory, for the reports that write their files together)."""
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(rows)
+    return buf.getvalue().encode("utf-8")
+
+
 def write_csv(path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
-    """A CSV file in UTF-8: the header, then the rows (None as an empty cell)."""
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(header)
-        w.writerows(rows)
+    """A CSV file in UTF-8: the header, then the rows (None as an empty cell): :func:`csv_bytes` written."""
+    Path(path).write_bytes(csv_bytes(header, rows))
 
 
 def pyplot():

@@ -5,7 +5,6 @@ Min-K% / Min-K%++ and Figure 2b, from the cells' long-format rows and per-exampl
 """
 from __future__ import annotations
 
-import csv
 import io
 import json
 from pathlib import Path
@@ -130,18 +129,9 @@ def _average_cells(out: list[list], names, cols: list, key: str, *, n_bootstrap:
         out[i][-1] = report.with_ci(r[key], r[f"{key}_ci"])
 
 
-def csv_text(header, body) -> str:
-    """A CSV file's text as ``report.write_csv`` writes it (UTF-8, None as an empty cell, CRLF line ends)."""
-    buf = io.StringIO(newline="")
-    w = csv.writer(buf)
-    w.writerow(header)
-    w.writerows(body)
-    return buf.getvalue()
-
-
 def write_table(outputs: dict, stem: str, title: str, header, body, note: str = "", cells=None) -> str:
     """Table ``stem`` (.csv and .md) into ``outputs`` ({file name: content}); returns its markdown."""
-    outputs[f"{stem}.csv"] = csv_text(header, body).encode("utf-8")
+    outputs[f"{stem}.csv"] = report.csv_bytes(header, body)
     md = report.markdown(header, cells) if cells is not None else markdown(header, body)
     text = f"### {title}\n\n{md}" + (f"\n{note}\n" if note else "")
     outputs[f"{stem}.md"] = text.encode("utf-8")

@@ -2,7 +2,6 @@
 train/sweep_tables.py): method and dataset names, ``value [lo, hi]`` cells, n/a with its reason, CSV and PNG bytes."""
 from __future__ import annotations
 
-import csv
 import io
 
 import numpy as np
@@ -72,15 +71,6 @@ def nan_cell(cells: list) -> str:
 def any_nan(cells) -> bool:
     """Whether any of the cells (metrics.evaluate dicts or None) excluded NaN/inf scores."""
     return any(c and (c.get("n_nan") or 0) > 0 for c in cells)
-
-
-def csv_text(header, rows) -> bytes:
-    """A CSV file's bytes as ``report.write_csv`` writes it (UTF-8, None as an empty cell)."""
-    buf = io.StringIO(newline="")
-    w = csv.writer(buf)
-    w.writerow(header)
-    w.writerows(rows)
-    return buf.getvalue().encode("utf-8")
 
 
 def figure_bytes(fig, dpi: int = 120, tight: bool = True) -> bytes:

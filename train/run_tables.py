@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from mia_jax import blind, comparisons, files, metrics, rounding
-from mia_jax.report import fmt, markdown, pyplot
+from mia_jax.report import csv_bytes, fmt, markdown, pyplot
 from train.cells import (AVG, DATASET_NAMES, HEADLINE, NEIGHBOR_NOTE, NO_NEIGHBOR_NOTE, ORACLE, any_nan, ci_cell,
-                         csv_text, figure_bytes, method_name, na, nan_cell, reason, rebuild_line)
+                         figure_bytes, method_name, na, nan_cell, reason, rebuild_line)
 from train.records import by_dataset, records_and_eval, score_vector
 from train.sweep_tables import occurrence_figure
 
@@ -209,7 +209,7 @@ def run_tables(results: dict, methods: list[str]) -> dict[str, str | bytes]:
                      for model in ("trained", "base") for m, r in results["average"][model].items() if r]
         csv_rows += [["none", d, blind.NAME, r[key], *(r.get(ci_key) or (None, None)), r["n_members"],
                       r["n_nonmembers"]] for d, r in results["blind"].items() if r]
-        outputs[f"{name}.csv"] = csv_text(
+        outputs[f"{name}.csv"] = csv_bytes(
             ["model", "dataset", "method", key, f"{key}_ci_lo", f"{key}_ci_hi", "n_members", "n_nonmembers"], csv_rows)
     return outputs
 

@@ -12,8 +12,8 @@ import numpy as np
 from scipy.stats import rankdata
 
 from mia_jax import comparisons, metrics
-from mia_jax.report import fmt, markdown, pyplot
-from train.cells import (AVG, DATASET_NAMES, HEADLINE, any_nan, ci_cell, csv_text, figure_bytes, headline,
+from mia_jax.report import csv_bytes, fmt, markdown, pyplot
+from train.cells import (AVG, DATASET_NAMES, HEADLINE, any_nan, ci_cell, figure_bytes, headline,
                          method_name, na, nan_cell, num, rebuild_line)
 from train.records import by_dataset, records_and_eval, same_examples, score_vector
 
@@ -106,7 +106,7 @@ def table4(runs: dict[float, dict], methods: list[str]) -> tuple[str, dict[str, 
     if comps:
         parts.append(comparisons.family_note(_holm(comps.values()), "learning rates, per method and column") + "\n")
     text = "\n".join(parts)
-    return text, {"table4.md": text, "table4.csv": csv_text(
+    return text, {"table4.md": text, "table4.csv": csv_bytes(
         ["lr", "method", "dataset", "auroc", "auroc_ci_lo", "auroc_ci_hi"], rows_csv)}
 
 
@@ -120,7 +120,7 @@ def size_figure(name: str, runs: list[tuple[dict, dict]], methods: list[str], ti
     rows = [[rate, man["tokens"]["total"], man["tokens"]["background"], d, res["trained"][d][m]["auroc"],
              *(res["trained"][d][m].get("auroc_ci") or (None, None)), res["base"][d][m]["auroc"]]
             for rate, _, man, res in points for d in datasets]
-    outputs: dict[str, str | bytes] = {f"{name}.csv": csv_text(
+    outputs: dict[str, str | bytes] = {f"{name}.csv": csv_bytes(
         ["contamination_pct", "total_tokens", "background_tokens", "dataset", "auroc_trained", "auroc_trained_ci_lo",
          "auroc_trained_ci_hi", "auroc_base"], rows)}
     with_nan = any_nan(res["trained"][d][m] for _, _, _, res in points for d in datasets)
@@ -197,7 +197,7 @@ def occurrence_figure(records: list[dict], eval_set: list[dict], methods: list[s
     examples). ``records``: {"scores": {method: score}} per eval example."""
     shown = [m for m in (headline(methods, b) for b in HEADLINE) if m]
     rows = occurrence_curve(records, eval_set, shown, n_bootstrap=n_bootstrap, seed=seed)
-    outputs: dict[str, str | bytes] = {"fig5c.csv": csv_text(
+    outputs: dict[str, str | bytes] = {"fig5c.csv": csv_bytes(
         ["dataset", "occurrences", "n_members", *(f"{m}{s}" for m in shown for s in ("", "_ci_lo", "_ci_hi"))],
         [[g, k, n, *(v for m in shown for v in (r[m]["auroc"], *(r[m]["auroc_ci"] or (None, None))))]
          for g, k, n, r in rows])}

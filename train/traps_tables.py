@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from mia_jax import comparisons, metrics
-from mia_jax.report import markdown, pyplot
-from train.cells import ORACLE, ci_cell, csv_text, figure_bytes, headline, method_name, na, num, rebuild_line
+from mia_jax.report import csv_bytes, markdown, pyplot
+from train.cells import ORACLE, ci_cell, figure_bytes, headline, method_name, na, num, rebuild_line
 # the claims' own constructor and (resamples, seed) rule, other_seed's offset included: the trap claims are
 # Holm-corrected and re-tested under other seeds with the study's other claims (train/study.py)
 from train.claims import claim_resamples, make_claim
@@ -164,7 +164,7 @@ def _csv(res: dict, methods: list[str]) -> bytes:
             rows.append([length, b, k, m, c[m].get("auroc"), *(c[m].get("auroc_ci") or (None, None))])
     b = res["blind"]
     rows.append(["all", "all", "all", "blind", b.get("auroc"), *(b.get("auroc_ci") or (None, None))])
-    return csv_text(["length", "bin", "insertions", "method", "auroc", "auroc_ci_lo", "auroc_ci_hi"], rows)
+    return csv_bytes(["length", "bin", "insertions", "method", "auroc", "auroc_ci_lo", "auroc_ci_hi"], rows)
 
 
 def _figure(res: dict, methods: list[str]) -> bytes:

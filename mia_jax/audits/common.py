@@ -51,16 +51,6 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], run_dir, r
     return scores_by_method(recs, methods), recs
 
 
-def csv_bytes(header: Sequence[str], rows: Sequence[Sequence]) -> bytes:
-    """The CSV file of ``header`` and ``rows`` as ``report.write_csv`` writes it (None as an empty cell), in memory:
-    its UTF-8 bytes."""
-    buf = io.StringIO(newline="")
-    w = csv.writer(buf)
-    w.writerow(header)
-    w.writerows(rows)
-    return buf.getvalue().encode("utf-8")
-
-
 def write_sealed(out: Path, files: dict, reads: Sequence[str]) -> None:
     """An audit's output ``files`` ({name: content}) into the folder ``out``, all or none (``files.write_all``), then
     sealed over ``reads`` (``rundir.seal``: the record a ``--from`` rebuild checks the files it reads against)."""
