@@ -1,5 +1,4 @@
-"""Dataset readers: WikiMIA (bundled), MIMIR (from a path), JSONL / CSV / bare strings, and their errors."""
-import json
+"""Dataset readers: WikiMIA (bundled), JSONL / CSV / bare strings, and their errors."""
 
 import pytest
 
@@ -12,38 +11,6 @@ def test_wikimia_bundled_sizes():
         ds = data.wikimia(length)
         assert (len(ds), sum(ds.labels)) == (n, members)
         assert len(next(iter(ds.files.values()))) == 64
-
-
-def write_mimir(root, domain, members, nonmembers):
-    for split, rows in (("members", members), ("nonmembers", nonmembers)):
-        (root / split).mkdir(parents=True, exist_ok=True)
-        (root / split / f"{domain}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
-
-
-def test_mimir_from_a_path(tmp_path):
-    write_mimir(tmp_path, "github", ["def f(): pass", "import os"], ["x = 1"])
-    ds = data.mimir("github", tmp_path)
-    assert ds.texts == ["def f(): pass", "import os", "x = 1"] and ds.labels == [1, 1, 0]
-    assert ds.name == "mimir-github" and len(ds.files) == 2
-
-
-def test_mimir_errors(tmp_path):
-    with pytest.raises(UserError, match="unknown MIMIR domain 'gitlab'"):
-        data.mimir("gitlab", tmp_path)
-    with pytest.raises(UserError, match="not found"):
-        data.mimir("github", tmp_path / "nowhere")
-    write_mimir(tmp_path, "arxiv", [], ["text"])
-    with pytest.raises(UserError, match="arxiv.jsonl: no rows"):
-        data.mimir("arxiv", tmp_path)
-
-
-def test_real_mimir_if_present():
-    try:
-        root = data.mimir_root()
-    except UserError:
-        pytest.skip("../shared/data/mimir not beside the checkout")
-    ds = data.mimir("dm_mathematics", root)
-    assert (len(ds), sum(ds.labels)) == (1089, 1000)
 
 
 def test_csv_tsv_and_bare_strings(tmp_path):

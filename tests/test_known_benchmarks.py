@@ -212,3 +212,31 @@ def test_library_errors_name_the_problem(tmp_path):
         known.olmomia("mix", None, FIX / "olmomia")
     with pytest.raises(UserError, match="no WikiMIA_length64 files"):
         known.wikimia_new("wikimia-24", 64, FIX / "wikimia24")
+
+
+def test_mimir_in_the_flat_layout_and_its_errors(tmp_path):
+    """A folder holding members/ and nonmembers/ of bare JSON strings (the local split folder given itself) reads
+    members first; an unknown domain, a missing folder and an empty members file are named."""
+    for split, rows in (("members", ["def f(): pass", "import os"]), ("nonmembers", ["x = 1"])):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "github.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
+    ds = known.mimir("github", root=tmp_path)
+    assert ds.texts == ["def f(): pass", "import os", "x = 1"] and ds.labels == [1, 1, 0]
+    assert ds.name == "mimir-github" and len(ds.files) == 2
+    with pytest.raises(UserError, match="unknown MIMIR domain 'gitlab'"):
+        known.mimir("gitlab", root=tmp_path)
+    with pytest.raises(UserError, match="MIMIR ngram_7_0.2 not found"):
+        known.mimir("github", root=tmp_path / "nowhere")
+    (tmp_path / "members" / "arxiv.jsonl").write_text("")
+    (tmp_path / "nonmembers" / "arxiv.jsonl").write_text('"text"\n')
+    with pytest.raises(UserError, match="arxiv.jsonl: no rows"):
+        known.mimir("arxiv", root=tmp_path)
+
+
+def test_real_mimir_if_present():
+    try:
+        known.mimir_files("dm_mathematics")
+    except UserError:
+        pytest.skip("../shared/data/mimir not beside the checkout")
+    ds = known.mimir("dm_mathematics")
+    assert (len(ds), sum(ds.labels)) == (1089, 1000)

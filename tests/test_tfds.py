@@ -18,7 +18,7 @@ from helpers import ENV, REPO, assert_clean_error, snapshot
 from mia_jax import data
 from mia_jax.audits import books
 from mia_jax.cli import main
-from mia_jax.data import builders, corpora, stream, tfds_source
+from mia_jax.data import builders, corpora, known, stream, tfds_source
 from mia_jax.errors import UserError
 
 
@@ -83,11 +83,11 @@ def test_a_fresh_process_reads_it_without_the_builders_code(tfds_dir):
 
 def test_mimir_builds_from_its_files_as_the_benchmark_reads_them(tmp_path):
     try:
-        data.mimir_root()
+        known.mimir_files("pubmed_central")
     except UserError:
         pytest.skip("MIMIR's files are not on this machine (../shared/data/mimir)")
     assert builders.build("mimir", tmp_path, ["pubmed_central"], progress=False)[0][2] > 0
-    assert texts_sha256(data.load("tfds:mimir/pubmed_central", tmp_path)) == texts_sha256(data.mimir("pubmed_central"))
+    assert texts_sha256(data.load("tfds:mimir/pubmed_central", tmp_path)) == texts_sha256(known.mimir("pubmed_central"))
 
 
 def test_eval_from_tfds_scores_as_the_jsonl_path(tfds_dir, tiny_llama_dir, tmp_path):

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the TFDS data folder (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
     p.add_argument("--source", type=entry.input_dir,
                    help="folder of the files of a dataset the package does not ship (mimir: the ngram_7_0.2 folder "
-                        "holding members/ and nonmembers/; default $MIA_JAX_MIMIR or ../shared/data/mimir/ngram_7_0.2)")
+                        "holding members/ and nonmembers/, or the folder holding it; default $MIA_JAX_MIMIR or "
+                        "../shared/data/mimir)")
     options.no_progress(p)
 
 

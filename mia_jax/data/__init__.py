@@ -368,33 +368,3 @@ def wikimia(length: int = 32) -> Dataset:
     if length not in WIKIMIA_LENGTHS:
         raise UserError(f"WikiMIA has lengths {', '.join(map(str, WIKIMIA_LENGTHS))}; got {length}")
     return load_records(FILES / f"WikiMIA_length{length}.jsonl", "input", "label", name=f"wikimia-{length}")
-
-
-def mimir_root(root: str | os.PathLike | None = None) -> Path:
-    """The MIMIR ``ngram_7_0.2`` folder (``members/`` and ``nonmembers/``, one JSONL of bare strings per domain).
-
-    Not bundled (14 MB): taken from ``root``, else ``$MIA_JAX_MIMIR``, else ``../shared/data/mimir/ngram_7_0.2``
-    beside the working directory or beside this repository.
-    """
-    candidates = [Path(root)] if root else []
-    if not root and os.environ.get("MIA_JAX_MIMIR"):
-        candidates.append(Path(os.environ["MIA_JAX_MIMIR"]))
-    if not candidates:
-        rel = Path("shared", "data", "mimir", MIMIR_SPLIT)
-        candidates = [Path.cwd().parent / rel, Path(__file__).resolve().parents[3] / rel]
-    for c in candidates:
-        if (c / "members").is_dir() and (c / "nonmembers").is_dir():
-            return c
-    raise UserError(f"MIMIR {MIMIR_SPLIT} not found (looked in {', '.join(map(str, candidates))}); pass "
-                    "--data-dir or set MIA_JAX_MIMIR to the folder holding members/ and nonmembers/")
-
-
-def mimir(domain: str, root: str | os.PathLike | None = None) -> Dataset:
-    """MIMIR (Duan et al. 2024) split ngram_7_0.2 of one Pile domain: members = Pile train, non-members = test."""
-    if domain not in MIMIR_DOMAINS:
-        raise UserError(f"unknown MIMIR domain {domain!r}; domains: {', '.join(MIMIR_DOMAINS)}")
-    base = mimir_root(root)
-    parts = [load_records(base / split / f"{domain}.jsonl", "text", None) for split in ("members", "nonmembers")]
-    texts = parts[0].texts + parts[1].texts
-    labels = [1] * len(parts[0]) + [0] * len(parts[1])
-    return Dataset(texts, labels, f"mimir-{domain}", {**parts[0].files, **parts[1].files})

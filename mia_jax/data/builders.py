@@ -9,7 +9,7 @@ labels and order as the JSONL path (``texts_sha256`` in a run's fingerprint is t
   ``files/WikiMIA_length*.jsonl``); features ``input`` (Text) and ``label`` (1 member, 0 non-member); split
   ``train``.
 - ``mimir``: one config per Pile domain of MIMIR's ``ngram_7_0.2`` split (Duan et al. 2024; not bundled: read from
-  ``--source``, ``$MIA_JAX_MIMIR`` or ``../shared/data/mimir/ngram_7_0.2``, see :func:`mia_jax.data.mimir_root`);
+  ``--source``, ``$MIA_JAX_MIMIR`` or ``../shared/data/mimir``, see :func:`mia_jax.data.known.mimir_files`);
   features ``text`` and ``label``, members first then non-members, as ``--benchmark mimir`` reads them.
 - ``contamination``: the contamination study's files (train/data, shipped with the package; read by path, the
   library never imports ``train``): the evaluation sets ``boolq``, ``commonsenseqa``, ``truthfulqa``, ``imdb`` with
@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from mia_jax import data
-from mia_jax.data import corpora
+from mia_jax.data import corpora, known
 from mia_jax.errors import UserError
 
 FORMAT = "array_record"
@@ -115,14 +115,12 @@ class Mimir(Bundled):
 
     def check_source(self) -> None:
         try:
-            data.mimir_root(self.source)
-        except UserError:
-            where = self.source or "$MIA_JAX_MIMIR or ../shared/data/mimir/ngram_7_0.2"
-            raise UserError(f"MIMIR {data.MIMIR_SPLIT} not found in {where}; pass --source with the folder holding "
-                            "members/ and nonmembers/ (one JSONL file per domain)") from None
+            known.mimir_files(self.builder_config.name, data.MIMIR_SPLIT, self.source)
+        except UserError as e:
+            raise UserError(str(e).replace("--data-dir", "--source")) from None
 
     def _rows(self) -> Iterator[dict]:
-        ds = data.mimir(self.builder_config.name, self.source)
+        ds = known.mimir(self.builder_config.name, data.MIMIR_SPLIT, self.source)
         for text, label in zip(ds.texts, ds.labels):
             yield {"text": text, "label": label}
 

@@ -101,11 +101,10 @@ def _mimir_pair(base: Path, domain: str, split: str) -> tuple[Path, Path] | None
     return None
 
 
-def mimir(domain: str, split: str = data.MIMIR_SPLIT, root: str | os.PathLike | None = None) -> KnownDataset:
-    """MIMIR (Duan et al. 2024) ``split`` of one Pile ``domain``: members = Pile train (label 1), then non-members
-    = Pile test (label 0), from ``root`` (see :func:`_mimir_candidates`) in the local layout
-    (``<split>/members/<domain>.jsonl``) or the Hub's (``cache_100_200_1000_512/train/<domain>_<split>.jsonl``).
-    The GitHub domain carries a caveat (:data:`MIMIR_CAVEATS`)."""
+def mimir_files(domain: str, split: str = data.MIMIR_SPLIT,
+                root: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """(members file, non-members file) of MIMIR's ``domain`` / ``split`` under ``root`` (see
+    :func:`_mimir_candidates`); a UserError naming where it looked when they are not there."""
     if domain not in data.MIMIR_DOMAINS:
         raise UserError(f"unknown MIMIR domain {domain!r}; domains: {', '.join(data.MIMIR_DOMAINS)}")
     if split not in MIMIR_SPLITS:
@@ -115,7 +114,15 @@ def mimir(domain: str, split: str = data.MIMIR_SPLIT, root: str | os.PathLike | 
     if pair is None:
         raise UserError(f"MIMIR {split} not found (looked in {', '.join(map(str, candidates))}); pass --data-dir: "
                         f"the folder holding {split}/members/ and nonmembers/, or the Hub's {MIMIR_HUB_CACHE}/")
-    parts = [data.load_records(path, "text", None) for path in pair]
+    return pair
+
+
+def mimir(domain: str, split: str = data.MIMIR_SPLIT, root: str | os.PathLike | None = None) -> KnownDataset:
+    """MIMIR (Duan et al. 2024) ``split`` of one Pile ``domain``: members = Pile train (label 1), then non-members
+    = Pile test (label 0), from ``root`` (see :func:`_mimir_candidates`) in the local layout
+    (``<split>/members/<domain>.jsonl``) or the Hub's (``cache_100_200_1000_512/train/<domain>_<split>.jsonl``).
+    The GitHub domain carries a caveat (:data:`MIMIR_CAVEATS`)."""
+    parts = [data.load_records(path, "text", None) for path in mimir_files(domain, split, root)]
     name = f"mimir-{domain}" if split == data.MIMIR_SPLIT else f"mimir-{domain}-{split}"
     caveats = [MIMIR_CAVEATS[domain]] if domain in MIMIR_CAVEATS else []
     return KnownDataset(parts[0].texts + parts[1].texts, [1] * len(parts[0]) + [0] * len(parts[1]), name,
