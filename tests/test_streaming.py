@@ -69,6 +69,11 @@ def test_each_format_streams_the_in_memory_texts_in_order(corpus, fmt):
     assert scan.duplicates["n_duplicate_texts"] == 2 and scan.duplicates["n_conflicting_texts"] == 1
     unlabeled = stream.TextStream(paths[fmt], label_field=None).scan()
     assert unlabeled.labels is None and unlabeled.texts_sha256 == texts_sha256(ds.texts, None)
+    assert scan.texts is None and unlabeled.texts is None  # nothing kept by default
+    small = stream.TextStream(paths[fmt])
+    assert small.dataset(small.scan(keep=61)) == ds  # an input that fits: kept, the Dataset data.load reads
+    big = stream.TextStream(paths[fmt])
+    assert big.scan(keep=60).texts is None and big.max_held == 60  # one text too many: dropped, never above keep
 
 
 def test_parquet_is_read_one_row_group_at_a_time(corpus, monkeypatch):
@@ -109,6 +114,22 @@ def test_streamed_eval_holds_a_window_and_writes_what_the_in_memory_eval_writes(
     run = json.loads((streamed / "run.json").read_text())
     assert run["duplicates"] == json.loads((memory / "run.json").read_text())["duplicates"]
     assert run["passes"]["main"]["shards"] == 4 and run["n_skipped"] == 1
+
+
+def test_an_input_that_fits_one_window_is_read_once(tiny_llama_dir, corpus, tmp_path, monkeypatch, capsys):
+    """eval on a file of no more than --stream-window texts reads it once (the first pass keeps the texts), not a
+    scan and then a load; the run is the in-memory run (same results and fingerprint as an older read)."""
+    path = corpus[1]["jsonl"]
+    real_read, reads = data.read_rows, []
+    monkeypatch.setattr(data, "read_rows", lambda *a, **k: reads.append(a[0]) or real_read(*a, **k))
+    argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(path), "--methods", "loss", "--tokens-per-batch",
+            "128", "--n-bootstrap", "20", "--no-progress", "--no-blind", "--out", str(tmp_path / "run")]
+    assert main(argv) == 0
+    assert reads == [path]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    ds = data.load_records(path)
+    assert "passes" not in run or "shards" not in run["passes"].get("main", {})
+    assert len([json.loads(line) for line in (tmp_path / "run" / "results.jsonl").open()]) == len(ds.texts)
 
 
 def test_streamed_score_killed_resumes_from_its_finished_shards(tiny_llama_dir, tmp_path, capsys):

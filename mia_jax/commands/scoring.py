@@ -102,18 +102,18 @@ def load_data(args, labeled: bool):
     return ds
 
 
-def open_stream(args, labeled: bool, methods) -> stream.StreamDataset | None:
-    """The ``--data`` input as a :class:`~mia_jax.data.stream.StreamDataset` when this run streams it: a file or TFDS
-    dataset of more than ``--stream-window`` texts (after ``--limit``), single-pass methods only, no ``--window``,
-    one process. Its first pass (counts, fingerprint digest, labels, duplicates) is read here. None otherwise (the
-    run holds its texts: ``load_data``)."""
+def open_stream(args, labeled: bool, methods) -> stream.StreamDataset | data.Dataset | None:
+    """The ``--data`` input read by its streaming first pass (counts, fingerprint digest, labels, duplicates) when
+    this run may stream it (single-pass methods only, no ``--window``, one process): a
+    :class:`~mia_jax.data.stream.StreamDataset` when it has more than ``--stream-window`` texts (after ``--limit``),
+    else the ``data.Dataset`` of the texts that pass kept (the input is read once). None otherwise (``load_data``)."""
     if (not args.data or getattr(args, "window", None) is not None or jax.process_count() > 1
             or any(is_multi_pass(m) for m in methods)):
         return None
     texts = stream.TextStream(args.data, args.text_field, args.label_field if labeled else None,
                               encoding=args.encoding, limit=args.limit, data_dir=getattr(args, "data_dir", None))
-    scan = texts.scan()
-    return stream.StreamDataset(texts, scan, args.stream_window) if scan.n > args.stream_window else None
+    scan = texts.scan(keep=args.stream_window)
+    return stream.StreamDataset(texts, scan, args.stream_window) if scan.texts is None else texts.dataset(scan)
 
 
 def held_because(args, methods) -> str:

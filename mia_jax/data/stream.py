@@ -36,11 +36,13 @@ def is_tfds(spec) -> bool:
 @dataclass
 class Scan:
     """What the first pass over an input found: ``n`` texts, ``texts_sha256`` (``runner.run_fingerprint``'s digest),
-    ``labels`` (int8 [n], or None unlabeled) and ``duplicates`` (``data.duplicate_report``'s dict)."""
+    ``labels`` (int8 [n], or None unlabeled), ``duplicates`` (``data.duplicate_report``'s dict) and the ``texts``
+    themselves when there were no more than the pass was asked to keep (else None)."""
     n: int
     texts_sha256: str
     labels: np.ndarray | None
     duplicates: dict
+    texts: list[str] | None = None
 
 
 class TextStream:
@@ -94,13 +96,20 @@ class TextStream:
         if texts:
             yield first, texts, (labels if self.label_field is not None else None)
 
-    def scan(self) -> Scan:
+    def scan(self, keep: int = 0) -> Scan:
         """The first pass: every row read once and checked, nothing but one label and one 64-bit hash per text
-        kept (see the module docstring). A UserError for an input without a row."""
+        kept (see the module docstring), and the texts while there are no more than ``keep`` of them (an input that
+        fits one window is then not read again). A UserError for an input without a row."""
         digest = hashlib.sha256(b"[[")
         labels: list[int] = []
         hashes: list[int] = []
+        kept: list[str] | None = []
         for i, (text, label) in enumerate(self.rows()):
+            if kept is not None:
+                kept = None if len(kept) == keep else kept
+                if kept is not None:
+                    kept.append(text)
+                    self.max_held = max(self.max_held, len(kept))
             digest.update(((", " if i else "") + json.dumps(text, ensure_ascii=False)).encode("utf-8"))
             hashes.append(int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little"))
             if label is not None:
@@ -110,7 +119,12 @@ class TextStream:
                             "one with at least one row")
         lab = np.asarray(labels, np.int8) if self.label_field is not None else None
         digest.update(("], " + (json.dumps(labels) if lab is not None else "null") + "]").encode("utf-8"))
-        return Scan(len(hashes), digest.hexdigest(), lab, duplicates(np.asarray(hashes, np.uint64), lab))
+        return Scan(len(hashes), digest.hexdigest(), lab, duplicates(np.asarray(hashes, np.uint64), lab), kept)
+
+    def dataset(self, scan: Scan) -> data.Dataset:
+        """The ``data.Dataset`` of an input whose ``scan`` kept its texts (as ``data.load`` would read it)."""
+        labels = scan.labels.tolist() if scan.labels is not None else None
+        return data.Dataset(scan.texts, labels, self.name, dict(self.files), {}, self.text_field)
 
     def texts(self) -> list[str]:
         """Every text in a list (what a method that needs all of them at once reads, e.g. the blind baseline)."""
