@@ -8,7 +8,6 @@ import argparse
 import sys
 
 from mia_jax import entry
-from mia_jax.commands import COMMANDS
 
 PROG = "mia-jax"
 _HINT: list[str] = []  # the Ctrl-C hint of the subcommand being run
@@ -19,17 +18,25 @@ def build_parser() -> argparse.ArgumentParser:
     is the parsed arguments' ``func``."""
     parser = entry.ArgumentParser(prog=PROG, description="Pretraining-data detection for LLMs in JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in COMMANDS:
+    for module in _commands():
         p = sub.add_parser(module.NAME, help=module.HELP, description=getattr(module, "DESCRIPTION", None))
         module.add_arguments(p)
         p.set_defaults(func=module.run)
     return parser
 
 
+def _commands() -> list:
+    """:data:`mia_jax.commands.COMMANDS`, imported here, under the guard: it loads JAX, and a Ctrl-C meanwhile is
+    held until the import is done (an interrupted jaxlib import segfaulted), then one line."""
+    with entry.sigint_deferred():
+        from mia_jax.commands import COMMANDS
+    return COMMANDS
+
+
 def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     func = vars(args).pop("func")  # not an option: run.json and the fingerprints read vars(args)
-    _HINT[:] = [next(getattr(m, "RESUME_HINT", "") for m in COMMANDS if m.NAME == args.command)]
+    _HINT[:] = [next(getattr(m, "RESUME_HINT", "") for m in _commands() if m.NAME == args.command)]
     func(args)
     return 0
 

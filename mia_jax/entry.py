@@ -16,22 +16,28 @@ What every entry point gets from it:
 - ``run(prog, main)``: a ``UserError`` is one line and exit 2; so are the errors of the machine a user can fix
   (disk full, read-only file system, permission, a file where a folder is expected; ``SIGXFSZ`` is ignored so that
   ``ulimit -f`` shows as "file too large"), a JAX platform that cannot start (``JAX_PLATFORMS=tpu`` without one) and a
-  malformed ``XLA_FLAGS`` (checked before JAX starts: XLA aborts with a 90-line fatal error otherwise). Ctrl-C
-  is one line and exit 130; when ``main`` runs as the command (``argv`` None), further Ctrl-C while the interpreter
-  shuts down are ignored (no "Exception ignored in atexit callback"); called from Python with an ``argv``, the
-  handler is restored (a child process would otherwise inherit an ignored SIGINT). Anything else is a bug and
-  keeps its traceback.
+  malformed ``XLA_FLAGS`` (its syntax, and its flags and values as XLA reads them, checked before JAX starts: XLA
+  aborts with a 90-line fatal error otherwise). Ctrl-C is one line and exit 130; when ``main`` runs as the command
+  (``argv`` None), further Ctrl-C are ignored and the process ends at once (``os._exit`` after flushing stdout,
+  once every ``finally`` and ``with`` has run: the interpreter's shutdown with JAX's threads mid-step could
+  segfault, and JAX's atexit hooks printed "Exception ignored in atexit callback" on a second Ctrl-C); called from
+  Python with an ``argv``, 130 is returned and the handler restored (a child process would otherwise inherit an
+  ignored SIGINT). Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import os
 import re
 import signal
+import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from mia_jax.errors import UserError
 
@@ -162,26 +168,69 @@ def out_dir(text: str) -> Path:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--out ")) from None
 
 
+# a folder holding one of these is a run's (or a model's): an output file is never written into it
+RUN_FILES = ("config.json", "manifest.json", "run.json", ".lock")
+
+
 def out_file(text: str) -> Path:
-    """argparse type of an output file (a report, ``--json``): not a folder, in an existing, writable folder;
-    checked at parse time, before anything runs."""
+    """argparse type of an output file (a report, ``--json``): not a folder, not a dangling link, in an existing,
+    writable folder that is not a run's or a model's (one holding any of :data:`RUN_FILES`: a report written there
+    could replace a file the run recorded); checked at parse time, before anything runs."""
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; give a file path")
+    if path.is_symlink() and not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} is a link to a missing {os.readlink(path)}")
     parent = path.absolute().parent
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: its folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text}: its folder {parent} is not writable")
+    held = next((name for name in RUN_FILES if (parent / name).exists()), None)
+    if held:
+        raise argparse.ArgumentTypeError(f"{text}: its folder {parent} holds a run or a model ({held}), whose files "
+                                         "a report must not replace; write it elsewhere")
     return path
 
 
 def check_xla_flags() -> None:
-    """Refuse a malformed ``XLA_FLAGS`` before JAX starts (XLA aborts the process with a long fatal error)."""
-    bad = [t for t in os.environ.get("XLA_FLAGS", "").split() if not _XLA_FLAG.fullmatch(t)]
+    """Refuse a malformed ``XLA_FLAGS`` before JAX starts (XLA aborts the process with a 90-line fatal error): its
+    syntax here, then its flags and values as XLA parses them (:func:`_xla_refusal`)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    bad = [t for t in flags.split() if not _XLA_FLAG.fullmatch(t)]
     if bad:
         raise UserError(f"XLA_FLAGS holds {bad[0]!r}, which is not a --name or --name=value flag; fix or unset "
                         "XLA_FLAGS")
+    reason = _xla_refusal(flags) if flags.strip() else None
+    if reason:
+        raise UserError(f"XLA_FLAGS: XLA refuses it ({reason}); fix or unset XLA_FLAGS")
+
+
+@functools.lru_cache(maxsize=8)
+def _xla_refusal(flags: str) -> str | None:
+    """XLA's first complaint about ``flags`` (a value it cannot read, a flag it does not know), found by a CPU client
+    made in a child process (about 0.1 s, once per process and value); None when XLA takes them, when this process's
+    backends have already started (they took them) or when the check cannot run. A flag unknown to the CPU build
+    that names TPU is left to the TPU runtime."""
+    try:
+        from jax._src import xla_bridge  # private: whether this process's backends have started
+
+        if xla_bridge.backends_are_initialized():
+            return None
+    except (ImportError, AttributeError):
+        pass
+    code = "from jaxlib import xla_client; xla_client.make_cpu_client()"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XLA_FLAGS=flags),
+                              capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode == 0:
+        return None
+    found = re.search(r"\] (Couldn't interpret value .*|Unknown flag in XLA_FLAGS: .*)$", done.stderr, re.M)
+    if not found or ("Unknown flag" in found.group(1) and "tpu" in found.group(1)):
+        return None
+    return found.group(1).strip().rstrip(".")
 
 
 def describe_os_error(e: OSError) -> str:
@@ -193,6 +242,64 @@ def describe_os_error(e: OSError) -> str:
     if full:
         text += "; free some space (or raise the limit) and run the same command again: finished work is kept"
     return text
+
+
+_PRESSED = False  # Ctrl-C was pressed while remember_sigint (or the command's guard) held SIGINT
+
+
+def check_interrupted() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C was pressed while SIGINT was remembered (even if its raise was swallowed:
+    Python drops an exception raised inside a garbage-collection callback)."""
+    if _PRESSED:
+        raise KeyboardInterrupt
+
+
+def _on_sigint(signum, frame):
+    """The first Ctrl-C raises and is remembered; later ones return: raised while the first unwinds, they landed in
+    JAX's callbacks as "Exception ignored in ..." tracebacks."""
+    global _PRESSED
+    if _PRESSED:
+        return
+    _PRESSED = True
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def remember_sigint() -> Iterator[None]:
+    """Within the block, SIGINT is :func:`_on_sigint` (raised once, remembered for :func:`check_interrupted`);
+    the default handler and a clear memory after it. Left alone off the main thread, under the command's guard
+    (already :func:`_on_sigint`) and where the caller installed a handler of its own."""
+    global _PRESSED
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not \
+            signal.default_int_handler:
+        yield
+        return
+    _PRESSED = False
+    signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _PRESSED = False
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Within the block a Ctrl-C is held and acted on at its end (by the handler it replaced): for the import of
+    compiled extensions, which a KeyboardInterrupt raised inside leaves half-initialised (jaxlib then segfaulted)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed and previous is not signal.SIG_IGN:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        raise KeyboardInterrupt
 
 
 def _quiet_exit():
@@ -214,6 +321,8 @@ def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = Non
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         except ValueError:
             pass
+    if argv is None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)  # the command: Ctrl-C raised once, from start-up on
     try:
         check_xla_flags()
         return main(argv) or 0
@@ -229,6 +338,9 @@ def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = Non
         print(f"{prog}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr, flush=True)
         if argv is not None and previous is not None:  # called from Python (a test, a notebook): not exiting
             signal.signal(signal.SIGINT, previous)
+        if argv is None:  # the command: no interpreter shutdown with JAX's threads mid-step (it can segfault)
+            sys.stdout.flush()
+            os._exit(130)
         return 130
     except OSError as e:
         if e.errno not in USER_ERRNOS:

@@ -13,9 +13,10 @@
    is refused rather than written into (it holds something else).
 4. Only then the fingerprint file and ``.lock`` are written. Nothing in the folder changes before step 4.
 
-While a folder is claimed (in the main thread), Ctrl-C (SIGINT) raises KeyboardInterrupt as usual and is also
-remembered: Python drops an exception raised inside a garbage-collection callback ("Exception ignored in ..."),
-so the scoring and training loops call ``check_interrupted()`` after every batch / step, which raises it again.
+While a folder is claimed (in the main thread), Ctrl-C (SIGINT) raises KeyboardInterrupt once and is remembered
+(:func:`mia_jax.entry.remember_sigint`): Python drops an exception raised inside a garbage-collection callback
+("Exception ignored in ..."), so the scoring and training loops call ``check_interrupted()`` after every batch /
+step, which raises it again.
 
 Claims are re-entrant within a process (a contamination run in the sweep's own folder claims it twice, with
 two fingerprint files). On several JAX processes only process 0 locks and writes; every process takes
@@ -29,13 +30,11 @@ import gzip
 import json
 import os
 import shutil
-import signal
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from mia_jax.entry import check_out
+from mia_jax.entry import check_out, remember_sigint
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 from mia_jax.sharding import is_main_process
@@ -44,37 +43,6 @@ LOCK = ".lock"
 FINGERPRINT = "config.json"
 HINT = "use another --out, or --overwrite to replace it"
 _HELD: dict[str, int | None] = {}  # resolved path -> the lock's fd (None on processes other than 0)
-_INTERRUPTED = False
-
-
-def check_interrupted() -> None:
-    """Raise KeyboardInterrupt if Ctrl-C was pressed during a claim (even if its first raise was swallowed)."""
-    if _INTERRUPTED:
-        raise KeyboardInterrupt
-
-
-def _on_sigint(signum, frame):
-    global _INTERRUPTED
-    _INTERRUPTED = True
-    raise KeyboardInterrupt
-
-
-@contextmanager
-def _remember_sigint() -> Iterator[None]:
-    global _INTERRUPTED
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not \
-            signal.default_int_handler:
-        yield  # not ours to change (another thread, or the caller installed its own handler)
-        return
-    _INTERRUPTED = False
-    signal.signal(signal.SIGINT, _on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        _INTERRUPTED = False
-
-
 def diff(old, new, prefix: str = "") -> list[str]:
     """Human-readable differences between two JSON-like dicts: ``["train.lr: 0.001 -> 1e-05", ...]``."""
     if not (isinstance(old, dict) and isinstance(new, dict)):
@@ -135,7 +103,7 @@ def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite
         resume = _decide(path, fingerprint, overwrite, file, hint, writer=main, fresh=True)
         if main:
             (path / LOCK).write_text(f"{os.getpid()}\n")
-        with _remember_sigint():
+        with remember_sigint():
             yield resume
     finally:
         del _HELD[key]

@@ -46,7 +46,7 @@ from mia_jax.files import write_jsonl
 from mia_jax.fingerprint import run_fingerprint
 from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, skip_reason
-from mia_jax.rundir import check_interrupted
+from mia_jax.entry import check_interrupted
 from mia_jax.score_step import shared_score_step
 from mia_jax.shards import stable_steps
 from mia_jax.scorers import MULTI_PASS, is_multi_pass, parse_method, requirements, resource_arrays
@@ -55,10 +55,16 @@ from mia_jax.scorers.base import check_resources
 from mia_jax.scorers.likelihood import zlib_bytes
 from mia_jax.stats import DEFAULT_CHUNK, TokenStats
 
-__all__ = ["NONFINITE", "default_tokens_per_batch", "score_texts", "score_dataset", "run_fingerprint", "default_dtype"]
+__all__ = ["NONFINITE", "nonfinite_texts", "default_tokens_per_batch", "score_texts", "score_dataset",
+           "run_fingerprint", "default_dtype"]
 
 
 NONFINITE = "the model's logits are not finite"  # the skip reason of such a text (counted and warned by the CLI)
+
+
+def nonfinite_texts(records) -> list[int]:
+    """Indices of the ``records`` skipped because the model's logits were NaN or infinite (:data:`NONFINITE`)."""
+    return [i for i, r in enumerate(records) if (r.get("skip_reason") or "").startswith(NONFINITE)]
 
 
 def default_tokens_per_batch() -> int:

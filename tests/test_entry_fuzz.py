@@ -121,8 +121,12 @@ def _bad_values(action, tmp: Path) -> list[str]:
         return [str(tmp / "missing.jsonl"), str(tmp / "a_folder"), "tfds:Not A Name", "tfds:"]
     if t is entry.input_dir:
         return [str(tmp / "missing_dir"), str(tmp / "a_file")]
-    if t is entry.out_file:
-        return [str(tmp / "a_folder"), str(tmp / "no_such_folder" / "report.md")]
+    if t is entry.out_file:  # a folder, a missing folder, a dangling link, a file of a run's folder
+        (tmp / "a_run").mkdir(exist_ok=True)
+        (tmp / "a_run" / "config.json").write_text("{}")
+        (tmp / "a_run" / "metrics.json").write_text("{}")
+        return [str(tmp / "a_folder"), str(tmp / "no_such_folder" / "report.md"), str(tmp / "dangling"),
+                str(tmp / "a_run" / "metrics.json"), str(tmp / "a_run" / "report.md")]
     if t is entry.out_dir:
         return [str(tmp / "a_file"), str(tmp / "a_file" / "sub"), str(tmp / "dangling")]
     if isinstance(t, entry.source_dir):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mia_jax import rundir
+from mia_jax import entry, rundir
 from mia_jax.errors import UserError
 
 
@@ -101,13 +101,29 @@ def test_a_second_process_is_refused_with_the_first_ones_pid(tmp_path):
 def test_a_swallowed_ctrl_c_is_raised_again_at_the_next_check(tmp_path):
     """Python drops a KeyboardInterrupt raised inside a GC callback; the claim remembers it for the next batch."""
     with rundir.claim(tmp_path / "run", {"a": 1}):
-        rundir.check_interrupted()  # nothing pressed yet
+        entry.check_interrupted()  # nothing pressed yet
         try:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
         except KeyboardInterrupt:
             pass  # swallowed, as in a GC callback
         with pytest.raises(KeyboardInterrupt):
-            rundir.check_interrupted()
-    rundir.check_interrupted()  # forgotten once the run is over
+            entry.check_interrupted()
+    entry.check_interrupted()  # forgotten once the run is over
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_later_ctrl_c_during_a_claim_do_not_raise_again(tmp_path):
+    """Only the first Ctrl-C raises: the second and third, pressed while the first unwinds, returned into JAX's
+    callbacks as "Exception ignored" tracebacks when they raised too."""
+    with rundir.claim(tmp_path / "run", {"a": 1}):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+        os.kill(os.getpid(), signal.SIGINT)  # a second press: no exception
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        with pytest.raises(KeyboardInterrupt):
+            entry.check_interrupted()  # the first is still remembered

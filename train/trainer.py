@@ -36,7 +36,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
-from mia_jax import rundir, sharding
+from mia_jax import entry, rundir, sharding
 from mia_jax.errors import UserError
 from train import placement
 from train.config import TrainConfig
@@ -216,7 +216,7 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
                                                       "mesh": sharding.mesh_str(mesh)}, data, workdir)
         if on_step is not None:
             on_step(step + 1)
-        rundir.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here
+        entry.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here
     bar.close()
     mngr.close()
     data.close()
