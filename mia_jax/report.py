@@ -275,3 +275,13 @@ def plot_histograms(path, scores_by_method: dict, labels) -> None:
     for ax in list(axes.flat)[len(scores_by_method):]:
         ax.axis("off")
     save_figure(fig, path)
+
+
+def nonfinite_warning(indices) -> str | None:
+    """The warning a command prints under its table when the model's logits were NaN or infinite for the texts at
+    ``indices`` (None when there are none)."""
+    if not indices:
+        return None
+    return (f"WARNING: the model's logits are NaN or infinite for {len(indices)} texts (the first: text "
+            f"{indices[0]}); every score of those texts is null and they are left out of every metric. A broken "
+            "checkpoint or a bfloat16 overflow: check the model, or try --dtype float32.")

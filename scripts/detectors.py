@@ -22,10 +22,8 @@ against it before reading them, and writes ``--md`` only once every section is c
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 import zlib
@@ -36,7 +34,7 @@ import numpy as np
 from mia_jax import blind, comparisons, data, entry, files, metrics, models, rounding, rundir, runner
 from mia_jax.commands import options
 from mia_jax.errors import UserError
-from mia_jax.report import fmt, markdown, with_ci
+from mia_jax.report import fmt, markdown, nonfinite_warning, with_ci
 from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
 from mia_jax.scorers import recall as rc
 
@@ -214,6 +212,7 @@ def run(args, command: str) -> Path:
         cost_path = out / "cost.json"
         cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
         records: dict[str, dict] = {}
+        broken: set[int] = set()  # evaluated texts whose logits were NaN or infinite (in any group's passes)
         for group, ms in method_groups(methods):
             folder = out / "runs" / group
             report: dict = {}
@@ -230,8 +229,9 @@ def run(args, command: str) -> Path:
                     cost_path.write_text(json.dumps(cost, indent=2) + "\n")
             for m in ms:
                 records[m] = {i: r["scores"][m] for i, r in enumerate(recs)}
+            broken.update(runner.nonfinite_texts(recs))
             print(f"{group}: {seconds:.1f} s", file=sys.stderr, flush=True)
-            rundir.check_interrupted()
+            entry.check_interrupted()
         blind_scores = blind.blind_bow_scores(e_texts, e_labels, seed=args.seed)
         rows = [{"index": ev[j], "label": e_labels[j], "dataset": e_groups[j],
                  "text_sha256": hashlib.sha256(e_texts[j].encode("utf-8")).hexdigest(),
@@ -246,6 +246,9 @@ def run(args, command: str) -> Path:
                 "n_neighbors": args.n_neighbors, "samia_samples": args.samia_samples, "methods": methods,
                 "command": command,
                 "recall_prefixes": rc.prefix_digest(prefixes)}
+        if broken:  # only then: the committed runs' info.json stay as they were
+            info["nonfinite_logits"] = sorted(broken)
+            print(nonfinite_warning(info["nonfinite_logits"]), file=sys.stderr, flush=True)
         (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
         if not cost_path.exists():  # no group to time (all reused from an earlier run that had none): still sealed
             cost_path.write_text(json.dumps(cost, indent=2) + "\n")
@@ -380,6 +383,7 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
             f"column is the paired bootstrap of the method minus Min-K%++ (k=20%) on the same examples.\n\n"
             + comparisons.family_note(len(family), "each method against Min-K%++") + "\n",
             markdown(["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "vs Min-K%++ (AUROC)", "NaN"], table),
+            *([f"\n{nonfinite_warning(info['nonfinite_logits'])}\n"] if info.get("nonfinite_logits") else []),
             "\nCost on this machine (each group timed alone, its main pass included, compilation included; the "
             "single-pass methods share one pass, methods reading the same passes are one group):\n",
             markdown(["Methods", "Forward / text", "Backward / text", "Seconds", "Tokens", "Tokens/s"],
@@ -426,20 +430,6 @@ def di_section(rows, methods, seed: int) -> str:
 # ----------------------------------------------------------------------------- the command
 
 
-def md_file(text: str) -> Path:
-    """argparse type of ``--md``: a file that can be written (not a folder, not under a file)."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file path")
-    if path.is_symlink() and not path.exists():
-        raise argparse.ArgumentTypeError(f"{text} is a link to a missing {os.readlink(path)}")
-    try:
-        entry.check_out(path.absolute().parent, "--md")
-    except UserError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return path
-
-
 def build_parser() -> entry.ArgumentParser:
     ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="a model folder, a .gguf file or a packaged name (smollm2)")
@@ -471,7 +461,7 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--out", type=entry.out_dir, help="output folder (the same command again resumes the run)")
     ap.add_argument("--overwrite", action="store_true",
                     help="empty an --out that holds a run with other options instead of refusing it")
-    ap.add_argument("--md", type=md_file, help="also write the report there (once all of it is computed)")
+    ap.add_argument("--md", type=entry.out_file, help="also write the report there (once all of it is computed)")
     ap.add_argument("--header", type=entry.input_file, help="a markdown file put before the sections")
     ap.add_argument("--no-progress", action="store_true")
     return ap
@@ -511,9 +501,6 @@ def _main(argv) -> int:
     if args.src:
         if args.out:
             raise UserError("--out goes with a run (--wikimia or --eval), not with --from; use --md for the report")
-        if args.md and any(args.md.resolve() == (f / n).resolve() for f in args.src
-                           for n in (*SEALED, rundir.MANIFEST)):
-            raise UserError(f"--md {args.md} is a file the rebuild reads; give another path")
         text = "\n".join(section(f, args.n_bootstrap) for f in args.src)  # all computed before anything is written
         _write_report(args, text)
         return 0

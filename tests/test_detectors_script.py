@@ -162,6 +162,34 @@ def test_report_cells(det, tmp_path, capsys):
         assert "n/a (n/a" not in second and "**" not in text
 
 
+def test_nan_logits_are_warned_and_reported(det, tmp_path, capsys):
+    """A checkpoint whose final norm holds a NaN: every score null (rank too), the warning eval prints on stderr,
+    its indices in info.json, and the same warning under the report's table (built from the files)."""
+    from safetensors.numpy import load_file, save_file
+
+    from mia_jax.scorers import MULTI_PASS
+
+    model = tmp_path / "nan_llama"
+    write_tiny_llama(model)
+    tensors = load_file(str(model / "model.safetensors"))
+    tensors["model.norm.weight"][3] = float("nan")
+    save_file(tensors, str(model / "model.safetensors"))
+    _eval_file(tmp_path / "eval.jsonl")
+    argv = ["--model", str(model), "--eval", str(tmp_path / "eval.jsonl"), "--name", "toy", "--shots", "2",
+            "--n-shots", "2", "--per-cell", "5", "--n-bootstrap", "20", "--no-progress", "--out",
+            str(tmp_path / "det"), "--skip", *sorted(m for m in MULTI_PASS if m != det.BASELINE), "polarized"]
+    assert det.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: the model's logits are NaN or infinite for 20 texts (the first: text 0)" in err
+    info = json.loads((tmp_path / "det" / "info.json").read_text())
+    assert info["nonfinite_logits"] == list(range(20))
+    rows = [json.loads(line) for line in gzip.open(tmp_path / "det" / "examples.jsonl.gz", "rt")]
+    assert all(v is None for r in rows for v in r["scores"].values())
+    assert det.main(["--from", str(tmp_path / "det"), "--n-bootstrap", "20"]) == 0
+    text = capsys.readouterr().out
+    assert "logits are NaN or infinite for 20 texts" in text and "**" not in text
+
+
 # ----------------------------------------------------------------------------- the run folder's guard
 
 
@@ -362,7 +390,8 @@ def test_from_without_a_manifest_and_bad_md(det, tmp_path, capsys):
     rc = _rc(det, ["--from", str(good), str(src), "--md", str(tmp_path / "report.md"), "--n-bootstrap", "5"])
     assert_clean_error(rc, capsys.readouterr().err, f"--from {src}: no manifest.json")
     for md, needle in ((tmp_path, "is a folder"), (good / "info.json" / "r.md", "--md"),
-                       (good / "info.json", "a file the rebuild reads")):
+                       (good / "info.json", "holds a run"),
+                       (good / "report.md", "holds a run")):  # never into a run's folder (it could replace its files)
         rc = _rc(det, ["--from", str(good), "--md", str(md), "--n-bootstrap", "5"])
         assert_clean_error(rc, capsys.readouterr().err, needle)
     rc = _rc(det, ["--from", str(tmp_path / "nowhere")])

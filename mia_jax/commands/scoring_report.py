@@ -260,11 +260,9 @@ def _count_lines(meta: dict, max_length: int) -> list[str]:
     """What a reader of the table must know about the data: truncation and duplicates (terminal + summary.md)."""
     lines = [f"Truncated to the model's context of {max_length} tokens: {meta['n_truncated']} texts. "
              f"Exact duplicates of an earlier text: {meta['duplicates']['n_duplicate_texts']} texts."]
-    broken = meta.get("nonfinite_logits") or []
-    if broken:
-        lines.append(f"WARNING: the model's logits are NaN or infinite for {len(broken)} texts (the first: text "
-                     f"{broken[0]}); every score of those texts is null and they are left out of every metric. A "
-                     "broken checkpoint or a bfloat16 overflow: check the model, or try --dtype float32.")
+    warning = report.nonfinite_warning(meta.get("nonfinite_logits") or [])
+    if warning:
+        lines.append(warning)
     conflicting = meta["duplicates"]["n_conflicting_texts"]
     if conflicting:
         lines.append(f"Warning: {conflicting} distinct texts appear both as member and as non-member "
