@@ -9,11 +9,15 @@ off; ``--compilation-cache DIR|off`` on the command line wins over the variable.
 ``CompileCount`` counts, between its start and ``stop()``, the programs XLA built or read from the cache and the
 seconds that took, from JAX's own monitoring events (``/jax/core/compile/backend_compile_duration`` and
 ``/jax/compilation_cache/cache_hits``), for ``run.json``'s ``"compile"`` entry.
+
+After a full disk stopped a run, ``drop_entries_written`` removes the cache files it wrote (one may be cut short).
 """
 from __future__ import annotations
 
 import os
 import threading
+import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -46,6 +50,7 @@ def resolve(option: str | None = None) -> Path | None:
 
 
 _enabled: list[Path | None] = []
+_enabled_at: list[int] = []  # time.time_ns() when enable ran
 
 
 def enable(option: str | None = None) -> Path | None:
@@ -61,11 +66,35 @@ def enable(option: str | None = None) -> Path | None:
         except OSError as e:
             raise UserError(f"compilation cache folder {path}: {e.strerror}; give another with --compilation-cache "
                             f"DIR or ${ENV}, or turn it off with {ENV}=off") from None
+        # a full disk is reported once, by the write of the run's own files (entry.run), not also by JAX's warning
+        # about the cache entry it could not write (whose cut file drop_entries_written then removes)
+        warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry .*"
+                                "(File too large|No space left on device|Disk quota exceeded)")
         jax.config.update("jax_compilation_cache_dir", str(path))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     _enabled.append(path)
+    _enabled_at.append(time.time_ns())
     return path
+
+
+def drop_entries_written() -> int:
+    """Delete the cache files written since ``enable`` (this process's, and any other's in the same seconds);
+    returns how many. For a run a full disk (or ``ulimit -f``) stopped: JAX writes an entry in place and never
+    rewrites one that exists, so an entry cut short would fail to load, with a warning and a recompilation, on every
+    later run. ``entry.run`` calls it on a full-disk error."""
+    if not _enabled or _enabled[0] is None:
+        return 0
+    since = _enabled_at[0] - 1_000_000_000  # a second of slack for coarse file-system timestamps
+    dropped = 0
+    for path in _enabled[0].iterdir():
+        try:
+            if path.is_file() and path.stat().st_mtime_ns >= since:
+                path.unlink()
+                dropped += 1
+        except OSError:
+            pass
+    return dropped
 
 
 def cache_dir() -> str | None:

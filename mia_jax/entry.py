@@ -44,6 +44,7 @@ from mia_jax.errors import UserError
 # OSErrors that describe the user's machine or paths, not a bug: reported in one line
 USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR,
                errno.EEXIST, errno.ELOOP, errno.ENAMETOOLONG, errno.EFBIG, errno.ENOENT, errno.EMFILE}
+FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a full disk or a file-size limit
 _XLA_FLAG = re.compile(r"--[A-Za-z0-9_]+(=\S*)?")
 
 
@@ -236,7 +237,7 @@ def _xla_refusal(flags: str) -> str | None:
 def describe_os_error(e: OSError) -> str:
     """The one line for an ``OSError`` a user can fix: what could not be used or written, the system's reason, and
     for a full disk that the same command resumes."""
-    full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    full = e.errno in FULL_ERRNOS
     where = f" {e.filename}" if e.filename else ""
     text = f"cannot {'write' if full else 'use'}{where}: {e.strerror or e}"
     if full:
@@ -345,6 +346,8 @@ def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = Non
     except OSError as e:
         if e.errno not in USER_ERRNOS:
             raise
+        if e.errno in FULL_ERRNOS and "mia_jax.compilation" in sys.modules:  # loaded: JAX may have cut an entry
+            sys.modules["mia_jax.compilation"].drop_entries_written()
         message = describe_os_error(e)
     except RuntimeError as e:
         if not str(e).startswith("Unable to initialize backend"):

@@ -252,11 +252,13 @@ def test_a_platform_the_machine_lacks(tiny_llama_dir, tmp_path):
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_and_resumes(tiny_llama_dir, tmp_path):
     """A file-size limit (as a full disk) stops the run with one line; the same command without the limit then
-    finishes, and no temporary file is left in the run folder."""
-    data, out = _texts(tmp_path, 40), tmp_path / "run"
+    finishes, and no temporary file is left in the run folder. The compilation cache the limit cut is left clean:
+    the rerun reads no broken entry (JAX never rewrites an entry that exists; it warned and recompiled on every
+    run after)."""
+    data, out, cache = _texts(tmp_path, 40), tmp_path / "run", tmp_path / "cache"
     argv = [sys.executable, *_mia_jax("eval", "--model", str(tiny_llama_dir), "--data", str(data), "--methods", "loss",
                                       "--n-bootstrap", "10", "--no-progress", "--out", str(out),
-                                      "--tokens-per-batch", "64")]
+                                      "--tokens-per-batch", "64", "--compilation-cache", str(cache))]
     limit = 3000  # bytes: room for the run description, not for every record
 
     def small_files():
@@ -267,8 +269,11 @@ def test_a_full_disk_is_one_line_and_resumes(tiny_llama_dir, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[-1].startswith("mia-jax: error: cannot write: File too large; free some space"), proc.stderr
     assert len(lines) <= 2, proc.stderr
+    assert cache.is_dir() and not any(cache.iterdir())  # what the cut run wrote there is dropped
     proc = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert "compilation cache" not in proc.stderr, proc.stderr  # no "Error reading persistent compilation cache"
+    assert any(cache.iterdir())
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
     assert len(complete_records(out / "results.jsonl")) == 40
 
