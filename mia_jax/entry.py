@@ -213,13 +213,9 @@ def _xla_refusal(flags: str) -> str | None:
     made in a child process (about 0.1 s, once per process and value); None when XLA takes them, when this process's
     backends have already started (they took them) or when the check cannot run. A flag unknown to the CPU build
     that names TPU is left to the TPU runtime."""
-    try:
-        from jax._src import xla_bridge  # private: whether this process's backends have started
-
-        if xla_bridge.backends_are_initialized():
-            return None
-    except (ImportError, AttributeError):
-        pass
+    bridge = sys.modules.get("jax._src.xla_bridge")  # private; not imported here (JAX not loaded: not started)
+    if bridge is not None and getattr(bridge, "backends_are_initialized", lambda: False)():
+        return None
     code = "from jaxlib import xla_client; xla_client.make_cpu_client()"
     try:
         done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, XLA_FLAGS=flags),

@@ -43,6 +43,8 @@ LOCK = ".lock"
 FINGERPRINT = "config.json"
 HINT = "use another --out, or --overwrite to replace it"
 _HELD: dict[str, int | None] = {}  # resolved path -> the lock's fd (None on processes other than 0)
+
+
 def diff(old, new, prefix: str = "") -> list[str]:
     """Human-readable differences between two JSON-like dicts: ``["train.lr: 0.001 -> 1e-05", ...]``."""
     if not (isinstance(old, dict) and isinstance(new, dict)):

@@ -41,12 +41,12 @@ from mia_jax import passes
 from mia_jax import sharding as shd
 from mia_jax.audits import windowed
 from mia_jax.batching import TOKENS_PER_BATCH, Step, align, check_tokens_per_batch, encode, pack, packed_arrays
+from mia_jax.entry import check_interrupted
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
 from mia_jax.fingerprint import run_fingerprint
 from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, skip_reason
-from mia_jax.entry import check_interrupted
 from mia_jax.score_step import shared_score_step
 from mia_jax.shards import stable_steps
 from mia_jax.scorers import MULTI_PASS, is_multi_pass, parse_method, requirements, resource_arrays

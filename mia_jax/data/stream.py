@@ -105,11 +105,11 @@ class TextStream:
         hashes: list[int] = []
         kept: list[str] | None = []
         for i, (text, label) in enumerate(self.rows()):
-            if kept is not None:
-                kept = None if len(kept) == keep else kept
-                if kept is not None:
-                    kept.append(text)
-                    self.max_held = max(self.max_held, len(kept))
+            if kept is not None and len(kept) == keep:
+                kept = None  # more than ``keep``: read again later, a window at a time
+            elif kept is not None:
+                kept.append(text)
+                self.max_held = max(self.max_held, len(kept))
             digest.update(((", " if i else "") + json.dumps(text, ensure_ascii=False)).encode("utf-8"))
             hashes.append(int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little"))
             if label is not None:
