@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import errno
 import functools
+import importlib.util
 import os
 import re
 import signal
@@ -211,8 +212,8 @@ def check_xla_flags() -> None:
 def _xla_refusal(flags: str) -> str | None:
     """XLA's first complaint about ``flags`` (a value it cannot read, a flag it does not know), found by a CPU client
     made in a child process (about 0.1 s, once per process and value); None when XLA takes them, when this process's
-    backends have already started (they took them) or when the check cannot run. A flag unknown to the CPU build
-    that names TPU is left to the TPU runtime."""
+    backends have already started (they took them) or when the check cannot run. A flag unknown to the CPU build is
+    left to the TPU runtime where one is installed (``libtpu``) or where it names TPU."""
     bridge = sys.modules.get("jax._src.xla_bridge")  # private; not imported here (JAX not loaded: not started)
     if bridge is not None and getattr(bridge, "backends_are_initialized", lambda: False)():
         return None
@@ -225,8 +226,10 @@ def _xla_refusal(flags: str) -> str | None:
     if done.returncode == 0:
         return None
     found = re.search(r"\] (Couldn't interpret value .*|Unknown flag in XLA_FLAGS: .*)$", done.stderr, re.M)
-    if not found or ("Unknown flag" in found.group(1) and "tpu" in found.group(1)):
+    if not found:
         return None
+    if "Unknown flag" in found.group(1) and ("tpu" in found.group(1) or importlib.util.find_spec("libtpu")):
+        return None  # the TPU runtime registers flags of its own that the CPU build does not know
     return found.group(1).strip().rstrip(".")
 
 

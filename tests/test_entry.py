@@ -38,6 +38,19 @@ def test_bugs_keep_their_traceback(exc):
         entry.run("prog", _raising(exc), [])
 
 
+def test_flags_xla_for_cpu_does_not_know_are_left_to_an_installed_tpu_runtime(tmp_path):
+    """Where libtpu is installed (here a stand-in on PYTHONPATH), a flag the CPU build does not know may be the TPU
+    runtime's: not refused; a value XLA cannot read still is."""
+    (tmp_path / "libtpu").mkdir()
+    (tmp_path / "libtpu" / "__init__.py").write_text("")
+    env = ENV | {"PYTHONPATH": str(tmp_path)}
+    for flags, refused in (("--xla_enable_async_all_gather=true", False),
+                           ("--xla_force_host_platform_device_count=abc", True)):
+        done = subprocess.run([sys.executable, "-m", "mia_jax.cli", "score", "--help"], capture_output=True,
+                              text=True, env=env | {"XLA_FLAGS": flags}, timeout=300, cwd=tmp_path)
+        assert (done.returncode, "XLA refuses it" in done.stderr) == ((2, True) if refused else (0, False)), done.stderr
+
+
 def test_ctrl_c_is_one_line_and_the_command_exits_at_once():
     """As the command (argv None): one line, stdout flushed, exit 130 straight away (os._exit: no interpreter
     shutdown with JAX's threads mid-step, which segfaulted at times, and no atexit hook to catch a second Ctrl-C)."""
