@@ -85,6 +85,14 @@ def save_figure(fig, path, dpi: int = 120, tight: bool = True) -> None:
     pyplot().close(fig)
 
 
+def figure_bytes(fig, dpi: int = 120, tight: bool = True) -> bytes:
+    """A figure's PNG bytes as :func:`save_figure` writes them, in memory (for the reports that write their files
+    together); the figure is closed."""
+    buf = io.BytesIO()
+    save_figure(fig, buf, dpi=dpi, tight=tight)
+    return buf.getvalue()
+
+
 # ----------------------------------------------------------------------------- the summary of one run
 
 

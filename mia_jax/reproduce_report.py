@@ -5,7 +5,6 @@ Min-K% / Min-K%++ and Figure 2b, from the cells' long-format rows and per-exampl
 """
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Sequence
@@ -138,12 +137,6 @@ def write_table(outputs: dict, stem: str, title: str, header, body, note: str = 
     return text
 
 
-def _figure_bytes(fig) -> bytes:
-    buf = io.BytesIO()
-    report.save_figure(fig, buf)
-    return buf.getvalue()
-
-
 def k_sweep(results: list[dict]) -> tuple[list[str], list[list]]:
     """AUROC of Min-K% and Min-K%++ for every k, per model (original setting, mean over lengths)."""
     models = list(dict.fromkeys(r["model"] for r in results))
@@ -204,7 +197,7 @@ def plot_lengths(results: list[dict], rows: Sequence[tuple[str, str]]) -> bytes:
         ax.set_xticklabels([str(n) for n in lengths])
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8)
-    return _figure_bytes(fig)
+    return report.figure_bytes(fig)
 
 
 def plot_k_sweep(header, body) -> bytes:
@@ -217,7 +210,7 @@ def plot_k_sweep(header, body) -> bytes:
     ax.set(xlabel="k (fraction of tokens)", ylabel="AUROC", title="k sweep (original setting, mean over lengths)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _figure_bytes(fig)
+    return report.figure_bytes(fig)
 
 
 def write_reports(out: Path, results: list[dict], rows: Sequence[tuple[str, str]] = PAPER_METHODS,

@@ -1,12 +1,12 @@
-"""The cells, names and file bytes of the contamination tables and figures (train/run_tables.py,
-train/sweep_tables.py): method and dataset names, ``value [lo, hi]`` cells, n/a with its reason, CSV and PNG bytes."""
+"""The cells and names of the contamination tables and figures (train/run_tables.py, train/sweep_tables.py): method
+and dataset names, ``value [lo, hi]`` cells and n/a with its reason (their CSV and PNG bytes: ``report.csv_bytes``,
+``report.figure_bytes``)."""
 from __future__ import annotations
 
-import io
 
 import numpy as np
 
-from mia_jax.report import pyplot, with_ci
+from mia_jax.report import with_ci
 from train.records import EXAMPLES
 
 DATASET_NAMES = {"boolq": "BoolQ", "commonsenseqa": "CommonsenseQA", "imdb": "IMDB", "truthfulqa": "TruthfulQA",
@@ -71,16 +71,6 @@ def nan_cell(cells: list) -> str:
 def any_nan(cells) -> bool:
     """Whether any of the cells (metrics.evaluate dicts or None) excluded NaN/inf scores."""
     return any(c and (c.get("n_nan") or 0) > 0 for c in cells)
-
-
-def figure_bytes(fig, dpi: int = 120, tight: bool = True) -> bytes:
-    """A figure's PNG bytes as ``report.save_figure`` writes them (the file is written with the other outputs)."""
-    if tight:
-        fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=dpi, format="png")
-    pyplot().close(fig)
-    return buf.getvalue()
 
 
 def num(v) -> float:

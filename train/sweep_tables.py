@@ -12,8 +12,8 @@ import numpy as np
 from scipy.stats import rankdata
 
 from mia_jax import comparisons, metrics
-from mia_jax.report import csv_bytes, fmt, markdown, pyplot
-from train.cells import (AVG, DATASET_NAMES, HEADLINE, any_nan, ci_cell, figure_bytes, headline,
+from mia_jax.report import csv_bytes, figure_bytes, fmt, markdown, pyplot
+from train.cells import (AVG, DATASET_NAMES, HEADLINE, any_nan, ci_cell, headline,
                          method_name, na, nan_cell, num, rebuild_line)
 from train.records import by_dataset, records_and_eval, same_examples, score_vector
 

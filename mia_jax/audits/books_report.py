@@ -12,8 +12,8 @@ import numpy as np
 from mia_jax.audits.books import BooksResult, books_phrase
 from mia_jax.audits.books_rates import flags
 from mia_jax.audits.books_snippets import SnippetPlan
-from mia_jax.audits.common import figure_bytes, finite_or_none, label_axes, write_sealed
-from mia_jax.report import csv_bytes, fmt, jsonable, markdown, markdown_table, pyplot
+from mia_jax.audits.common import finite_or_none, label_axes, write_sealed
+from mia_jax.report import csv_bytes, figure_bytes, fmt, jsonable, markdown, markdown_table, pyplot
 
 THRESHOLD_NAMES = {"accuracy": "max. validation accuracy", "fpr": "validation FPR <= {fpr:g}",
                    "given": "given (--threshold)"}

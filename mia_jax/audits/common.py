@@ -4,7 +4,6 @@ bytes, and the strict reading of the CSV files an audit wrote (for its ``--from`
 from __future__ import annotations
 
 import csv
-import io
 import math
 import re
 from pathlib import Path
@@ -14,7 +13,6 @@ from mia_jax import rundir, runner
 from mia_jax.errors import UserError
 from mia_jax.files import write_all
 from mia_jax.metrics import scores_by_method
-from mia_jax.report import pyplot
 
 WORD = re.compile(r"\S+")  # a word: whitespace-separated
 
@@ -64,16 +62,6 @@ def label_axes(ax, xlabel: str, ylabel: str, title: str, legend_size: int) -> No
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=legend_size)
-
-
-def figure_bytes(fig, dpi: int = 120) -> bytes:
-    """The matplotlib figure ``fig`` as PNG bytes at ``dpi`` (laid out with ``tight_layout``, as
-    ``report.save_figure`` saves it); the figure is closed. Returns the bytes."""
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    pyplot().close(fig)
-    return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- strict reading of what a run wrote
