@@ -64,9 +64,9 @@ def mimir_options(p: argparse.ArgumentParser) -> None:
     """``--domain`` and ``--split`` on ``p`` (its folder is the shared ``--data-dir``,
     :func:`mia_jax.commands.options.data_dir`)."""
     p.add_argument("--domain", default="wikipedia_en", help="MIMIR domain (arxiv, github, pile_cc, ...)")
-    p.add_argument("--split", default=data.MIMIR_SPLIT, choices=known.MIMIR_SPLITS,
+    p.add_argument("--split", default=known.MIMIR_SPLIT, choices=known.MIMIR_SPLITS,
                    help=f"MIMIR split: n-gram size and overlap threshold of its non-members (default "
-                        f"{data.MIMIR_SPLIT}; the SoK of Meeus et al. advises ngram_13_0.8)")
+                        f"{known.MIMIR_SPLIT}; the SoK of Meeus et al. advises ngram_13_0.8)")
 
 
 def load_mimir(args) -> data.Dataset:

@@ -16,8 +16,6 @@ from mia_jax.files import sha256
 
 FILES = Path(__file__).parent / "files"
 WIKIMIA_LENGTHS = (32, 64, 128, 256)
-MIMIR_DOMAINS = ("arxiv", "dm_mathematics", "github", "hackernews", "pile_cc", "pubmed_central", "wikipedia_en")
-MIMIR_SPLIT = "ngram_7_0.2"
 # the TFDS datasets `mia-jax datasets build` makes (mia_jax.data.builders.BUILDERS), named here so that the CLI lists
 # them without importing tensorflow-datasets
 TFDS_DATASETS = ("wikimia", "mimir", "contamination")

@@ -104,9 +104,9 @@ class Wikimia(Bundled):
 
 class Mimir(Bundled):
     """MIMIR (Duan et al. 2024), split ngram_7_0.2, one config per Pile domain."""
-    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=d, description=f"MIMIR {data.MIMIR_SPLIT}, Pile domain {d}")
-                       for d in data.MIMIR_DOMAINS]
-    DESCRIPTION = (f"MIMIR {data.MIMIR_SPLIT}: Pile train documents (members, label 1) and Pile test documents "
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=d, description=f"MIMIR {known.MIMIR_SPLIT}, Pile domain {d}")
+                       for d in known.MIMIR_DOMAINS]
+    DESCRIPTION = (f"MIMIR {known.MIMIR_SPLIT}: Pile train documents (members, label 1) and Pile test documents "
                    "(non-members, label 0) of one domain, members first.")
     HOMEPAGE = "https://huggingface.co/datasets/iamgroot42/mimir"
 
@@ -114,13 +114,10 @@ class Mimir(Bundled):
         return {"text": tfds.features.Text(), "label": MEMBER_LABEL}
 
     def check_source(self) -> None:
-        try:
-            known.mimir_files(self.builder_config.name, data.MIMIR_SPLIT, self.source)
-        except UserError as e:
-            raise UserError(str(e).replace("--data-dir", "--source")) from None
+        known.mimir_files(self.builder_config.name, root=self.source, flag="--source")
 
     def _rows(self) -> Iterator[dict]:
-        ds = known.mimir(self.builder_config.name, data.MIMIR_SPLIT, self.source)
+        ds = known.mimir(self.builder_config.name, root=self.source)
         for text, label in zip(ds.texts, ds.labels):
             yield {"text": text, "label": label}
 

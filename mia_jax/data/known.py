@@ -35,7 +35,9 @@ from mia_jax import data
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 
+MIMIR_DOMAINS = ("arxiv", "dm_mathematics", "github", "hackernews", "pile_cc", "pubmed_central", "wikipedia_en")
 MIMIR_SPLITS = ("ngram_7_0.2", "ngram_13_0.2", "ngram_13_0.8")
+MIMIR_SPLIT = MIMIR_SPLITS[0]  # the default split (the one of the papers' MIMIR tables)
 MIMIR_HUB_CACHE = "cache_100_200_1000_512"  # the Hub's folder of the seven Pile domains
 MIMIR_HUB_NAMES = {"wikipedia_en": "wikipedia_(en)"}  # the Hub's spelling where it differs
 MIMIR_CAVEATS = {
@@ -101,29 +103,30 @@ def _mimir_pair(base: Path, domain: str, split: str) -> tuple[Path, Path] | None
     return None
 
 
-def mimir_files(domain: str, split: str = data.MIMIR_SPLIT,
-                root: str | os.PathLike | None = None) -> tuple[Path, Path]:
+def mimir_files(domain: str, split: str = MIMIR_SPLIT, root: str | os.PathLike | None = None,
+                flag: str = "--data-dir") -> tuple[Path, Path]:
     """(members file, non-members file) of MIMIR's ``domain`` / ``split`` under ``root`` (see
-    :func:`_mimir_candidates`); a UserError naming where it looked when they are not there."""
-    if domain not in data.MIMIR_DOMAINS:
-        raise UserError(f"unknown MIMIR domain {domain!r}; domains: {', '.join(data.MIMIR_DOMAINS)}")
+    :func:`_mimir_candidates`); a UserError naming where it looked and the option (``flag``) that gives the folder
+    when they are not there."""
+    if domain not in MIMIR_DOMAINS:
+        raise UserError(f"unknown MIMIR domain {domain!r}; domains: {', '.join(MIMIR_DOMAINS)}")
     if split not in MIMIR_SPLITS:
         raise UserError(f"unknown MIMIR split {split!r}; splits: {', '.join(MIMIR_SPLITS)}")
     candidates = _mimir_candidates(root)
     pair = next((p for c in candidates if c.is_dir() and (p := _mimir_pair(c, domain, split))), None)
     if pair is None:
-        raise UserError(f"MIMIR {split} not found (looked in {', '.join(map(str, candidates))}); pass --data-dir: "
+        raise UserError(f"MIMIR {split} not found (looked in {', '.join(map(str, candidates))}); pass {flag}: "
                         f"the folder holding {split}/members/ and nonmembers/, or the Hub's {MIMIR_HUB_CACHE}/")
     return pair
 
 
-def mimir(domain: str, split: str = data.MIMIR_SPLIT, root: str | os.PathLike | None = None) -> KnownDataset:
+def mimir(domain: str, split: str = MIMIR_SPLIT, root: str | os.PathLike | None = None) -> KnownDataset:
     """MIMIR (Duan et al. 2024) ``split`` of one Pile ``domain``: members = Pile train (label 1), then non-members
     = Pile test (label 0), from ``root`` (see :func:`_mimir_candidates`) in the local layout
     (``<split>/members/<domain>.jsonl``) or the Hub's (``cache_100_200_1000_512/train/<domain>_<split>.jsonl``).
     The GitHub domain carries a caveat (:data:`MIMIR_CAVEATS`)."""
     parts = [data.load_records(path, "text", None) for path in mimir_files(domain, split, root)]
-    name = f"mimir-{domain}" if split == data.MIMIR_SPLIT else f"mimir-{domain}-{split}"
+    name = f"mimir-{domain}" if split == MIMIR_SPLIT else f"mimir-{domain}-{split}"
     caveats = [MIMIR_CAVEATS[domain]] if domain in MIMIR_CAVEATS else []
     return KnownDataset(parts[0].texts + parts[1].texts, [1] * len(parts[0]) + [0] * len(parts[1]), name,
                         {**parts[0].files, **parts[1].files}, caveats=caveats)
