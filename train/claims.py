@@ -123,7 +123,7 @@ def lr_claims(runs: list[tuple[str, dict]], tag: str = "") -> list[dict]:
         comp = _paired(hi["examples"], lo["examples"], "trained", "trained", mk, mk, *claim_resamples(hi), dataset=d)
         where = "average" if d is None else DATASET_NAMES.get(d, d)
         out.append(make_claim(f"Table 4{tag}: lr {lr_hi:g} > lr {lr_lo:g}, Min-K%, {where}", "every dataset", comp,
-                          f"lr {lr_hi:g}", f"lr {lr_lo:g}"))
+                              f"lr {lr_hi:g}", f"lr {lr_lo:g}"))
     return out
 
 
@@ -140,7 +140,7 @@ def size_claim(runs: list[tuple[str, dict]], figure: str, larger_is_easier: bool
     tok = {id(r): r["corpus"]["tokens"]["total"] for r in (small, large)}
     name = (f"{figure}{tag}: Min-K% AUROC, {tok[id(a)]:,} > {tok[id(b)]:,} corpus tokens (average)")
     return [make_claim(name, "larger corpus easier" if larger_is_easier else "larger corpus harder", comp,
-                   f"{tok[id(a)]:,} tokens", f"{tok[id(b)]:,} tokens")]
+                       f"{tok[id(a)]:,} tokens", f"{tok[id(b)]:,} tokens")]
 
 
 def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
@@ -154,14 +154,15 @@ def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
     ks = sorted(set(occ[lab == 1].tolist()))
     if len(ks) < 2:
         return []
+    n_bootstrap, seed = claim_resamples(run)
     try:
         comp = metrics.subset_bootstrap(sc[mk], lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
-                                        n_bootstrap=claim_resamples(run)[0], seed=claim_resamples(run)[1])
+                                        n_bootstrap=n_bootstrap, seed=seed)
         comp["n_used"] = int(((lab == 0) | (occ == ks[-1]) | (occ == 1)).sum())
     except ValueError as e:
         comp = str(e).replace("n/a: ", "")
     return [make_claim(f"Figure 5c{tag}: Min-K% AUROC, k = {ks[-1]} > k = 1 (pooled after rank normalisation)",
-                   "more occurrences easier", comp, f"k={ks[-1]}", "k=1")]
+                       "more occurrences easier", comp, f"k={ks[-1]}", "k=1")]
 
 
 def claims_markdown(claims: list[dict]) -> str:
