@@ -15,6 +15,8 @@ nothing here touches a device.
 """
 from __future__ import annotations
 
+import bisect
+
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
@@ -136,19 +138,28 @@ ATTENTION_WEIGHT = 16384  # a slot of a row of length t costs 1 + t / ATTENTION_
 
 def _best_fit(order: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Best-fit decreasing: each item (in ``order``, longest first) into the open row with the least room that
-    holds it, else a new row. Rows by remaining room, so an item looks at most ``capacity`` room sizes."""
+    holds it, else a new row. Rows are kept by remaining room, and the rooms that some row has in a sorted list,
+    so an item finds its row by bisection (a scan over every room size cost ~1 s per WikiMIA-32 plan)."""
     rows: list[list[int]] = []
-    by_room: list[list[int]] = [[] for _ in range(capacity + 1)]  # room -> rows with exactly that much room left
+    by_room: dict[int, list[int]] = {}  # room -> rows with exactly that much room left (the last one is used)
+    rooms: list[int] = []  # the keys of by_room, sorted
     for i in order:
         n = lengths[i]
-        room = next((r for r in range(n, capacity + 1) if by_room[r]), None)
-        if room is None:
+        k = bisect.bisect_left(rooms, n)
+        if k == len(rooms):
             rows.append([])
             row, room = len(rows) - 1, capacity
         else:
+            room = rooms[k]
             row = by_room[room].pop()
+            if not by_room[room]:
+                del by_room[room], rooms[k]
         rows[row].append(i)
-        by_room[room - n].append(row)
+        left = room - n
+        if left not in by_room:
+            by_room[left] = []
+            bisect.insort(rooms, left)
+        by_room[left].append(row)
     return rows
 
 

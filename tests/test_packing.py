@@ -45,6 +45,27 @@ def test_pack_places_every_item_once_in_at_most_two_shapes(lengths, budget, row_
     assert len({s.shape for s in packed}) <= 2
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 64), min_size=1, max_size=60), st.sampled_from([1, 7, 16, 64]))
+def test_best_fit_puts_each_item_in_the_fullest_row_that_holds_it(lengths, capacity):
+    """Best-fit decreasing, checked against the rule itself: each item (longest first) goes into the open row with
+    the least room that still holds it (the latest such row on a tie), else opens a row."""
+    lengths = [min(n, capacity) for n in lengths]
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows, room, last = [], [], []  # the reference: a scan over every open row
+    for i in order:
+        fits = [r for r in range(len(rows)) if room[r] >= lengths[i]]
+        if fits:
+            r = min(fits, key=lambda r: (room[r], -last[r]))
+        else:
+            rows.append([]), room.append(capacity), last.append(0)
+            r = len(rows) - 1
+        rows[r].append(i)
+        room[r] -= lengths[i]
+        last[r] = len([x for row in rows for x in row])  # when the row last changed
+    assert batching._best_fit(order, lengths, capacity) == rows
+
+
 def test_short_texts_pack_with_little_padding():
     """Lengths like WikiMIA-32's under SmolLM2's tokenizer (33 to 174 tokens, context 8192): at most two shapes and
     under 3% padding, where one text per row in length buckets needs more programs and more slots."""
