@@ -190,6 +190,18 @@ def test_implementation_choice(monkeypatch):
         A.implementation_for(8, 8, "dot_product", softcap=30.0)
 
 
+def test_gpu_auto_gives_cudnn_a_dense_mask_up_to_its_limit(monkeypatch):
+    monkeypatch.delenv(A.ENV, raising=False)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    bf16, limit = jnp.bfloat16, A.CUDNN_MASK_MAX_SCORES
+    assert A.implementation_for(512, 512, dtype=bf16, structural_only=False) == "dot_product"  # packed rows
+    assert A.implementation_for(limit, 1, dtype=bf16, structural_only=False) == "dot_product"
+    assert A.implementation_for(limit + 1, 1, dtype=bf16, structural_only=False) == "chunked"
+    assert A.implementation_for(8192, 8192, dtype=bf16) == "dot_product"  # flags only: no mask to hold
+    assert A.implementation_for(512, 512, dtype=jnp.float32, structural_only=False) == "chunked"
+    assert A.implementation_for(512, 512, dtype=bf16, structural_only=False, softcap=30.0) == "chunked"
+
+
 def _lowered(T, impl, grad=False):
     q = jax.ShapeDtypeStruct((1, T, 2, 16), jnp.float32)
     kv = jax.ShapeDtypeStruct((1, T, 1, 16), jnp.float32)
@@ -214,3 +226,33 @@ def test_chunked_memory_is_linear_in_length():
         assert shapes and max(int(np.prod(s)) for s in shapes) < 4096 * 4096 // 8
     full_text = _lowered(4096, "full", grad=True).as_text()
     assert "4096x4096" in full_text  # the pattern does find [T, S] tensors
+
+
+@pytest.mark.parametrize("T,S,causal,with_mask", [(7, 7, True, False), (7, 7, False, False), (6, 7, False, True),
+                                                  (7, 7, True, True), (6, 6, True, False)])
+def test_cudnn_call_is_padded_to_even_lengths(monkeypatch, T, S, causal, with_mask):
+    """cuDNN's backward refuses odd lengths, so `_cudnn` pads them; with the cuDNN call routed to XLA here (no GPU)
+    the padded call gives the unpadded output and gradients, and cuDNN only ever sees even lengths."""
+    real = jax.nn.dot_product_attention
+    seen = []
+
+    def routed(q, k, v, *, implementation=None, **kw):
+        seen.append((q.shape[1], k.shape[1]))
+        return real(q, k, v, implementation="xla", **kw)
+
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, n, 4, 8)), jnp.float32) for n in (T, S, S))
+    kw = {"scale": 0.3, "is_causal": causal} if not with_mask else {"scale": 0.3, "mask": jnp.asarray(
+        rng.random((2, 1, T, S)) < 0.7).at[..., 0].set(True)}
+
+    def loss(fn, q, k, v):
+        return jnp.sum(jnp.sin(fn(q, k, v)))
+
+    expected = jax.value_and_grad(lambda *a: loss(lambda q, k, v: real(q, k, v, implementation="xla", **kw), *a),
+                                  argnums=(0, 1, 2))(q, k, v)
+    monkeypatch.setattr(jax.nn, "dot_product_attention", routed)
+    got = jax.value_and_grad(lambda *a: loss(lambda q, k, v: A._cudnn(q, k, v, kw), *a), argnums=(0, 1, 2))(q, k, v)
+    assert seen and all(t % 2 == 0 and s % 2 == 0 for t, s in seen)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
+    for g, e in zip(got[1], expected[1]):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)

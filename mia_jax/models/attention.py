@@ -20,8 +20,10 @@ Implementations (`implementation=` or $MIA_JAX_ATTENTION, read when the call is 
   no [B, T, S] mask). A custom VJP recomputes the block scores in the backward pass from the saved log-sum-exp
   (FlashAttention-2), so forward and gradient memory grow linearly with T and S.
 - "auto" (default): "chunked" when T * S >= CHUNKED_MIN_SCORES, else "full" on CPU/TPU; on a GPU, cuDNN
-  through "dot_product" when it applies (bf16/fp16, no explicit mask, no key_mask, no segments, no softcap), with
-  "chunked"/"full" as on CPU otherwise (that cuDNN branch has not run on a GPU yet: tuned and tested on CPU).
+  through "dot_product" when it applies (bf16/fp16, no softcap, and structural masks only or at most
+  CUDNN_MASK_MAX_SCORES scores per row for a dense mask), with "chunked"/"full" as on CPU otherwise or when cuDNN
+  refuses the call. Measured on an H100 (scoring packed rows and the bf16 training step, BENCHMARKS.md); cuDNN's
+  backward refuses odd lengths, so those calls are padded by one slot (`_cudnn`).
 """
 from __future__ import annotations
 
@@ -42,6 +44,11 @@ IMPLEMENTATIONS = ("auto", "full", "dot_product", "chunked")
 # below 512 the two are within a few per cent, and "full" keeps short texts' results bit for bit what they were.
 # Block sizes: 256 x 256 was the fastest on CPU from 512 to 2048 tokens and within noise of the best at 8192.
 CHUNKED_MIN_SCORES = 512 * 512
+# On a GPU, "auto" gives cuDNN a dense [B, 1, T, S] mask (packed rows' segments, key masks) up to this many scores
+# per row: scoring WikiMIA-32's packed 512-token rows of a 1B Llama on an H100 in bfloat16, the device step took
+# 187.5 ms with cuDNN and the mask against 251.8 ms with "chunked" (BENCHMARKS.md). Longer rows: "chunked", whose
+# memory stays linear.
+CUDNN_MASK_MAX_SCORES = 4096 * 4096
 BLOCK_Q = 256
 BLOCK_K = 256
 
@@ -57,8 +64,8 @@ def implementation_for(t: int, s: int, implementation: str | None = None, *, dty
         raise UserError("attention: the 'dot_product' implementation has no softcap; use 'chunked' or 'full'")
     if name != "auto":
         return name
-    if (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and structural_only
-            and softcap is None):
+    if (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and softcap is None
+            and (structural_only or t * s <= CUDNN_MASK_MAX_SCORES)):
         return "dot_product"
     return "chunked" if t * s >= CHUNKED_MIN_SCORES else "full"
 
@@ -172,10 +179,31 @@ def _dot_product(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mas
     cudnn = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
     if cudnn:
         try:
-            return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **kwargs)
+            return _cudnn(q, k, v, kwargs)
         except (NotImplementedError, ValueError, RuntimeError):
             return None
     return jax.nn.dot_product_attention(q, k, v, implementation="xla", **kwargs)
+
+
+def _cudnn(q, k, v, kwargs):
+    """cuDNN attention. Its backward pass refuses an odd query or key length ("Unsupported sequence length", raised
+    when a scanned layer is differentiated, past any try here), so such a call is padded to even lengths: the
+    extra key is hidden from every real query (by causality when the call is causal, else by the mask), the extra
+    query row sees a key and is cut."""
+    T, S = q.shape[1], k.shape[1]
+    pt, ps = T % 2, S % 2
+    if not (pt or ps):
+        return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **kwargs)
+    kwargs = dict(kwargs)
+    if not kwargs.get("is_causal"):  # (the causal flag comes only with T == S and no mask: see _dot_product)
+        m = kwargs["mask"] if "mask" in kwargs else jnp.ones((1, 1, T, S), bool)
+        m = jnp.pad(m, ((0, 0), (0, 0), (0, pt), (0, ps)))
+        if pt:
+            m = m.at[..., T, S if ps else 0].set(True)
+        kwargs["mask"] = m
+    pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))  # noqa: E731
+    return jax.nn.dot_product_attention(pad(q, pt), pad(k, ps), pad(v, ps), implementation="cudnn",
+                                        **kwargs)[:, :T]
 
 
 # ----------------------------------------------------------------------------- chunked (flash-attention style)
