@@ -21,10 +21,12 @@ at k = 20% (``benchmark.METHODS``). Each part runs in its own process (memory an
    bfloat16), with JAX's persistent compilation cache (``compilation.enable``) in a fresh folder: ``cold`` (empty:
    every program compiled) then ``warm`` (a new process, the same folder: read back). Compile programs and seconds:
    ``compilation.CompileCount("score_step")`` over the first pass, which is timed whole (compilation included);
-   passes then repeat until ``--min-seconds`` (at least one) and the steady pass is their median. tokens/s = the
-   texts' tokens / steady pass. MFU = model FLOPs of those tokens (``benchmark.model_flops``: 2 x every weight
-   matrix incl. the LM head per token + 4 n^2 x layers x attention width per text of n tokens; padding not counted)
-   / steady pass / ``--peak-tflops`` (default 989: an H100 SXM's dense bf16 peak).
+   passes then repeat until ``--min-seconds`` (at least one) and the steady pass is their median. The device steps
+   alone: the same pass's batches staged on the device and run back to back (``device_step_passes``; median), so
+   that the host's share of a pass shows. tokens/s = the texts' tokens / steady pass. MFU = model FLOPs of those
+   tokens (``benchmark.model_flops``: 2 x every weight matrix incl. the LM head per token + 4 n^2 x layers x
+   attention width per text of n tokens; padding not counted) / steady pass (or device steps) / ``--peak-tflops``
+   (default 989: an H100 SXM's dense bf16 peak).
 2. transformers + torch on ``--torch-device`` (default: cuda when torch sees one), ``LlamaForCausalLM`` from the same
    folder in bfloat16 with ``attn_implementation="sdpa"``. ``torch_batched``: ``--batch-size`` (32) texts per
    forward in input order, right padding with an attention mask; ``torch_loop``: the published approach
@@ -100,11 +102,43 @@ def worker_toolkit(spec, result):
     result["compile"] = count.stop()
     steady = compilation.CompileCount("score_step")
     result["passes_s"] = repeat(score, spec["min_seconds"])
+    result["device_step_passes_s"] = device_step_passes(loaded, texts, spec["methods"], tpb, spec["min_seconds"])
     dev = jax.devices()[0]
     result.update(steady_compile=steady.stop(), report=report, tokens_per_batch=tpb,
                   flops=model_flops(loaded, [len(x) for x in ids]), scores=[r["scores"] for r in recs],
                   device=f"JAX {dev.platform}: {dev.device_kind}", versions={"jax": jax.__version__},
                   device_peak=(dev.memory_stats() or {}).get("peak_bytes_in_use"))
+
+
+def device_step_passes(loaded, texts, methods, tokens_per_batch, min_seconds) -> list[float]:
+    """Seconds of the scoring steps alone: ``score_texts``' own batches, taken on their way into the jitted step and
+    placed on the device, then run back to back (``repeat``): the device's share of a pass, without the host's
+    encoding, packing and records."""
+    import jax
+
+    from mia_jax import runner
+
+    staged, real = [], runner.shared_score_step
+
+    def staging(*args, **kwargs):
+        step = real(*args, **kwargs)
+
+        def run(state, batch):
+            staged.append((step, state, jax.device_put(batch)))
+            return step(state, batch)
+        return run
+
+    runner.shared_score_step = staging
+    try:
+        runner.score_texts(loaded, texts, methods, tokens_per_batch=tokens_per_batch, progress=False)
+    finally:
+        runner.shared_score_step = real
+
+    def steps():
+        jax.block_until_ready([step(state, batch) for step, state, batch in staged])
+
+    steps()
+    return repeat(steps, min_seconds)
 
 
 def worker_torch(spec, result):

