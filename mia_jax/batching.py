@@ -189,9 +189,13 @@ def pack(lengths: Sequence[int], tokens_per_batch: int, max_length: int, *, row_
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     if not packed:
         return _plan(order, [], lengths, 0, tokens_per_batch, max_length, row_multiple, rows)
-    plans = [_plan(order, [i for i in order if lengths[i] <= row], lengths, row, tokens_per_batch, max_length,
-                   row_multiple) for row in row_lengths(longest, tokens_per_batch, max_length)]
-    costs = [sum(s.rows * s.length * (1 + s.length / ATTENTION_WEIGHT) for s in steps) for steps in plans]
+    plans, costs, tokens = [], [], sum(lengths)
+    for row in row_lengths(longest, tokens_per_batch, max_length):  # ascending
+        if choose is None and costs and tokens * (1 + row / ATTENTION_WEIGHT) >= min(costs):
+            break  # every token costs at least this much in rows this long or longer: none of them can win
+        plans.append(_plan(order, [i for i in order if lengths[i] <= row], lengths, row, tokens_per_batch,
+                           max_length, row_multiple))
+        costs.append(sum(s.rows * s.length * (1 + s.length / ATTENTION_WEIGHT) for s in plans[-1]))
     return plans[choose(costs) if choose is not None else int(np.argmin(costs))]
 
 

@@ -30,6 +30,8 @@ def test_pack_places_every_item_once_in_at_most_two_shapes(lengths, budget, row_
     max_length = 300
     steps = batching.pack(lengths, budget, max_length, row_multiple=row_multiple)
     assert steps == batching.pack(lengths, budget, max_length, row_multiple=row_multiple)  # a function of the lengths
+    # the candidates pack skips by its lower bound could not have won: the same plan as costing every candidate
+    assert steps == batching.pack(lengths, budget, max_length, row_multiple=row_multiple, choose=np.argmin)
     placed = [item for s in steps for item in s.items]
     assert sorted(placed) == list(range(len(lengths)))
     for s in steps:
