@@ -43,8 +43,6 @@ def test_smoke_run_writes_every_figure(tmp_path):
     assert cold["compiled"] == cold["programs"] >= 1 and cold["cache_hits"] == 0
     assert warm["compiled"] == 0 and warm["cache_hits"] == cold["programs"]
     assert res["toolkit_cold"]["steady_compile"]["programs"] == 0  # the steady passes compile nothing
-    # the device steps alone are part of a pass: never longer than the whole steady pass
-    assert figures["tiny.toolkit_cold.device_step_s"] <= figures["tiny.toolkit_cold.steady_s"]
     # the three approaches scored the same token ids: the bf16 scores agree (the forward differs only by rounding)
     for kind in ("torch_batched", "torch_loop"):
         for a, b in zip(res["toolkit_cold"]["scores"], res[kind]["scores"]):
