@@ -190,16 +190,24 @@ def test_implementation_choice(monkeypatch):
         A.implementation_for(8, 8, "dot_product", softcap=30.0)
 
 
-def test_gpu_auto_gives_cudnn_a_dense_mask_up_to_its_limit(monkeypatch):
+def test_gpu_auto_gives_cudnn_packed_rows_up_to_its_limit(monkeypatch):
     monkeypatch.delenv(A.ENV, raising=False)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    bf16, limit = jnp.bfloat16, A.CUDNN_MASK_MAX_SCORES
-    assert A.implementation_for(512, 512, dtype=bf16, structural_only=False) == "dot_product"  # packed rows
-    assert A.implementation_for(limit, 1, dtype=bf16, structural_only=False) == "dot_product"
-    assert A.implementation_for(limit + 1, 1, dtype=bf16, structural_only=False) == "chunked"
+    bf16, limit, packed = jnp.bfloat16, A.CUDNN_MASK_MAX_SCORES, dict(structural_only=False, segments_only=True)
+    assert A.implementation_for(512, 512, dtype=bf16, **packed) == "dot_product"  # packed rows
+    assert A.implementation_for(limit, 1, dtype=bf16, **packed) == "dot_product"
+    assert A.implementation_for(limit + 1, 1, dtype=bf16, **packed) == "chunked"
     assert A.implementation_for(8192, 8192, dtype=bf16) == "dot_product"  # flags only: no mask to hold
-    assert A.implementation_for(512, 512, dtype=jnp.float32, structural_only=False) == "chunked"
-    assert A.implementation_for(512, 512, dtype=bf16, structural_only=False, softcap=30.0) == "chunked"
+    assert A.implementation_for(512, 512, dtype=bf16, structural_only=False) == "chunked"  # a key mask: as before
+    assert A.implementation_for(512, 512, dtype=jnp.float32, **packed) == "chunked"
+    assert A.implementation_for(512, 512, dtype=bf16, softcap=30.0, **packed) == "chunked"
+    seen = []  # and attention() tells packed rows apart from other masks
+    monkeypatch.setattr(A, "_dot_product", lambda *a: seen.append("dot_product"))
+    q = jnp.zeros((1, 8, 2, 8), bf16)
+    seg = jnp.array([[1, 1, 1, 2, 2, 2, 0, 0]])
+    A.attention(q, q, q, causal=True, segment_ids=seg)
+    A.attention(q, q, q, causal=True, key_mask=jnp.ones((1, 8), bool))
+    assert seen == ["dot_product"]
 
 
 def _lowered(T, impl, grad=False):

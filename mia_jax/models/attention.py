@@ -20,9 +20,9 @@ Implementations (`implementation=` or $MIA_JAX_ATTENTION, read when the call is 
   no [B, T, S] mask). A custom VJP recomputes the block scores in the backward pass from the saved log-sum-exp
   (FlashAttention-2), so forward and gradient memory grow linearly with T and S.
 - "auto" (default): "chunked" when T * S >= CHUNKED_MIN_SCORES, else "full" on CPU/TPU; on a GPU, cuDNN
-  through "dot_product" when it applies (bf16/fp16, no softcap, and structural masks only or at most
-  CUDNN_MASK_MAX_SCORES scores per row for a dense mask), with "chunked"/"full" as on CPU otherwise or when cuDNN
-  refuses the call. Measured on an H100 (scoring packed rows and the bf16 training step, BENCHMARKS.md); cuDNN's
+  through "dot_product" when it applies (bf16/fp16, no softcap, and structural masks only, or segments only with
+  at most CUDNN_MASK_MAX_SCORES scores per row), with "chunked"/"full" as on CPU otherwise or when cuDNN refuses
+  the call. Measured on an H100 (scoring packed rows and the bf16 training step, BENCHMARKS.md); cuDNN's
   backward refuses odd lengths, so those calls are padded by one slot (`_cudnn`).
 """
 from __future__ import annotations
@@ -44,18 +44,20 @@ IMPLEMENTATIONS = ("auto", "full", "dot_product", "chunked")
 # below 512 the two are within a few per cent, and "full" keeps short texts' results bit for bit what they were.
 # Block sizes: 256 x 256 was the fastest on CPU from 512 to 2048 tokens and within noise of the best at 8192.
 CHUNKED_MIN_SCORES = 512 * 512
-# On a GPU, "auto" gives cuDNN a dense [B, 1, T, S] mask (packed rows' segments, key masks) up to this many scores
-# per row: scoring WikiMIA-32's packed 512-token rows of a 1B Llama on an H100 in bfloat16, the device step took
-# 187.5 ms with cuDNN and the mask against 251.8 ms with "chunked" (BENCHMARKS.md). Longer rows: "chunked", whose
-# memory stays linear.
+# On a GPU, "auto" gives cuDNN packed rows' segments as a dense [B, 1, T, S] mask up to this many scores per row:
+# scoring WikiMIA-32's packed 512-token rows of a 1B Llama on an H100 in bfloat16, the device step took 187.5 ms
+# with cuDNN and the mask against 251.8 ms with "chunked" (BENCHMARKS.md). Longer rows, and other masks (key
+# masks, explicit masks: not measured on a GPU), stay "chunked" / "full".
 CUDNN_MASK_MAX_SCORES = 4096 * 4096
 BLOCK_Q = 256
 BLOCK_K = 256
 
 
 def implementation_for(t: int, s: int, implementation: str | None = None, *, dtype=jnp.float32,
-                       structural_only: bool = True, softcap: float | None = None) -> str:
-    """The implementation `attention` runs for T queries over S keys (resolving "auto" and $MIA_JAX_ATTENTION)."""
+                       structural_only: bool = True, softcap: float | None = None, segments_only: bool = False) -> str:
+    """The implementation `attention` runs for T queries over S keys (resolving "auto" and $MIA_JAX_ATTENTION).
+    ``structural_only``: no mask beyond causality and a window; ``segments_only``: segment ids and nothing else
+    (packed rows)."""
     name = implementation or os.environ.get(ENV) or "auto"
     if name not in IMPLEMENTATIONS:
         source = "implementation" if implementation else f"${ENV}"
@@ -65,7 +67,7 @@ def implementation_for(t: int, s: int, implementation: str | None = None, *, dty
     if name != "auto":
         return name
     if (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and softcap is None
-            and (structural_only or t * s <= CUDNN_MASK_MAX_SCORES)):
+            and (structural_only or (segments_only and t * s <= CUDNN_MASK_MAX_SCORES))):
         return "dot_product"
     return "chunked" if t * s >= CHUNKED_MIN_SCORES else "full"
 
@@ -108,7 +110,8 @@ def attention(q, k, v, *, scale=None, causal: bool = False, sliding_window=None,
     segments = _check_segments(B, T, S, segment_ids, kv_segment_ids)
     scale = Dh ** -0.5 if scale is None else scale
     structural = mask is None and key_mask is None and segments is None
-    name = implementation_for(T, S, implementation, dtype=q.dtype, structural_only=structural, softcap=softcap)
+    name = implementation_for(T, S, implementation, dtype=q.dtype, structural_only=structural, softcap=softcap,
+                              segments_only=mask is None and key_mask is None and segments is not None)
     if name == "dot_product":
         out = _dot_product(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, segments)
         if out is not None:
