@@ -23,7 +23,8 @@ at k = 20% (``benchmark.METHODS``). Each part runs in its own process (memory an
    ``compilation.CompileCount("score_step")`` over the first pass, which is timed whole (compilation included);
    passes then repeat until ``--min-seconds`` (at least one) and the steady pass is their median. The device steps
    alone: the same pass's batches staged on the device and run back to back (``device_step_passes``; median), so
-   that the host's share of a pass shows. tokens/s = the texts' tokens / steady pass. MFU = model FLOPs of those
+   that the host's share of a pass shows; one more pass timed by phase (``pass_phases``: encode, plan, dispatch,
+   finish) shows where it goes. tokens/s = the texts' tokens / steady pass. MFU = model FLOPs of those
    tokens (``benchmark.model_flops``: 2 x every weight matrix incl. the LM head per token + 4 n^2 x layers x
    attention width per text of n tokens; padding not counted) / steady pass (or device steps) / ``--peak-tflops``
    (default 989: an H100 SXM's dense bf16 peak).
@@ -103,6 +104,7 @@ def worker_toolkit(spec, result):
     steady = compilation.CompileCount("score_step")
     result["passes_s"] = repeat(score, spec["min_seconds"])
     result["device_step_passes_s"] = device_step_passes(loaded, texts, spec["methods"], tpb, spec["min_seconds"])
+    result["phases_s"] = pass_phases(loaded, texts, spec["methods"], tpb)
     dev = jax.devices()[0]
     result.update(steady_compile=steady.stop(), report=report, tokens_per_batch=tpb,
                   flops=model_flops(loaded, [len(x) for x in ids]), scores=[r["scores"] for r in recs],
@@ -139,6 +141,40 @@ def device_step_passes(loaded, texts, methods, tokens_per_batch, min_seconds) ->
 
     steps()
     return repeat(steps, min_seconds)
+
+
+PHASES = {"_start": "encode", "_plan": "plan", "_dispatch": "dispatch", "_finish": "finish"}
+
+
+def pass_phases(loaded, texts, methods, tokens_per_batch) -> dict[str, float]:
+    """Seconds of one more pass, by phase of ``runner.score_texts``: ``encode`` (``_start``: tokenizing, the sink),
+    ``plan`` (packing), ``dispatch`` (rows and masks built, each step launched), ``finish`` (waiting for each step's
+    scores, then its records), ``rest`` (the pass's wall time less those): where the host's share of a pass goes."""
+    import time
+
+    from mia_jax import runner
+
+    spent, real = dict.fromkeys(PHASES.values(), 0.0), {name: getattr(runner, name) for name in PHASES}
+
+    def timed_phase(name, fn):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[PHASES[name]] += time.perf_counter() - t0
+        return run
+
+    for name, fn in real.items():
+        setattr(runner, name, timed_phase(name, fn))
+    try:
+        t0 = time.perf_counter()
+        runner.score_texts(loaded, texts, methods, tokens_per_batch=tokens_per_batch, progress=False)
+        wall = time.perf_counter() - t0
+    finally:
+        for name, fn in real.items():
+            setattr(runner, name, fn)
+    return dict(spent, rest=wall - sum(spent.values()), wall=wall)
 
 
 def worker_torch(spec, result):

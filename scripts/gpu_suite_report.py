@@ -40,6 +40,7 @@ def figures(args, out) -> None:
                 if flops:
                     r["device_step_mfu"] = flops / r["device_step_s"] / peak
                     fig[f"{key}.device_step_mfu"] = r["device_step_mfu"]
+                fig.update({f"{key}.phase.{k}_s": v for k, v in r["phases_s"].items()})
                 fig[f"{key}.compile_s"] = r["compile"]["seconds"]
                 fig[f"{key}.programs_compiled"] = r["compile"]["compiled"]
                 fig[f"{key}.tokens_per_slot"] = r["report"]["tokens"] / r["report"]["slots"]
@@ -101,6 +102,13 @@ def report(args, out) -> None:
               f"{cold['first_pass_s']:.2f} s | {w[0]} | {w[1]} | {cold['steady_s'] * 1e3:.1f} ms | "
               f"{cold['tokens_per_s']:.0f} | {_pct(cold.get('mfu'))} | {cold['device_step_s'] * 1e3:.1f} ms | "
               f"{_pct(cold.get('device_step_mfu'))} |")
+    for shape in shapes:
+        cold = res_all.get(shape, {}).get("toolkit_cold")
+        if cold is not None:
+            ph = cold["phases_s"]
+            print(f"\n{shape}, one more pass ({ph['wall'] * 1e3:.1f} ms) by phase: " + ", ".join(
+                f"{k} {ph[k] * 1e3:.1f} ms" for k in ("encode", "plan", "dispatch", "finish", "rest")) +
+                " (finish includes waiting for the device)")
     print("\n### Side by side on the same device and token ids\n")
     print("| shape | approach | load | first pass | steady pass | tokens/s | texts/s | x torch batched | "
           "x per-example | MFU | device peak |")
