@@ -1,5 +1,6 @@
 """Measuring helpers of the benchmark scripts: peak resident memory sampled while a block runs, XLA compilation
-counts and seconds (JAX monitoring events), and the machine's float32 matmul rate (XLA and NumPy)."""
+counts and seconds (JAX monitoring events), the machine's float32 matmul rate (XLA and NumPy), and the toolkit's
+scoring pass taken apart (its device steps alone, its phases)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from unittest import mock
 
 import numpy as np
 
@@ -230,3 +232,60 @@ def max_rel_diff(xs: list, ys: list, methods) -> dict:
             if u is not None and v is not None and math.isfinite(u) and math.isfinite(v):
                 worst[m] = max(worst.get(m, 0.0), abs(u - v) / max(abs(u), 1e-6))
     return worst
+
+
+def device_step_passes(loaded, texts, methods, tokens_per_batch, min_seconds) -> list[float]:
+    """Seconds of the scoring steps alone: ``score_texts``' own batches, taken on their way into the jitted step and
+    placed on the device, then run back to back (``repeat``): the device's share of a pass, without the host's
+    encoding, packing and records."""
+    import jax
+
+    from mia_jax import runner
+
+    staged, real = [], runner.shared_score_step
+
+    def staging(*args, **kwargs):
+        step = real(*args, **kwargs)
+
+        def run(state, batch):
+            staged.append((step, state, jax.device_put(batch)))
+            return step(state, batch)
+        return run
+
+    with mock.patch.object(runner, "shared_score_step", staging):
+        runner.score_texts(loaded, texts, methods, tokens_per_batch=tokens_per_batch, progress=False)
+
+    def steps():
+        jax.block_until_ready([step(state, batch) for step, state, batch in staged])
+
+    steps()
+    return repeat(steps, min_seconds)
+
+
+PHASES = {"_start": "encode", "_plan": "plan", "_dispatch": "dispatch", "_finish": "finish"}
+
+
+def pass_phases(loaded, texts, methods, tokens_per_batch) -> dict[str, float]:
+    """Seconds of one more pass, by phase of ``runner.score_texts``: ``encode`` (``_start``: tokenizing, the sink),
+    ``plan`` (packing), ``dispatch`` (rows and masks built, each step launched), ``finish`` (waiting for each step's
+    scores, then its records), ``rest`` (the pass's wall time less those): where the host's share of a pass goes."""
+    from mia_jax import runner
+
+    spent = dict.fromkeys(PHASES.values(), 0.0)
+
+    def timed_phase(name):
+        fn = getattr(runner, name)
+
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[PHASES[name]] += time.perf_counter() - t0
+        return run
+
+    with mock.patch.multiple(runner, **{name: timed_phase(name) for name in PHASES}):
+        t0 = time.perf_counter()
+        runner.score_texts(loaded, texts, methods, tokens_per_batch=tokens_per_batch, progress=False)
+        wall = time.perf_counter() - t0
+    return dict(spent, rest=wall - sum(spent.values()), wall=wall)

@@ -22,12 +22,12 @@ at k = 20% (``benchmark.METHODS``). Each part runs in its own process (memory an
    every program compiled) then ``warm`` (a new process, the same folder: read back). Compile programs and seconds:
    ``compilation.CompileCount("score_step")`` over the first pass, which is timed whole (compilation included);
    passes then repeat until ``--min-seconds`` (at least one) and the steady pass is their median. The device steps
-   alone: the same pass's batches staged on the device and run back to back (``device_step_passes``; median), so
-   that the host's share of a pass shows; one more pass timed by phase (``pass_phases``: encode, plan, dispatch,
-   finish) shows where it goes. tokens/s = the texts' tokens / steady pass. MFU = model FLOPs of those
-   tokens (``benchmark.model_flops``: 2 x every weight matrix incl. the LM head per token + 4 n^2 x layers x
-   attention width per text of n tokens; padding not counted) / steady pass (or device steps) / ``--peak-tflops``
-   (default 989: an H100 SXM's dense bf16 peak).
+   alone: the same pass's batches staged on the device and run back to back (``bench_tools.device_step_passes``;
+   median), so that the host's share of a pass shows; one more pass timed by phase (``bench_tools.pass_phases``:
+   encode, plan, dispatch, finish) shows where it goes. tokens/s = the texts' tokens / steady pass. MFU = model
+   FLOPs of those tokens (``benchmark.model_flops``: 2 x every weight matrix incl. the LM head per token + 4 n^2 x
+   layers x attention width per text of n tokens; padding not counted) / steady pass (or device steps) /
+   ``--peak-tflops`` (default 989: an H100 SXM's dense bf16 peak).
 2. transformers + torch on ``--torch-device`` (default: cuda when torch sees one), ``LlamaForCausalLM`` from the same
    folder in bfloat16 with ``attn_implementation="sdpa"``. ``torch_batched``: ``--batch-size`` (32) texts per
    forward in input order, right padding with an attention mask; ``torch_loop``: the published approach
@@ -59,8 +59,8 @@ SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # the toolkit from this checkout, installed or not
 
-from bench_tools import (add_accelerator_args, cpu_model, repeat, run_bounded,  # noqa: E402
-                         torch_env, torch_sync)
+from bench_tools import (add_accelerator_args, cpu_model, device_step_passes, pass_phases,  # noqa: E402
+                         repeat, run_bounded, torch_env, torch_sync)
 from benchmark import METHODS, model_flops, per_text, reference_scores  # noqa: E402
 from gpu_suite_report import figures, report  # noqa: E402
 
@@ -110,71 +110,6 @@ def worker_toolkit(spec, result):
                   flops=model_flops(loaded, [len(x) for x in ids]), scores=[r["scores"] for r in recs],
                   device=f"JAX {dev.platform}: {dev.device_kind}", versions={"jax": jax.__version__},
                   device_peak=(dev.memory_stats() or {}).get("peak_bytes_in_use"))
-
-
-def device_step_passes(loaded, texts, methods, tokens_per_batch, min_seconds) -> list[float]:
-    """Seconds of the scoring steps alone: ``score_texts``' own batches, taken on their way into the jitted step and
-    placed on the device, then run back to back (``repeat``): the device's share of a pass, without the host's
-    encoding, packing and records."""
-    import jax
-
-    from mia_jax import runner
-
-    staged, real = [], runner.shared_score_step
-
-    def staging(*args, **kwargs):
-        step = real(*args, **kwargs)
-
-        def run(state, batch):
-            staged.append((step, state, jax.device_put(batch)))
-            return step(state, batch)
-        return run
-
-    runner.shared_score_step = staging
-    try:
-        runner.score_texts(loaded, texts, methods, tokens_per_batch=tokens_per_batch, progress=False)
-    finally:
-        runner.shared_score_step = real
-
-    def steps():
-        jax.block_until_ready([step(state, batch) for step, state, batch in staged])
-
-    steps()
-    return repeat(steps, min_seconds)
-
-
-PHASES = {"_start": "encode", "_plan": "plan", "_dispatch": "dispatch", "_finish": "finish"}
-
-
-def pass_phases(loaded, texts, methods, tokens_per_batch) -> dict[str, float]:
-    """Seconds of one more pass, by phase of ``runner.score_texts``: ``encode`` (``_start``: tokenizing, the sink),
-    ``plan`` (packing), ``dispatch`` (rows and masks built, each step launched), ``finish`` (waiting for each step's
-    scores, then its records), ``rest`` (the pass's wall time less those): where the host's share of a pass goes."""
-    import time
-
-    from mia_jax import runner
-
-    spent, real = dict.fromkeys(PHASES.values(), 0.0), {name: getattr(runner, name) for name in PHASES}
-
-    def timed_phase(name, fn):
-        def run(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[PHASES[name]] += time.perf_counter() - t0
-        return run
-
-    for name, fn in real.items():
-        setattr(runner, name, timed_phase(name, fn))
-    try:
-        t0 = time.perf_counter()
-        runner.score_texts(loaded, texts, methods, tokens_per_batch=tokens_per_batch, progress=False)
-        wall = time.perf_counter() - t0
-    finally:
-        for name, fn in real.items():
-            setattr(runner, name, fn)
-    return dict(spent, rest=wall - sum(spent.values()), wall=wall)
 
 
 def worker_torch(spec, result):
