@@ -3,7 +3,6 @@ and dataset names, ``value [lo, hi]`` cells and n/a with its reason (their CSV a
 ``report.figure_bytes``)."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from mia_jax.report import with_ci
