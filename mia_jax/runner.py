@@ -264,11 +264,14 @@ def _finish(p: _Pass, step: Step, mask: np.ndarray, out) -> None:
         got = p.compute(out[: len(idx)], mask[: len(idx)], [p.texts[i] for i in idx])
         per_text = {i: {m: float(np.asarray(v, np.float64)[r]) for m, v in got.items()} for r, i in enumerate(idx)}
     else:
-        host = ((lambda x: np.asarray(jax.device_get(x))) if p.mesh is None
-                else (lambda x: shd.host_local_rows(x, p.mesh)))
-        scores = {m: host(v) for m, v in out["scores"].items()}
-        broken = host(out["nonfinite"])
-        tokens = TokenStats(*(host(x) for x in out["tokens"])) if p.window is not None else None
+        wanted = {"scores": out["scores"], "nonfinite": out["nonfinite"]}
+        if p.window is not None:
+            wanted["tokens"] = tuple(out["tokens"])
+        # one transfer of all of a step's arrays (each started before any is waited for); a mesh: this host's rows
+        got = (jax.device_get(wanted) if p.mesh is None
+               else jax.tree.map(lambda x: shd.host_local_rows(x, p.mesh), wanted))
+        scores, broken = {m: np.asarray(v) for m, v in got["scores"].items()}, np.asarray(got["nonfinite"])
+        tokens = TokenStats(*(np.asarray(x) for x in got["tokens"])) if p.window is not None else None
         if not idx or all(i in p.sink for i in idx):
             return  # only here to keep the processes in step
         per_text = _step_scores(p, step, scores, broken, reasons)

@@ -294,8 +294,10 @@ def suite(args, work: Path, needed, start, deadline) -> int:
 
     from mia_jax.data import wikimia
 
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    # the toolkit tokenizes as a user's run does (the tokenizers library's threads); the torch parts read ids
+    # tokenized here, and the trainer's data loader may fork, so they run the tokenizer single-threaded
+    user_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    env = dict(user_env, TOKENIZERS_PARALLELISM="false")
     texts = wikimia(args.length).texts[: args.limit]
     out = {"suite": {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                      "cpu": cpu_model(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "methods": METHODS},
@@ -346,7 +348,7 @@ def suite(args, work: Path, needed, start, deadline) -> int:
             cmd = [sys.executable, __file__, "--worker", kind, "--spec", str(work / f"{shape}.{kind}.spec.json"),
                    "--json", str(result_file)]
             penv = torch_env(env, "PASSIVE", tdev) if kind.startswith("torch") else dict(
-                env, MIA_JAX_COMPILATION_CACHE=spec["cache"])
+                user_env, MIA_JAX_COMPILATION_CACHE=spec["cache"])
         rc, wall = run_bounded(cmd, penv, deadline - time.perf_counter(), stdout=sys.stderr)
         status = "ok" if rc == 0 and result_file.exists() else "stopped at the budget" if rc is None else \
             f"failed (exit {rc})"
