@@ -283,6 +283,14 @@ class Encoded:
     n_context: int = 0  # leading tokens of a prefix: read as context, never scored
 
 
+def encode_ids(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Each text's token ids, the tokenizer's defaults (special tokens added). A ``tokenizers.Tokenizer`` uses
+    ``encode_batch_fast`` (the same ids without character offsets: a quarter less time on WikiMIA-32); another
+    object needs ``encode_batch`` returning encodings with ``.ids``."""
+    fast = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+    return [enc.ids for enc in fast(list(texts))]
+
+
 def encode(loaded, texts: Sequence[str], prefixes: Sequence[str] | None = None) -> list[Encoded]:
     """Token ids as the model's tokenizer gives them by default, cut to the context length.
 
@@ -292,22 +300,19 @@ def encode(loaded, texts: Sequence[str], prefixes: Sequence[str] | None = None) 
     context, the prefix loses tokens from its start (``truncated``); a text that alone exceeds it is cut as
     without a prefix and read with no context."""
     texts = list(texts)
-    out = []
     if prefixes is None:
-        for enc in loaded.tokenizer.encode_batch(texts):
-            ids = enc.ids
-            out.append(Encoded(ids[: loaded.max_length], len(ids) > loaded.max_length))
-        return out
+        return [Encoded(ids[: loaded.max_length], len(ids) > loaded.max_length)
+                for ids in encode_ids(loaded.tokenizer, texts)]
     if len(prefixes) != len(texts):
         raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} texts")
-    bos = loaded.bos_token_id if loaded.add_bos else None
-    for enc, pre in zip(loaded.tokenizer.encode_batch(texts), loaded.tokenizer.encode_batch(list(prefixes))):
-        ids, ctx = enc.ids, pre.ids
+    bos, out = (loaded.bos_token_id if loaded.add_bos else None), []
+    for whole, ctx in zip(encode_ids(loaded.tokenizer, texts), encode_ids(loaded.tokenizer, prefixes)):
+        ids = whole
         if bos is not None and ids[:1] == [bos]:
             ids = ids[1:]
         room = loaded.max_length - len(ids)
         if room <= 0:
-            out.append(Encoded(enc.ids[: loaded.max_length], True))
+            out.append(Encoded(whole[: loaded.max_length], True))
             continue
         n_keep = min(room, len(ctx))
         lead = 1 if n_keep < len(ctx) and bos is not None and ctx[:1] == [bos] else 0  # a cut prefix keeps its BOS

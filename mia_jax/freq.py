@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mia_jax.batching import encode_ids
 from mia_jax.data import corpora
 from mia_jax.errors import UserError
 from mia_jax.models import PACKAGED_MODELS, gguf_io, hf, resolve_model
@@ -61,7 +62,7 @@ def count_tokens(tokenizer, texts: Sequence[str], vocab_size: int, *, max_tokens
     texts = list(texts)
     for start in range(0, len(texts), ENCODE_BATCH):
         chunk = texts[start:start + ENCODE_BATCH]
-        ids = [np.asarray(enc.ids[:max_tokens], np.int64) for enc in tokenizer.encode_batch(chunk)]
+        ids = [np.asarray(one[:max_tokens], np.int64) for one in encode_ids(tokenizer, chunk)]
         ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
             raise ValueError(f"token id {int(ids.max())} is outside a vocabulary of {vocab_size}")

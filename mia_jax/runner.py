@@ -235,7 +235,7 @@ def _dispatch(p: _Pass, step: Step) -> tuple:
     # a scored prediction: the next slot holds a token of the same text, not of its prefix
     mask = (seg[:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1])
     zb = np.ones((step.rows, step.segments), np.float32)
-    for r, row in enumerate(step.contents):
+    for r, row in enumerate(step.contents) if p.needs_text or any(encoded[i].n_context for i in step.items) else ():
         for s, (item, start, _) in enumerate(row):
             mask[r, start: start + max(encoded[item].n_context - 1, 0)] = False
             if p.needs_text:

@@ -75,3 +75,24 @@ def test_pad_ids_fills_rows_and_mask(side):
 def test_pad_ids_refuses_an_unknown_side():
     with pytest.raises(ValueError, match="side"):
         batching.pad_ids([[1]], 1, 2, 0, side="middle")
+
+
+def test_encode_ids_are_the_tokenizers_ids_without_offsets():
+    """The fast path (``encode_batch_fast``: no character offsets) gives exactly ``encode_batch``'s ids, special
+    tokens included; a tokenizer object without it is read through ``encode_batch``."""
+    from types import SimpleNamespace
+
+    from helpers import tiny_tokenizer
+
+    tok = tiny_tokenizer(96)
+    texts = ["The quick brown fox.", "", "jumps over\nthe lazy dog " * 7, "ünïcödé ✓"]
+    want = [e.ids for e in tok.encode_batch(texts)]
+    assert batching.encode_ids(tok, texts) == want
+    seen = []
+
+    class Plain:  # only encode_batch, as a tokenizer wrapper may have
+        def encode_batch(self, batch):
+            seen.append(list(batch))
+            return [SimpleNamespace(ids=[len(t)]) for t in batch]
+
+    assert batching.encode_ids(Plain(), texts) == [[len(t)] for t in texts] and seen == [texts]
