@@ -113,6 +113,7 @@ def report(args, out) -> None:
     print("| shape | approach | load | first pass | steady pass | tokens/s | texts/s | x torch batched | "
           "x per-example | MFU | device peak |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    agreement = []  # printed below the table, which a line of text would cut in two
     for shape, facts in shapes.items():
         res = res_all.get(shape, {})
         for kind in ("toolkit_cold", "torch_batched", "torch_loop"):
@@ -131,8 +132,10 @@ def report(args, out) -> None:
         for a, b in pairs:
             if a in res and b in res:
                 worst = max_rel_diff(res[a]["scores"], res[b]["scores"], METHODS)
-                print(f"\n{shape}: max relative score difference {a} vs {b}: "
-                      + ", ".join(f"{m} {d:.1e}" for m, d in worst.items()))
+                agreement.append(f"{shape}: max relative score difference {a} vs {b}: "
+                                 + ", ".join(f"{m} {d:.1e}" for m, d in worst.items()))
+    for line in agreement:
+        print(f"\n{line}")
     train = res_all.get(args.train_shape, {}).get("train", {}).get("results")
     if train:
         print(f"\n### Training step, bfloat16 compute ({args.train_shape}; scripts/benchmark_train.py)\n")

@@ -1,11 +1,14 @@
 """scripts/gpu_suite.py --smoke on the CPU: every part runs (tiny random Llama with SmolLM2's tokenizer, 8 WikiMIA
 texts) and the JSON holds every figure, finite and positive; the warm run reads every program from the cache."""
+import contextlib
 import importlib.util
+import io
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -53,3 +56,15 @@ def test_smoke_run_writes_every_figure(tmp_path):
     for heading in ("### Scoring with the toolkit", "### Side by side", "### Training step", "### Parts"):
         assert heading in done.stdout
     assert "host CPU:" in done.stdout
+    # two shapes (the real suite's case): the side-by-side table stays one table, its notes below it
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gpu_suite_report
+
+    two = dict(suite, shapes={**suite["shapes"], "tiny2": suite["shapes"]["tiny"]},
+               results={**suite["results"], "tiny2": suite["results"]["tiny"]})
+    args = SimpleNamespace(**{**suite["suite"]["args"], "train_shape": "tiny"})
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        gpu_suite_report.report(args, two)
+    table = printed.getvalue().split("### Side by side")[1].split("\n\n")[1].splitlines()
+    assert [line.split(" | ")[0] for line in table[2:]] == ["| tiny"] * 3 + ["| tiny2"] * 3, table
