@@ -96,11 +96,23 @@ def stratified_bootstrap(pos, neg, n_bootstrap: int, seed: int, fpr: float) -> t
     aucs, tprs = [], []
     for start in range(0, n_bootstrap, chunk):
         b = min(chunk, n_bootstrap - start)
-        p = pos[rng.integers(0, pos.size, size=(b, pos.size))]
-        q = neg[rng.integers(0, neg.size, size=(b, neg.size))]
-        aucs.append(auroc_rows(p, q))
-        tprs.append(tpr_at_fpr_rows(p, q, fpr))
+        ip = rng.integers(0, pos.size, size=(b, pos.size))
+        auc, tpr = drawn_rows(pos, neg, ip, rng.integers(0, neg.size, size=(b, neg.size)), fpr)
+        aucs.append(auc)
+        tprs.append(tpr)
     return np.concatenate(aucs), np.concatenate(tprs)
+
+
+def drawn_rows(pos: np.ndarray, neg: np.ndarray, ip: np.ndarray, iq: np.ndarray,
+               fpr: float) -> tuple[np.ndarray, np.ndarray]:
+    """AUROC and TPR@``fpr`` of each resample ``pos[ip]`` against ``neg[iq]`` (``ip`` [B, P'] indices into the
+    member scores ``pos``, ``iq`` [B, N'] into the non-member scores ``neg``): the values :func:`auroc_rows` and
+    :func:`tpr_at_fpr_rows` give on those rows, to the bit, computed from how many times each example is drawn
+    (one sort of the scores, not one per resample). Scores without NaN (every caller drops NaN / inf first)."""
+    values, code = np.unique(np.concatenate([pos, neg]), return_inverse=True)  # distinct scores, ascending
+    code = code.reshape(-1)
+    return _rows_from_counts(_cluster_counts(code[ip], values.size), _cluster_counts(code[pos.size:][iq], values.size),
+                             fpr)
 
 
 def interval(values: np.ndarray, confidence: float) -> list[float]:
@@ -167,12 +179,12 @@ def grouped_bootstrap(vectors: Sequence[np.ndarray], rows, n_bootstrap: int, see
         auc = np.zeros((b, len(vectors)))
         tpr = np.zeros((b, len(vectors)))
         for pos, neg in rows:
-            ip = pos[rng.integers(0, pos.size, size=(b, pos.size))]
-            iq = neg[rng.integers(0, neg.size, size=(b, neg.size))]
+            ip = rng.integers(0, pos.size, size=(b, pos.size))
+            iq = rng.integers(0, neg.size, size=(b, neg.size))
             for v, sc in enumerate(vectors):
-                p, q = sc[ip], sc[iq]
-                auc[:, v] += auroc_rows(p, q)
-                tpr[:, v] += tpr_at_fpr_rows(p, q, fpr)
+                x, y = drawn_rows(sc[pos], sc[neg], ip, iq, fpr)
+                auc[:, v] += x
+                tpr[:, v] += y
         aucs.append(auc / n_groups)
         tprs.append(tpr / n_groups)
     boot_auc = np.concatenate(aucs) if aucs else np.zeros((0, len(vectors)))
@@ -253,7 +265,13 @@ def _weighted_rows(sc: np.ndarray, lab: np.ndarray, w: np.ndarray, fpr: float) -
     w = w[:, order]
     member = lab[order] == 1
     pos = np.add.reduceat(np.where(member, w, 0.0), starts, axis=1)  # [B, m]: member weight at each distinct score
-    neg = np.add.reduceat(np.where(member, 0.0, w), starts, axis=1)
+    return _rows_from_counts(pos, np.add.reduceat(np.where(member, 0.0, w), starts, axis=1), fpr)
+
+
+def _rows_from_counts(pos: np.ndarray, neg: np.ndarray, fpr: float) -> tuple[np.ndarray, np.ndarray]:
+    """AUROC and TPR@``fpr`` of each resample from how many members (``pos``) and non-members (``neg``) it holds at
+    each distinct score ([B, m], scores ascending; integer counts, one division each: the values of
+    :func:`auroc_rows` / :func:`tpr_at_fpr_rows` on the rows, to the bit)."""
     n_pos, n_neg = pos.sum(axis=1), neg.sum(axis=1)
     neg_below = np.cumsum(neg, axis=1) - neg
     auc = (pos * (neg_below + 0.5 * neg)).sum(axis=1) / (n_pos * n_neg)

@@ -27,7 +27,8 @@ import numpy as np
 
 from mia_jax import bootstrap, verdict_log
 from mia_jax.bootstrap import (MIN_PER_CLASS, ClusterDraw, as_labels, as_scores, auroc_rows, cluster_bootstrap,
-                               cluster_ids, group_rows, grouped_bootstrap, interval, too_few, tpr_at_fpr_rows, tpr_key)
+                               cluster_ids, drawn_rows, group_rows, grouped_bootstrap, interval, too_few,
+                               tpr_at_fpr_rows, tpr_key)
 from mia_jax.rounding import fmt
 
 VERDICTS = ("A > B", "B > A", "not distinguishable")
@@ -241,11 +242,10 @@ def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int =
     boot: dict[str, list] = {"auroc": [], "tpr": []}  # per block: [resamples, 2] (subset A, subset B)
     for start in range(0, n_bootstrap, chunk):
         b = min(chunk, n_bootstrap - start)
-        q = neg[rng.integers(0, neg.size, size=(b, neg.size))]
-        p1 = pa[rng.integers(0, pa.size, size=(b, pa.size))]
-        p2 = pb[rng.integers(0, pb.size, size=(b, pb.size))]
-        boot["auroc"].append(np.stack([auroc_rows(p1, q), auroc_rows(p2, q)], axis=1))
-        boot["tpr"].append(np.stack([tpr_at_fpr_rows(p1, q, fpr), tpr_at_fpr_rows(p2, q, fpr)], axis=1))
+        iq = rng.integers(0, neg.size, size=(b, neg.size))
+        (a1, t1), (a2, t2) = (drawn_rows(p, neg, rng.integers(0, p.size, size=(b, p.size)), iq, fpr) for p in (pa, pb))
+        boot["auroc"].append(np.stack([a1, a2], axis=1))
+        boot["tpr"].append(np.stack([t1, t2], axis=1))
     out = {"n": int(lab.shape[0]), "n_used": int(neg.size + pa.size + pb.size), "n_dropped": int((~fin).sum()),
            "n_members": [int(pa.size), int(pb.size)], "n_nonmembers": int(neg.size), "groups": None,
            "n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}

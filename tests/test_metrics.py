@@ -242,6 +242,26 @@ def test_bootstrap_row_statistics_match_point_functions():
                 assert bs.tpr_at_fpr_rows(p, q, f)[0] == pytest.approx(m.tpr_at_fpr(yy, ss, f), abs=1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 60), st.integers(1, 60), st.sampled_from([None, 2, 5]),
+       st.sampled_from([0.0, 0.001, 0.05, 0.3, 1.0]))
+def test_drawn_rows_equal_the_resampled_rows_to_the_bit(seed, n_pos, n_neg, n_levels, fpr):
+    """``bootstrap.drawn_rows`` (multiplicities, one sort) gives exactly what ranking the materialised resamples
+    gives (``auroc_rows``, ``tpr_at_fpr_rows``): ties (few score levels) and +-inf included; draws of another
+    length than the class (as the cluster and subset bootstraps have) too."""
+    rng = np.random.default_rng(seed)
+    pos, neg = (rng.normal(size=k) for k in (n_pos, n_neg))
+    if n_levels:
+        pos, neg = np.round(pos * n_levels / 4), np.round(neg * n_levels / 4)
+    pos[rng.random(n_pos) < 0.05], neg[rng.random(n_neg) < 0.05] = np.inf, -np.inf
+    b = int(rng.integers(1, 40))
+    ip = rng.integers(0, n_pos, (b, int(rng.integers(1, 2 * n_pos + 1))))
+    iq = rng.integers(0, n_neg, (b, int(rng.integers(1, 2 * n_neg + 1))))
+    auc, tpr = bs.drawn_rows(pos, neg, ip, iq, fpr)
+    assert np.array_equal(auc, bs.auroc_rows(pos[ip], neg[iq]))
+    assert np.array_equal(tpr, bs.tpr_at_fpr_rows(pos[ip], neg[iq], fpr))
+
+
 def test_bootstrap_is_stratified_and_fast():
     # 795 members, 5 non-members: unstratified resamples would often have no non-member.
     y = np.r_[np.ones(795, int), np.zeros(5, int)]
