@@ -31,7 +31,7 @@ EXPECTED += [f"part.tiny.{kind}.wall_s" for kind in ("toolkit_cold", "toolkit_wa
 
 @pytest.mark.slow
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in NEEDS), reason=f"needs {', '.join(NEEDS)}")
-def test_smoke_run_writes_every_figure(tmp_path):
+def test_smoke_run_writes_every_figure(tmp_path, monkeypatch):
     out = tmp_path / "suite.json"
     done = subprocess.run([sys.executable, "scripts/gpu_suite.py", "--smoke", "--models-dir", str(tmp_path / "prep"),
                            "--work", str(tmp_path / "work"), "--json", str(out)],
@@ -57,7 +57,7 @@ def test_smoke_run_writes_every_figure(tmp_path):
         assert heading in done.stdout
     assert "host CPU:" in done.stdout
     # two shapes (the real suite's case): the side-by-side table stays one table, its notes below it
-    sys.path.insert(0, str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
     import gpu_suite_report
 
     two = dict(suite, shapes={**suite["shapes"], "tiny2": suite["shapes"]["tiny"]},
