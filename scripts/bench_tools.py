@@ -234,10 +234,9 @@ def max_rel_diff(xs: list, ys: list, methods) -> dict:
     return worst
 
 
-def device_step_passes(loaded, texts, methods, tokens_per_batch, min_seconds) -> list[float]:
-    """Seconds of the scoring steps alone: ``score_texts``' own batches, taken on their way into the jitted step and
-    placed on the device, then run back to back (``repeat``): the device's share of a pass, without the host's
-    encoding, packing and records."""
+def _staged_steps(loaded, texts, methods, tokens_per_batch) -> list[tuple]:
+    """``score_texts``' own batches, taken on their way into the jitted step and placed on the device: [(step, state,
+    batch)] of one pass."""
     import jax
 
     from mia_jax import runner
@@ -254,12 +253,49 @@ def device_step_passes(loaded, texts, methods, tokens_per_batch, min_seconds) ->
 
     with mock.patch.object(runner, "shared_score_step", staging):
         runner.score_texts(loaded, texts, methods, tokens_per_batch=tokens_per_batch, progress=False)
+    return staged
 
-    def steps():
-        jax.block_until_ready([step(state, batch) for step, state, batch in staged])
 
-    steps()
-    return repeat(steps, min_seconds)
+def _back_to_back(programs, min_seconds) -> list[float]:
+    """Seconds of running every (fn, state, batch) of ``programs`` back to back, after one unmeasured run."""
+    import jax
+
+    def run():
+        jax.block_until_ready([fn(state, batch) for fn, state, batch in programs])
+
+    run()
+    return repeat(run, min_seconds)
+
+
+def device_step_passes(loaded, texts, methods, tokens_per_batch, min_seconds) -> list[float]:
+    """Seconds of the scoring steps alone: ``score_texts``' own batches (``_staged_steps``) run back to back
+    (``repeat``): the device's share of a pass, without the host's encoding, packing and records."""
+    return _back_to_back(_staged_steps(loaded, texts, methods, tokens_per_batch), min_seconds)
+
+
+def step_parts(loaded, texts, methods, tokens_per_batch, min_seconds) -> dict[str, list[float]]:
+    """Seconds of the first parts of a pass's device steps, each its own jitted program over the same staged batches
+    (as ``device_step_passes``): ``forward`` (the model's final hidden states over the packed rows) and
+    ``statistics`` (those and the float32 statistics over the vocabulary, ``score_step``'s own code); the whole
+    step less ``statistics`` is each text's gathering and the methods' formulas."""
+    import jax
+    from flax import nnx
+
+    from mia_jax import score_step
+    from mia_jax.batching import real_vocab_size
+
+    staged = _staged_steps(loaded, texts, methods, tokens_per_batch)
+    graphdef, vocab = nnx.split(loaded.model)[0], real_vocab_size(loaded)
+
+    def forward(state, batch):
+        return nnx.merge(graphdef, state).hidden_states(batch["ids"], segment_ids=batch["segment_ids"])
+
+    def stats(state, batch):
+        return score_step._token_stats(nnx.merge(graphdef, state), batch["ids"], vocab, score_step.DEFAULT_CHUNK,
+                                       None, batch["segment_ids"])
+
+    return {name: _back_to_back([(fn, state, batch) for _, state, batch in staged], min_seconds)
+            for name, fn in (("forward", jax.jit(forward)), ("statistics", jax.jit(stats)))}
 
 
 PHASES = {"_start": "encode", "_plan": "plan", "_dispatch": "dispatch", "_finish": "finish"}

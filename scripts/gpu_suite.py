@@ -24,10 +24,12 @@ at k = 20% (``benchmark.METHODS``). Each part runs in its own process (memory an
    passes then repeat until ``--min-seconds`` (at least one) and the steady pass is their median. The device steps
    alone: the same pass's batches staged on the device and run back to back (``bench_tools.device_step_passes``;
    median), so that the host's share of a pass shows; one more pass timed by phase (``bench_tools.pass_phases``:
-   encode, plan, dispatch, finish) shows where it goes. tokens/s = the texts' tokens / steady pass. MFU = model
-   FLOPs of those tokens (``benchmark.model_flops``: 2 x every weight matrix incl. the LM head per token + 4 n^2 x
-   layers x attention width per text of n tokens; padding not counted) / steady pass (or device steps) /
-   ``--peak-tflops`` (default 989: an H100 SXM's dense bf16 peak).
+   encode, plan, dispatch, finish) shows where it goes, and the device steps by part (``bench_tools.step_parts``:
+   the forward alone, then with the statistics, each its own program over the same batches) where the device's
+   goes. tokens/s = the texts' tokens / steady pass. MFU = model FLOPs of those tokens (``benchmark.model_flops``: 2
+   x every weight matrix incl. the LM head per token + 4 n^2 x layers x attention width per text of n tokens;
+   padding not counted) / steady pass (or device steps) / ``--peak-tflops`` (default 989: an H100 SXM's dense bf16
+   peak).
 2. transformers + torch on ``--torch-device`` (default: cuda when torch sees one), ``LlamaForCausalLM`` from the same
    folder in bfloat16 with ``attn_implementation="sdpa"``. ``torch_batched``: ``--batch-size`` (32) texts per
    forward in input order, right padding with an attention mask; ``torch_loop``: the published approach
@@ -59,7 +61,7 @@ SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # the toolkit from this checkout, installed or not
 
-from bench_tools import (add_accelerator_args, cpu_model, device_step_passes, pass_phases,  # noqa: E402
+from bench_tools import (add_accelerator_args, cpu_model, device_step_passes, pass_phases, step_parts,  # noqa: E402
                          repeat, run_bounded, torch_env, torch_sync)
 from benchmark import METHODS, model_flops, per_text, reference_scores  # noqa: E402
 from gpu_suite_report import figures, report  # noqa: E402
@@ -105,6 +107,7 @@ def worker_toolkit(spec, result):
     result["passes_s"] = repeat(score, spec["min_seconds"])
     result["device_step_passes_s"] = device_step_passes(loaded, texts, spec["methods"], tpb, spec["min_seconds"])
     result["phases_s"] = pass_phases(loaded, texts, spec["methods"], tpb)
+    result["step_parts_s"] = step_parts(loaded, texts, spec["methods"], tpb, spec["min_seconds"])
     dev = jax.devices()[0]
     result.update(steady_compile=steady.stop(), report=report, tokens_per_batch=tpb,
                   flops=model_flops(loaded, [len(x) for x in ids]), scores=[r["scores"] for r in recs],

@@ -41,6 +41,8 @@ def figures(args, out) -> None:
                     r["device_step_mfu"] = flops / r["device_step_s"] / peak
                     fig[f"{key}.device_step_mfu"] = r["device_step_mfu"]
                 fig.update({f"{key}.phase.{k}_s": v for k, v in r["phases_s"].items()})
+                r["step_part_s"] = {k: statistics.median(v) for k, v in r["step_parts_s"].items()}
+                fig.update({f"{key}.part.{k}_s": v for k, v in r["step_part_s"].items()})
                 fig[f"{key}.compile_s"] = r["compile"]["seconds"]
                 fig[f"{key}.programs_compiled"] = r["compile"]["compiled"]
                 fig[f"{key}.tokens_per_slot"] = r["report"]["tokens"] / r["report"]["slots"]
@@ -109,6 +111,10 @@ def report(args, out) -> None:
             print(f"\n{shape}, one more pass ({ph['wall'] * 1e3:.1f} ms) by phase: " + ", ".join(
                 f"{k} {ph[k] * 1e3:.1f} ms" for k in ("encode", "plan", "dispatch", "finish", "rest")) +
                 " (finish includes waiting for the device)")
+            part, whole = cold["step_part_s"], cold["device_step_s"]
+            print(f"\n{shape}, the device steps by part, each part its own program over the same batches (medians): "
+                  f"the forward {part['forward'] * 1e3:.1f} ms; the forward and the statistics "
+                  f"{part['statistics'] * 1e3:.1f} ms; the whole step {whole * 1e3:.1f} ms")
     print("\n### Side by side on the same device and token ids\n")
     print("| shape | approach | load | first pass | steady pass | tokens/s | texts/s | x torch batched | "
           "x per-example | MFU | device peak |")

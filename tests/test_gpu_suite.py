@@ -20,7 +20,8 @@ EXPECTED = ["suite.wall_s", "tiny.parameters", "tiny.build_s", "tiny.toolkit_col
             "tiny.toolkit_warm.cache_hits", "tiny.toolkit_x_torch_batched", "tiny.toolkit_x_torch_loop",
             "tiny.toolkit_cold.device_step_s", "tiny.toolkit_cold.device_step_mfu",
             "tiny.toolkit_cold.phase.encode_s", "tiny.toolkit_cold.phase.plan_s", "tiny.toolkit_cold.phase.dispatch_s",
-            "tiny.toolkit_cold.phase.finish_s", "tiny.toolkit_cold.phase.wall_s",
+            "tiny.toolkit_cold.phase.finish_s", "tiny.toolkit_cold.phase.wall_s", "tiny.toolkit_cold.part.forward_s",
+            "tiny.toolkit_cold.part.statistics_s",
             "train.jax_x_torch"]
 EXPECTED += [f"tiny.{kind}.{f}" for kind in ("toolkit_cold", "toolkit_warm", "torch_batched", "torch_loop")
              for f in ("load_s", "first_pass_s", "steady_s", "tokens_per_s", "mfu")]
