@@ -234,7 +234,7 @@ def max_rel_diff(xs: list, ys: list, methods) -> dict:
     return worst
 
 
-def _staged_steps(loaded, texts, methods, tokens_per_batch) -> list[tuple]:
+def staged_steps(loaded, texts, methods, tokens_per_batch) -> list[tuple]:
     """``score_texts``' own batches, taken on their way into the jitted step and placed on the device: [(step, state,
     batch)] of one pass."""
     import jax
@@ -267,24 +267,23 @@ def _back_to_back(programs, min_seconds) -> list[float]:
     return repeat(run, min_seconds)
 
 
-def device_step_passes(loaded, texts, methods, tokens_per_batch, min_seconds) -> list[float]:
-    """Seconds of the scoring steps alone: ``score_texts``' own batches (``_staged_steps``) run back to back
-    (``repeat``): the device's share of a pass, without the host's encoding, packing and records."""
-    return _back_to_back(_staged_steps(loaded, texts, methods, tokens_per_batch), min_seconds)
+def device_step_passes(staged, min_seconds) -> list[float]:
+    """Seconds of the scoring steps alone: a pass's own batches (``staged_steps``) run back to back (``repeat``): the
+    device's share of a pass, without the host's encoding, packing and records."""
+    return _back_to_back(staged, min_seconds)
 
 
-def step_parts(loaded, texts, methods, tokens_per_batch, min_seconds) -> dict[str, list[float]]:
-    """Seconds of the first parts of a pass's device steps, each its own jitted program over the same staged batches
-    (as ``device_step_passes``): ``forward`` (the model's final hidden states over the packed rows) and
-    ``statistics`` (those and the float32 statistics over the vocabulary, ``score_step``'s own code); the whole
-    step less ``statistics`` is each text's gathering and the methods' formulas."""
+def step_parts(loaded, staged, min_seconds) -> dict[str, list[float]]:
+    """Seconds of the first parts of a pass's device steps, each its own jitted program over the same batches
+    (``staged_steps``, run as ``device_step_passes``): ``forward`` (the model's final hidden states over the packed
+    rows) and ``statistics`` (those and the float32 statistics over the vocabulary, ``score_step``'s own code); the
+    whole step less ``statistics`` is each text's gathering and the methods' formulas."""
     import jax
     from flax import nnx
 
     from mia_jax import score_step
     from mia_jax.batching import real_vocab_size
 
-    staged = _staged_steps(loaded, texts, methods, tokens_per_batch)
     graphdef, vocab = nnx.split(loaded.model)[0], real_vocab_size(loaded)
 
     def forward(state, batch):

@@ -6,9 +6,10 @@ every file; the only differences allowed are the records of the rebuild itself (
 info.json / unlearning.json, hence their entries in manifest.json).
 
 The rebuild computes each table once (the sweeps' tables once, inside train.study, where the earlier tests rebuilt
-them twice, by train.tables and by train.study). Most of its time is the bootstrap intervals: ``python
-scripts/build_results.py --check`` took 156 s in a CI run when every resample was ranked, 56 s wall (60 s of CPU)
-with ``bootstrap.drawn_rows`` (2-core AMD EPYC, nothing else running)."""
+them twice, by train.tables and by train.study). Most of its time is the bootstrap intervals: this test took 156 s
+in a CI run when every resample was ranked; ``python scripts/build_results.py --check`` alone took 56 s wall (60 s of
+CPU) with ``bootstrap.drawn_rows`` (2-core AMD EPYC, nothing else running; two separate runs, not timed side by
+side)."""
 from __future__ import annotations
 
 import runpy
