@@ -277,7 +277,8 @@ def plot_histograms(path, scores_by_method: dict, labels) -> None:
         for value, name, color in ((0, "non-member", "tab:blue"), (1, "member", "tab:orange")):
             part = sc[lab == value]
             if part.size:
-                ax.hist(part, bins=bins, density=True, alpha=0.5, color=color, label=f"{name} ({part.size})")
+                ax.hist(part, bins=bins, density=True, alpha=0.5, color=color, histtype="stepfilled",
+                        label=f"{name} ({part.size})")
         ax.set_xlabel("score (higher = member)", fontsize=8)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(scores_by_method):]:

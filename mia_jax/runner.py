@@ -53,7 +53,7 @@ from mia_jax.scorers import MULTI_PASS, is_multi_pass, parse_method, requirement
 from mia_jax.scorers.dispatch import check_ids
 from mia_jax.scorers.base import check_resources
 from mia_jax.scorers.likelihood import zlib_bytes
-from mia_jax.stats import DEFAULT_CHUNK, TokenStats
+from mia_jax.stats import TokenStats
 
 __all__ = ["NONFINITE", "nonfinite_texts", "default_tokens_per_batch", "score_texts", "score_dataset",
            "run_fingerprint", "default_dtype"]
@@ -73,7 +73,7 @@ def default_tokens_per_batch() -> int:
 
 
 def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels: Sequence[int] | None = None,
-                tokens_per_batch: int | None = None, batch_size: int = 8, chunk_size: int = DEFAULT_CHUNK,
+                tokens_per_batch: int | None = None, batch_size: int = 8, chunk_size: int | None = None,
                 out_path: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
                 desc: str = "scoring", mesh=None, report: dict | None = None, prefixes: Sequence[str] | None = None,
                 resources: dict | None = None, compute=None, window: int | None = None, shapes: set | None = None,

@@ -30,7 +30,7 @@ from flax import nnx
 from mia_jax import sharding as shd
 from mia_jax.batching import real_vocab_size
 from mia_jax.scorers import device_scores
-from mia_jax.stats import DEFAULT_CHUNK, TokenStats, token_stats_from_hidden, token_stats_from_hidden_sharded
+from mia_jax.stats import TokenStats, default_chunk, token_stats_from_hidden, token_stats_from_hidden_sharded
 
 
 def gather_segments(x, starts, spans):
@@ -44,10 +44,11 @@ def gather_segments(x, starts, spans):
     return jnp.where(valid, out, jnp.zeros((), x.dtype)), valid
 
 
-def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int = DEFAULT_CHUNK, mesh=None,
+def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int | None = None, mesh=None,
                     tokens: bool = False):
-    """The jitted ``step(state, batch)`` of a scoring pass (see the module docstring); ``methods`` single-pass."""
-    graphdef = nnx.split(loaded.model)[0]
+    """The jitted ``step(state, batch)`` of a scoring pass (see the module docstring); ``methods`` single-pass;
+    ``chunk_size``: the statistics' vocabulary chunk (default ``stats.default_chunk()``)."""
+    graphdef, chunk_size = nnx.split(loaded.model)[0], chunk_size or default_chunk()
     vocab = real_vocab_size(loaded)
     methods = tuple(methods)
 
@@ -79,10 +80,11 @@ def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int = DEFAULT
 _STEPS: "weakref.WeakKeyDictionary[nnx.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def shared_score_step(loaded, methods: Sequence[str], chunk_size: int = DEFAULT_CHUNK, mesh=None,
+def shared_score_step(loaded, methods: Sequence[str], chunk_size: int | None = None, mesh=None,
                       tokens: bool = False):
     """``score_step.make_score_step`` made once per (model, methods, chunk size, mesh, tokens) and reused by every
     pass over the same model, so a step shape compiles once per model, not once per pass."""
+    chunk_size = chunk_size or default_chunk()
     key = (tuple(methods), real_vocab_size(loaded), chunk_size, mesh, tokens)
     fns = _STEPS.setdefault(loaded.model, {})
     if key not in fns:
@@ -106,10 +108,10 @@ def _token_stats(model, ids, vocab: int, chunk_size: int, mesh=None, segment_ids
                                            batch_axes=shd.BATCH_AXES)
 
 
-def make_stats_fn(loaded, chunk_size: int = DEFAULT_CHUNK, mesh=None):
+def make_stats_fn(loaded, chunk_size: int | None = None, mesh=None):
     """A jitted ``(state, ids [B, T]) -> TokenStats [B, T-1]``: the forward pass fused with the statistics, one text
     per row. With ``mesh``: ids and outputs are batch-sharded and the statistics run per vocabulary shard."""
-    graphdef = nnx.split(loaded.model)[0]
+    graphdef, chunk_size = nnx.split(loaded.model)[0], chunk_size or default_chunk()
     vocab = real_vocab_size(loaded)
 
     def stats_fn(state, ids):

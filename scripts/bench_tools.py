@@ -290,7 +290,7 @@ def step_parts(loaded, staged, min_seconds) -> dict[str, list[float]]:
         return nnx.merge(graphdef, state).hidden_states(batch["ids"], segment_ids=batch["segment_ids"])
 
     def stats(state, batch):
-        return score_step._token_stats(nnx.merge(graphdef, state), batch["ids"], vocab, score_step.DEFAULT_CHUNK,
+        return score_step._token_stats(nnx.merge(graphdef, state), batch["ids"], vocab, score_step.default_chunk(),
                                        None, batch["segment_ids"])
 
     return {name: _back_to_back([(fn, state, batch) for _, state, batch in staged], min_seconds)

@@ -177,6 +177,32 @@ def test_blind_baseline_is_reported_beside_the_detectors(tiny_llama_dir, labeled
     assert json.loads((out / "run.json").read_text())["blind_baseline"]["auroc"] == summary["blind_bow"]["auroc"]
 
 
+def test_blind_baseline_runs_while_the_model_loads(tiny_llama_dir, labeled, tmp_path, monkeypatch):
+    """The model-free baseline needs only the texts and labels: eval starts it on a thread of its own before the
+    model loads (the load here waits until it has begun), and the report takes its result."""
+    import threading
+
+    began, seen = threading.Event(), {}
+    real_scores, real_load = blind.blind_bow_scores, models.load
+
+    def scores(*args, **kwargs):
+        seen["thread"] = threading.current_thread().name
+        began.set()
+        return real_scores(*args, **kwargs)
+
+    def load(*args, **kwargs):
+        seen["began_during_load"] = began.wait(timeout=60)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(blind, "blind_bow_scores", scores)
+    monkeypatch.setattr(models, "load", load)
+    out = tmp_path / "b"
+    assert main(["eval", "--model", str(tiny_llama_dir), "--data", str(labeled), "--methods", "loss",
+                 "--out", str(out), "--n-bootstrap", "20", "--no-progress"]) == 0
+    assert seen["began_during_load"] and seen["thread"] != threading.main_thread().name
+    assert json.loads((out / "run.json").read_text())["blind_baseline"]["auroc"] is not None
+
+
 def test_wikimia_concat_needs_a_window(tiny_llama_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["eval", "--benchmark", "wikimia-concat", "--model", str(tiny_llama_dir), "--out", str(out)]) == 2

@@ -232,3 +232,22 @@ def test_logits_take_segment_ids_and_default_is_unchanged(family):
     plain = np.asarray(model(ids))
     np.testing.assert_allclose(np.asarray(model(ids, jnp.ones_like(ids))), plain, rtol=0, atol=1e-5, err_msg=name)
     assert not np.allclose(logits, plain)
+
+
+def test_cpu_runs_packed_rows_one_row_at_a_time_in_small_blocks(monkeypatch):
+    """On the CPU, "auto" gives packed rows of at least CPU_PACKED_MIN slots to "chunked", which runs them one row
+    at a time in CPU_PACKED_BLOCK-slot blocks (so a block between two texts of a row is skipped), with the values
+    of "full"."""
+    monkeypatch.delenv(A.ENV, raising=False)
+    T, packed = A.CPU_PACKED_MIN, dict(structural_only=False, segments_only=True)
+    assert A.implementation_for(T, T, **packed) == "chunked"
+    assert A.implementation_for(T - 1, T - 1, **packed) == "full"
+    assert A.implementation_for(T, T, structural_only=False) == "full"  # a key mask: as before
+    seg = jnp.asarray(np.sort(np.random.default_rng(3).integers(0, 9, (3, T)), axis=1), jnp.int32)
+    q, k, v = qkv(1, 3, T, T, 4, 2, 8)
+    calls, real = [], A._chunked
+    monkeypatch.setattr(A, "_chunked", lambda q, *a: calls.append((q.shape[0], a[-3], a[-2])) or real(q, *a))
+    got = A.attention(q, k, v, causal=True, segment_ids=seg)
+    assert calls == [(1, A.CPU_PACKED_BLOCK, A.CPU_PACKED_BLOCK)]  # traced once, inside the map over rows
+    want = reference(q, k, v, 8 ** -0.5, visible_by_hand(np.asarray(seg), np.asarray(seg), True))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=2e-6)

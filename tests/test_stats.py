@@ -136,3 +136,12 @@ def test_vocabulary_sharded_variant_on_one_device_equals_the_kernel():
                                           mesh=make_mesh(devices=jax.devices()[:1]))
     for name in want._fields:
         np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_default_chunk_is_per_backend(monkeypatch):
+    """The scoring passes' vocabulary chunk: CPU_CHUNK on the CPU (a block of logits that stays in cache), the
+    accelerators' DEFAULT_CHUNK elsewhere."""
+    from mia_jax import stats as S
+    assert S.default_chunk() == S.CPU_CHUNK != S.DEFAULT_CHUNK
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert S.default_chunk() == S.DEFAULT_CHUNK

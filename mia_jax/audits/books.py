@@ -97,7 +97,7 @@ class BooksConfig:
     threshold: float | None = None
     n_bootstrap: int = N_BOOTSTRAP
     batch_size: int = 8
-    chunk_size: int = 8192
+    chunk_size: int | None = None  # None: stats.default_chunk()
     encoding: str = "utf-8"
 
 

@@ -40,7 +40,7 @@ def finite_or_none(x) -> float | None:
 
 
 def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], run_dir, resume: bool, batch_size: int,
-                chunk_size: int, progress: bool, desc: str) -> tuple[dict, list]:
+                chunk_size: int | None, progress: bool, desc: str) -> tuple[dict, list]:
     """Score ``texts`` with ``methods`` under ``loaded`` (``runner.score_dataset``; ``run_dir``: its resumable run
     folder or None, ``resume``: continue the run in it; ``desc``: the progress bar's label). Returns (method ->
     float64 [n_texts] scores, the runner's records)."""

@@ -135,7 +135,7 @@ class UnlearningConfig:
     top_k: int | None = None
     seed: int = 0
     batch_size: int = 8
-    chunk_size: int = 8192
+    chunk_size: int | None = None  # None: stats.default_chunk()
     qa_max_new_tokens: int = QA_MAX_NEW_TOKENS
 
 

@@ -134,7 +134,7 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def qa_probes(models: dict, qa, *, method: str, max_new_tokens: int, batch_size: int, chunk_size: int,
+def qa_probes(models: dict, qa, *, method: str, max_new_tokens: int, batch_size: int, chunk_size: int | None,
               progress: bool) -> list[dict]:
     """The QA probes of ``qa`` = (questions, gold answers) under ``models`` ({side: LoadedModel}): per question its
     Min-K% NLL (``method``: the Min-K% method name) under each model (``min_k_nll_{side}``, None where not finite),

@@ -32,8 +32,8 @@ def model_options(p, runs: str) -> None:
     runs (``runs``: where they are, for the help of ``--overwrite``) kept."""
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="parameter dtype")
     p.add_argument("--batch-size", type=entry.positive_int, default=8)
-    p.add_argument("--chunk-size", type=entry.positive_int, default=8192,
-                   help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--chunk-size", type=entry.positive_int,
+                   help="vocabulary chunk of the statistics kernel (default: 1024 on the CPU, 8192 on accelerators)")
     p.add_argument("--allow-download", action="store_true",
                    help="let a model that is not a local path be fetched from the Hugging Face Hub")
     p.add_argument("--overwrite", action="store_true",

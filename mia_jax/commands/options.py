@@ -77,8 +77,8 @@ def batches(p: argparse.ArgumentParser) -> None:
     """``--batch-size`` and ``--chunk-size`` of the scoring passes on ``p``."""
     p.add_argument("--batch-size", type=entry.positive_int, default=8,
                    help="texts per step of the passes that read one text per row (gradnorm, generated neighbours)")
-    p.add_argument("--chunk-size", type=entry.positive_int, default=8192,
-                   help="vocabulary chunk of the statistics kernel")
+    p.add_argument("--chunk-size", type=entry.positive_int,
+                   help="vocabulary chunk of the statistics kernel (default: 1024 on the CPU, 8192 on accelerators)")
 
 
 def run_folder(p: argparse.ArgumentParser, *, out_help: str, required: bool = False, redo: str = "start") -> None:

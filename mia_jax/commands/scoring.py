@@ -175,6 +175,7 @@ def run(args, labeled: bool) -> Path:
     if jax.process_count() > 1 and "neighbor" in methods:
         raise UserError("the 'neighbor' method is not supported on several processes yet; run it on one host")
     compilation.enable(args.compilation_cache)
+    blind_future = scoring_report.start_blind_baseline(args, ds, labeled, blind_asked)  # while the model loads
     args.dtype = args.dtype or runner.default_dtype()
     args.tokens_per_batch = args.tokens_per_batch or runner.default_tokens_per_batch()
     load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa: E731
@@ -192,7 +193,7 @@ def run(args, labeled: bool) -> Path:
             print(f"note: {len(ds)} texts held in memory, not streamed (--stream-window {args.stream_window}): "
                   f"{held_because(args, methods)} take the in-memory path", file=sys.stderr)
         scoring_report.score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh,
-                                        blind_asked, compare, res)
+                                        blind_asked, compare, res, blind_future)
     return out
 
 

@@ -19,7 +19,8 @@ Implementations (`implementation=` or $MIA_JAX_ATTENTION, read when the call is 
   skipped (`lax.cond`: causal halves the work; segments skip blocks between texts, their ids sliced per block,
   no [B, T, S] mask). A custom VJP recomputes the block scores in the backward pass from the saved log-sum-exp
   (FlashAttention-2), so forward and gradient memory grow linearly with T and S.
-- "auto" (default): "chunked" when T * S >= CHUNKED_MIN_SCORES, else "full" on CPU/TPU; on a GPU, cuDNN
+- "auto" (default): "chunked" when T * S >= CHUNKED_MIN_SCORES (on the CPU also for packed rows, segment ids and
+  nothing else, of at least CPU_PACKED_MIN slots), else "full" on CPU/TPU; on a GPU, cuDNN
   through "dot_product" when it applies (bf16/fp16, no softcap, and structural masks only, or segments only with
   at most CUDNN_MASK_MAX_SCORES scores per row), with "chunked"/"full" as on CPU otherwise or when cuDNN refuses
   the call. Measured on an H100 (scoring packed rows and the bf16 training step, BENCHMARKS.md); cuDNN's
@@ -51,6 +52,12 @@ CHUNKED_MIN_SCORES = 512 * 512
 CUDNN_MASK_MAX_SCORES = 4096 * 4096
 BLOCK_Q = 256
 BLOCK_K = 256
+# On the CPU, "chunked" runs packed rows (segment ids) one row at a time (`lax.map`) in CPU_PACKED_BLOCK-slot blocks,
+# since a block is skipped only when no row of the batch sees it: alone, a row skips every block between its texts.
+# SmolLM2's forward over WikiMIA-32's four 512-slot rows on a 2-core CPU: 2.81 s with 256-slot blocks over the batch,
+# 2.61 s with 64-slot ones, 2.46-2.57 s one row at a time in 32-slot blocks; "full" 3.42 s (BENCHMARKS.md).
+CPU_PACKED_MIN = 256
+CPU_PACKED_BLOCK = 32
 
 
 def implementation_for(t: int, s: int, implementation: str | None = None, *, dtype=jnp.float32,
@@ -69,7 +76,8 @@ def implementation_for(t: int, s: int, implementation: str | None = None, *, dty
     if (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and softcap is None
             and (structural_only or (segments_only and t * s <= CUDNN_MASK_MAX_SCORES))):
         return "dot_product"
-    return "chunked" if t * s >= CHUNKED_MIN_SCORES else "full"
+    packed = segments_only and jax.default_backend() == "cpu" and min(t, s) >= CPU_PACKED_MIN
+    return "chunked" if t * s >= CHUNKED_MIN_SCORES or packed else "full"
 
 
 def dense_mask(t: int, s: int, *, causal: bool = True, sliding_window=None, q_offset=0, key_mask=None, mask=None,
@@ -119,8 +127,14 @@ def attention(q, k, v, *, scale=None, causal: bool = False, sliding_window=None,
         name = "chunked" if T * S >= CHUNKED_MIN_SCORES else "full"
     if name == "full":
         return _full(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, segments)
-    return _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, block_q or BLOCK_Q,
-                    block_k or BLOCK_K, segments)
+    by_row = segments is not None and key_mask is None and jax.default_backend() == "cpu"
+    bq, bk = (block_q or CPU_PACKED_BLOCK, block_k or CPU_PACKED_BLOCK) if by_row else (block_q or BLOCK_Q,
+                                                                                        block_k or BLOCK_K)
+    if not by_row or B == 1 or (mask is not None and mask.ndim == 3):
+        return _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, bq, bk, segments)
+    one = lambda a: _chunked(*(x[None] for x in a[:3]), scale, causal, sliding_window, q_offset, None, mask,  # noqa
+                             softcap, bq, bk, (a[3][None], a[4][None]))[0]
+    return jax.lax.map(one, (q, k, v) + tuple(segments))
 
 
 def _check_segments(B, T, S, segment_ids, kv_segment_ids):
