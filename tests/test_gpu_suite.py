@@ -69,3 +69,21 @@ def test_smoke_run_writes_every_figure(tmp_path, monkeypatch):
         gpu_suite_report.report(args, two)
     table = printed.getvalue().split("### Side by side")[1].split("\n\n")[1].splitlines()
     assert [line.split(" | ")[0] for line in table[2:]] == ["| tiny"] * 3 + ["| tiny2"] * 3, table
+
+
+def test_benchmark_eval_times_the_device_steps_by_part(tiny_llama_dir, monkeypatch, capsys):
+    """``scripts/benchmark_eval.py --parts``: the budget's table row, then the device steps alone and by part with
+    the CPU model and XLA's matmul rate."""
+    import re
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import benchmark_eval
+
+    assert benchmark_eval.main(["--model", str(tiny_llama_dir), "--limit", "12", "--tokens-per-batch", "256",
+                                "--parts"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\| 256 \| 1 \(\d+x\d+\) \| [\d.]+% \|", out, re.M), out
+    line = next(s for s in out.splitlines() if s.startswith("device steps of one pass"))
+    figures = re.findall(r"(forward alone|with the statistics|whole step) ([\d.]+) s", line)
+    assert [name for name, _ in figures] == ["forward alone", "with the statistics", "whole step"], line
+    assert re.search(r"XLA \d+ GFLOP/s, NumPy \d+ GFLOP/s", line) and "CPU " in line

@@ -54,8 +54,8 @@ BLOCK_Q = 256
 BLOCK_K = 256
 # On the CPU, "chunked" runs packed rows (segment ids) one row at a time (`lax.map`) in CPU_PACKED_BLOCK-slot blocks,
 # since a block is skipped only when no row of the batch sees it: alone, a row skips every block between its texts.
-# SmolLM2's forward over WikiMIA-32's four 512-slot rows on a 2-core CPU: 2.81 s with 256-slot blocks over the batch,
-# 2.61 s with 64-slot ones, 2.46-2.57 s one row at a time in 32-slot blocks; "full" 3.42 s (BENCHMARKS.md).
+# SmolLM2's forward over WikiMIA-32's four 512-slot rows on a 2-core CPU took ~2.5 s this way against ~2.8 s with
+# 256-slot blocks over the batch (64-slot blocks over the batch ~2.6 s, "full" ~3.4 s); the scoring pass: BENCHMARKS.md.
 CPU_PACKED_MIN = 256
 CPU_PACKED_BLOCK = 32
 
