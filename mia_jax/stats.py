@@ -41,8 +41,8 @@ from jax.sharding import PartitionSpec as P
 VAR_FLOOR = 1e-12
 DEFAULT_CHUNK = 8192
 # The scoring passes' vocabulary chunk on the CPU: a [tokens, 1024] block of logits stays in cache between the
-# chunk's reductions. SmolLM2's statistics over 2044 positions on a 2-core CPU took ~0.69 s against ~0.81 s at 8192
-# (the LM head's matmul alone ~0.55 s); accelerators keep DEFAULT_CHUNK, the chunk measured on an H100.
+# chunk's reductions (with the CPU's packed attention, models/attention.py, WikiMIA-32's scoring pass with SmolLM2
+# took 64.4 s against 77.5 s: BENCHMARKS.md); accelerators keep DEFAULT_CHUNK, the chunk measured on an H100.
 CPU_CHUNK = 1024
 
 

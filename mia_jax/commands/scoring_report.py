@@ -42,9 +42,9 @@ def _blind_baseline(ds, args, required: bool):
 
 def start_blind_baseline(args, ds, labeled: bool, blind_asked: bool) -> Future | None:
     """The blind baseline (``_blind_baseline``) of a labeled in-memory dataset, started now on a thread of its own:
-    it needs only the texts and labels, so it runs while the model loads (SmolLM2 on WikiMIA-32: the two took
-    4.4-5.7 s side by side against 5.3-8.4 s in turn on a 2-core CPU) and the report takes its result. None where
-    the report computes it itself (a streamed corpus, a process other than the first) or does not report it."""
+    it needs only the texts and labels, so it runs while the model loads (mostly one core's work) and the report
+    takes its result. None where the report computes it itself (a streamed corpus, a process other than the first)
+    or does not report it."""
     if not labeled or not (blind_asked or not args.no_blind) or ds.texts is None or not sharding.is_main_process():
         return None
     pool = ThreadPoolExecutor(1, thread_name_prefix="blind-baseline")

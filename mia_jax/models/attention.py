@@ -54,8 +54,8 @@ BLOCK_Q = 256
 BLOCK_K = 256
 # On the CPU, "chunked" runs packed rows (segment ids) one row at a time (`lax.map`) in CPU_PACKED_BLOCK-slot blocks,
 # since a block is skipped only when no row of the batch sees it: alone, a row skips every block between its texts.
-# SmolLM2's forward over WikiMIA-32's four 512-slot rows on a 2-core CPU took ~2.5 s this way against ~2.8 s with
-# 256-slot blocks over the batch (64-slot blocks over the batch ~2.6 s, "full" ~3.4 s); the scoring pass: BENCHMARKS.md.
+# With CPU_CHUNK, WikiMIA-32's scoring pass with SmolLM2 (four 512-slot rows a step) on a 2-core CPU took 64.4 s
+# against 77.5 s with 256-slot blocks over the batch (BENCHMARKS.md, "The packed engine").
 CPU_PACKED_MIN = 256
 CPU_PACKED_BLOCK = 32
 
@@ -127,14 +127,16 @@ def attention(q, k, v, *, scale=None, causal: bool = False, sliding_window=None,
         name = "chunked" if T * S >= CHUNKED_MIN_SCORES else "full"
     if name == "full":
         return _full(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, segments)
-    by_row = segments is not None and key_mask is None and jax.default_backend() == "cpu"
-    bq, bk = (block_q or CPU_PACKED_BLOCK, block_k or CPU_PACKED_BLOCK) if by_row else (block_q or BLOCK_Q,
-                                                                                        block_k or BLOCK_K)
-    if not by_row or B == 1 or (mask is not None and mask.ndim == 3):
+    packed = segments is not None and key_mask is None and jax.default_backend() == "cpu"
+    bq, bk = block_q or (CPU_PACKED_BLOCK if packed else BLOCK_Q), block_k or (CPU_PACKED_BLOCK if packed else BLOCK_K)
+    if not packed or B == 1 or (mask is not None and mask.ndim == 3):
         return _chunked(q, k, v, scale, causal, sliding_window, q_offset, key_mask, mask, softcap, bq, bk, segments)
-    one = lambda a: _chunked(*(x[None] for x in a[:3]), scale, causal, sliding_window, q_offset, None, mask,  # noqa
-                             softcap, bq, bk, (a[3][None], a[4][None]))[0]
-    return jax.lax.map(one, (q, k, v) + tuple(segments))
+
+    def one_row(a):  # q, k, v, segment ids, kv segment ids of one row
+        return _chunked(*(x[None] for x in a[:3]), scale, causal, sliding_window, q_offset, None, mask, softcap, bq,
+                        bk, (a[3][None], a[4][None]))[0]
+
+    return jax.lax.map(one_row, (q, k, v) + tuple(segments))
 
 
 def _check_segments(B, T, S, segment_ids, kv_segment_ids):
