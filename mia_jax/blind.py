@@ -12,11 +12,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import (PredefinedSplit, StratifiedGroupKFold, StratifiedKFold,
-                                     cross_val_predict)
-from sklearn.pipeline import make_pipeline
 
 from mia_jax.errors import UserError
 
@@ -29,6 +24,8 @@ def assign_folds(labels: Sequence[int], *, folds: int = FOLDS, seed: int = 0, gr
                  ) -> np.ndarray:
     """The cross-validation fold (0 .. ``folds`` - 1) of each text: seeded stratified k-fold, or with ``groups``
     stratified *group* k-fold (``StratifiedGroupKFold``), every text of a group in the same fold."""
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold  # here: scikit-learn is slow to import
+
     y = np.asarray(labels, int)
     smallest = min(int(y.sum()), int(len(y) - y.sum()))
     if smallest < folds:
@@ -64,6 +61,11 @@ def blind_bow_scores(texts: Sequence[str], labels: Sequence[int], *, folds: int 
     in the same fold. The windows of one document share its vocabulary (names, dates, topic words); were they split
     over folds, a fold model would have seen the very document it scores (from its other windows), and the baseline
     would overstate how separable members and non-members are."""
+    from sklearn.feature_extraction.text import TfidfVectorizer  # here, as above: the CLI's start-up
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import PredefinedSplit, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+
     y = np.asarray(labels, int)
     fold = assign_folds(y, folds=folds, seed=seed, groups=groups)
     pipe = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), min_df=1, sublinear_tf=True),

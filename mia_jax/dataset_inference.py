@@ -50,8 +50,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from scipy import stats
-from sklearn.linear_model import LogisticRegression
 
 from mia_jax import files
 from mia_jax.errors import UserError
@@ -116,6 +114,8 @@ def welch_greater(a, b) -> tuple[float, float, float]:
     """(t, p, df) of Welch's one-sided two-sample t-test, H1: mean(a) > mean(b) (scipy.stats.ttest_ind with
     ``equal_var=False, alternative="greater"``); df = (va/na + vb/nb)^2 / ((va/na)^2/(na-1) + (vb/nb)^2/(nb-1))."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    from scipy import stats  # here, as scipy.stats is slow to import (the CLI's start-up)
+
     res = stats.ttest_ind(a, b, equal_var=False, alternative="greater")
     return float(res.statistic), float(res.pvalue), float(res.df)
 
@@ -171,6 +171,8 @@ def dataset_inference(suspect, validation, names: Sequence[str] | None = None, *
     if not np.any(z):
         raise UserError("dataset inference: every feature is constant over the training halves; nothing to fit")
     y = np.concatenate([np.ones(hs), np.zeros(hv)])
+    from sklearn.linear_model import LogisticRegression  # here: slow to import (the CLI's start-up)
+
     clf = LogisticRegression(C=C, max_iter=10_000).fit(z, y)
     held_s, held_v = clf.decision_function(transform(s[hs:])), clf.decision_function(transform(v[hv:]))
     if np.ptp(held_s) == 0 and np.ptp(held_v) == 0:  # the test is undefined (0 / 0)

@@ -9,8 +9,8 @@ A pass is three parts: the plan (``batching.encode`` and ``batching.pack``: text
 budget, each text its own segment, at most two step shapes for a dataset of short texts), the device step
 (``score_step.make_score_step``: the forward over the packed rows, the float32 statistics, each text's scores by
 its one ``jax.numpy`` formula, all in one program) and the record sink (``records.Sink``: records appended as
-steps finish, resume, multi-host gathering). One step is in flight while the host writes the records of the
-one before it (JAX dispatch is asynchronous).
+steps finish, resume, multi-host gathering). Steps run while the host writes the records of those before them
+(``inflight.InFlight``: one in flight on accelerators, two at once on the CPU).
 
 ``score_texts`` is one pass (texts -> records); ``score_dataset`` runs the main pass and then the second pass of
 each multi-pass method (``mia_jax.passes`` says which texts and model each reads, ``scorers.MULTI_PASS`` how its
@@ -44,6 +44,7 @@ from mia_jax.batching import TOKENS_PER_BATCH, Step, align, check_tokens_per_bat
 from mia_jax.entry import check_interrupted
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
+from mia_jax.inflight import InFlight
 from mia_jax.fingerprint import run_fingerprint
 from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, skip_reason
@@ -132,14 +133,12 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         p.res = resource_arrays(methods, resources) if compute is None else {}
         p.bar = tqdm(total=len(todo), initial=reused, desc=desc, unit="text",
                      disable=not progress or not shd.is_main_process())
-        pending = None
-        for step in steps:  # one step in flight while the host writes the one before
-            current = _dispatch(p, step)
-            if pending is not None:
-                _finish(p, *pending)
-            pending = current
-        if pending is not None:
-            _finish(p, *pending)
+        with InFlight.for_backend(mesh) as p.flight:  # steps run while the host writes those before (inflight.py)
+            for step in steps:
+                for done in p.flight.add(_dispatch(p, step)):
+                    _finish(p, *done)
+            for done in p.flight.drain():
+                _finish(p, *done)
         p.bar.close()
     finally:
         p.sink.close()
@@ -171,6 +170,7 @@ class _Pass:
     step_fn: object = None
     res: dict = field(default_factory=dict)  # the scorers' resources as arrays
     bar: object = None
+    flight: InFlight | None = None  # the steps launched and not yet finished
 
     def label(self, i: int) -> int | None:
         """Text ``i``'s label, or None without labels."""
@@ -227,8 +227,8 @@ def _count_resumed(p: _Pass, steps: list[Step], todo: list[int], report: dict | 
 
 
 def _dispatch(p: _Pass, step: Step) -> tuple:
-    """Step ``step`` started; returns at once (step, its scored-prediction mask, its device output or, with
-    ``compute``, its ids): the computation runs while the previous step's records are written."""
+    """Step ``step`` started; returns at once (step, its scored-prediction mask, its device output (on the CPU a
+    worker's future) or, with ``compute``, its ids): it runs while the host writes the records of steps before."""
     encoded = p.encoded
     arrays = packed_arrays(step, {i: encoded[i].ids for i in step.items}, p.pad)
     seg = arrays["segment_ids"]
@@ -251,7 +251,7 @@ def _dispatch(p: _Pass, step: Step) -> tuple:
              "mask": mask, "zlib_bytes": zb}
     if p.mesh is not None:
         batch = {k: shd.global_batch(p.mesh, v) for k, v in batch.items()}
-    return step, mask, p.step_fn(p.state, {**batch, "resources": p.res})
+    return step, mask, p.flight.launch(p.step_fn, p.state, {**batch, "resources": p.res})
 
 
 def _finish(p: _Pass, step: Step, mask: np.ndarray, out) -> None:
@@ -264,6 +264,7 @@ def _finish(p: _Pass, step: Step, mask: np.ndarray, out) -> None:
         got = p.compute(out[: len(idx)], mask[: len(idx)], [p.texts[i] for i in idx])
         per_text = {i: {m: float(np.asarray(v, np.float64)[r]) for m, v in got.items()} for r, i in enumerate(idx)}
     else:
+        out = InFlight.result(out)
         wanted = {"scores": out["scores"], "nonfinite": out["nonfinite"]}
         if p.window is not None:
             wanted["tokens"] = tuple(out["tokens"])

@@ -131,3 +131,50 @@ def test_a_one_device_mesh_gives_the_same_records(tiny_llama_dir, tmp_path):
                 assert b["scores"][m] is None
             else:
                 np.testing.assert_allclose(b["scores"][m], a["scores"][m], rtol=1e-5, err_msg=m)
+
+
+def test_cpu_runs_two_steps_at_once_and_writes_their_records_in_order(tiny, tmp_path, monkeypatch):
+    """On the CPU a pass keeps ``inflight.CPU_STEPS`` (2) steps running at once, each on a worker thread: counted by
+    wrapping the jitted step (at most one at a time without the workers); the records and the file are those of
+    the one-at-a-time run, in the texts' order."""
+    import threading
+    import time
+
+    from mia_jax import inflight
+
+    texts = wikimia(32).texts[:40]
+    real, lock = runner.shared_score_step, threading.Lock()
+
+    def run(workers):
+        monkeypatch.setattr(inflight, "CPU_STEPS", workers)
+        seen = {"active": 0, "most": 0, "threads": set()}
+
+        def counting(*args, **kwargs):
+            step = real(*args, **kwargs)
+
+            def run_step(state, batch):
+                with lock:
+                    seen["active"] += 1
+                    seen["most"] = max(seen["most"], seen["active"])
+                    seen["threads"].add(threading.current_thread().name)
+                time.sleep(0.3)  # long enough for the other worker to enter
+                out = step(state, batch)
+                with lock:
+                    seen["active"] -= 1
+                return out
+            return run_step
+
+        monkeypatch.setattr(runner, "shared_score_step", counting)
+        out = tmp_path / f"w{workers}.jsonl"
+        report = {}
+        recs = runner.score_texts(tiny, texts, METHODS, tokens_per_batch=256, out_path=out, report=report,
+                                  progress=False)
+        return recs, out.read_bytes(), seen, report
+
+    together, file2, seen2, report2 = run(2)
+    alone, file0, seen0, _ = run(0)
+    assert report2["batches_computed"] >= 4
+    assert seen2["most"] == 2 and all(t.startswith("score-step") for t in seen2["threads"])
+    assert seen0["most"] == 1 and seen0["threads"] == {"MainThread"}
+    assert [r["index"] for r in together] == list(range(len(texts)))
+    assert together == alone and file2 == file0

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import binomtest
 
 from mia_jax.audits.books_snippets import SnippetPlan
 from mia_jax.audits.common import finite_or_none
@@ -79,6 +78,8 @@ def fpr_threshold(labels, scores, fpr: float = FPR) -> Threshold:
 
 def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The exact (Clopper-Pearson) interval of a proportion k / n (scipy's ``binomtest``)."""
+    from scipy.stats import binomtest  # here, as scipy.stats is slow to import (the CLI's start-up)
+
     ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="exact")
     return float(ci.low), float(ci.high)
 
