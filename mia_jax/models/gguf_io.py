@@ -60,20 +60,6 @@ class _Cursor:
         self.pos += n
         return s
 
-    def strings(self, n: int) -> list[str]:
-        """``n`` strings as ``string`` reads them, in one loop without a call per string (a vocabulary: ~100k)."""
-        buf, pos, end, size, out = self.buf, self.pos, len(self.buf), _STRUCT[10], []
-        unpack, append = size.unpack_from, out.append
-        for _ in range(n):
-            if pos + 8 > end or pos + 8 + unpack(buf, pos)[0] > end:
-                self.pos = pos
-                return out + [self.string() for _ in range(n - len(out))]  # says what is truncated, as string does
-            k = unpack(buf, pos)[0]
-            append(str(buf[pos + 8: pos + 8 + k], "utf-8", "replace"))
-            pos += 8 + k
-        self.pos = pos
-        return out
-
     def kind(self) -> int:
         kind = self.scalar(4)
         if kind not in _SCALARS and kind not in (_STRING, _ARRAY):
@@ -88,7 +74,7 @@ class _Cursor:
         item, n = self.kind(), self.scalar(10)
         if item == _STRING:
             self.need(8 * n, f"an array of {n} strings in {self.at}")
-            return self.strings(n)
+            return [self.string() for _ in range(n)]
         if item == _ARRAY:
             self.need(12 * n, f"an array of {n} arrays in {self.at}")
             return [self.value(self.kind()) for _ in range(n)]
