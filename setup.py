@@ -36,5 +36,5 @@ setup(
         # torch is the CPU build (pip install torch==2.13.0 finds the local CPU wheel here)
         "test": ["pytest==9.2.0", "hypothesis==6.170.15", "torch==2.13.0", "transformers==5.23.0", "ruff==0.17.6"],
     },
-    entry_points={"console_scripts": ["mia-jax=mia_jax.cli:main"]},
+    entry_points={"console_scripts": ["mia-jax=mia_jax.cli:console"]},
 )

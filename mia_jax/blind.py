@@ -9,6 +9,12 @@ dates, style) and detector AUROCs on that benchmark overstate the membership sig
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -18,6 +24,7 @@ from mia_jax.errors import UserError
 NAME = "blind_bow"
 WARN_AUROC = 0.6
 FOLDS = 5
+CHILD_MIN_TEXTS = 200  # from this many texts an eval computes the baseline in a child process (``Child``)
 
 
 def assign_folds(labels: Sequence[int], *, folds: int = FOLDS, seed: int = 0, groups: Sequence | None = None,
@@ -80,3 +87,59 @@ def warning(auroc: float | None) -> str | None:
                 "benchmark: members and non-members differ in distribution, so detector AUROCs here overstate "
                 "the membership signal (Das et al. 2024).")
     return None
+
+
+class Child:
+    """:func:`blind_bow_scores` (no groups) computed in a child process, ``python -m mia_jax.blind``, started now.
+
+    The eval starts it before the model loads: the baseline is pure-Python work under scikit-learn (its import, the
+    TF-IDF, the L-BFGS loop; ~2.4 s of one core for WikiMIA-32's 776 texts) that on a thread of the eval's own
+    would hold the interpreter lock the model load needs, while a process of its own runs on the core the
+    single-threaded load leaves idle. The child has a session of its own (a Ctrl-C reaches the eval alone) and is
+    killed when the eval's main thread ends first."""
+
+    def __init__(self, texts: Sequence[str], labels: Sequence[int], *, seed: int = 0):
+        root = str(Path(__file__).resolve().parents[1])  # the child imports this very package
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+               **{f"{lib}_NUM_THREADS": "1" for lib in ("OMP", "OPENBLAS", "MKL")}}  # one core: XLA has the rest
+        self._input = json.dumps({"texts": list(texts), "labels": [int(y) for y in labels], "seed": int(seed)})
+        self._proc = subprocess.Popen([sys.executable, "-m", "mia_jax.blind"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                      start_new_session=True)
+
+    def scores(self) -> np.ndarray:
+        """The child's scores, waiting for them; a ``UserError`` as :func:`blind_bow_scores` raises it, and a
+        ``RuntimeError`` (with the child's last line of stderr) when the child failed otherwise."""
+        feed = self._input.encode()
+        while True:
+            try:
+                out, err = self._proc.communicate(feed, timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                feed = None  # sent: a retry only waits and reads
+                if not threading.main_thread().is_alive():  # the eval is exiting (an error, a Ctrl-C)
+                    self._proc.kill()
+                    self._proc.communicate()
+                    raise RuntimeError("the eval ended before the blind baseline's process") from None
+        if self._proc.returncode != 0:
+            last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"the blind baseline's process exited with code {self._proc.returncode}: {last}")
+        result = json.loads(out)
+        if "error" in result:
+            raise UserError(result["error"])
+        return np.asarray(result["scores"], np.float64)
+
+
+def _main() -> None:
+    """``Child``'s process: {"texts", "labels", "seed"} as JSON on stdin -> {"scores": [...]} or {"error": the
+    UserError's message} as JSON on stdout (floats written by ``repr``: the parent reads the same float64s)."""
+    job = json.load(sys.stdin)
+    try:
+        result = {"scores": blind_bow_scores(job["texts"], job["labels"], seed=job["seed"]).tolist()}
+    except UserError as e:
+        result = {"error": str(e)}
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    _main()

@@ -5,7 +5,6 @@ metrics, ``score``: unlabeled texts, ``generate``, ``freq-table``: DC-PDD's refe
 from __future__ import annotations
 
 import argparse
-import sys
 
 from mia_jax import entry
 
@@ -48,5 +47,11 @@ def main(argv=None) -> int:
     return entry.run(PROG, _main, argv, resume_hint=lambda: "".join(_HINT[:1]))
 
 
+def console() -> None:
+    """The ``mia-jax`` console script: :func:`main` on ``sys.argv``, then the process ends without the interpreter's
+    teardown (:func:`mia_jax.entry.exit_now`)."""
+    entry.exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

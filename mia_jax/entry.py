@@ -311,6 +311,24 @@ def _quiet_exit():
         return None
 
 
+def exit_now(status: int):
+    """End the process with ``status`` as ``sys.exit`` would, less the interpreter's teardown: the ``atexit`` hooks
+    run and stdout and stderr are flushed, then ``os._exit``. The teardown (every module and JAX's client freed one
+    by one) took 0.6 s at the end of each ``mia-jax eval`` on the CPU. A thread other than the main one still alive
+    and not a daemon gets the normal exit, which waits for it. For a command's process only: never returns."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(status)
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (``| head``) or stream: nothing left to deliver
+            pass
+    os._exit(status)
+
+
 def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = None, *,
         resume_hint: str | Callable[[], str] = "") -> int:
     """Run ``main(argv)`` under the guard; returns the exit status (0, 2 for a user error, 130 for Ctrl-C; argparse's

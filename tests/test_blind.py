@@ -1,6 +1,11 @@
 """The model-free blind baseline: out-of-fold, seeded, and it finds WikiMIA's distribution shift."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from helpers import ENV
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
@@ -79,3 +84,37 @@ def test_too_few_groups():
         blind_bow_scores(texts, labels, groups=[i % 4 for i in range(12)])
     with pytest.raises(UserError, match="members are in 2, non-members in 5"):  # 6 groups, members in only 2
         blind_bow_scores(texts, labels, groups=[0, 1, 2, 1, 3, 5, 4, 1, 5, 5, 0, 1])
+
+
+def test_the_child_process_gives_the_very_scores_of_this_process():
+    """``Child`` (the eval's baseline in a process of its own) returns the same float64s as ``blind_bow_scores``
+    here (the JSON between them writes floats by repr), and its UserError as this process would raise it."""
+    from mia_jax.blind import Child
+
+    ds = wikimia(32)
+    texts, labels = ds.texts[:300], ds.labels[:300]
+    np.testing.assert_array_equal(Child(texts, labels, seed=3).scores(), blind_bow_scores(texts, labels, seed=3))
+    with pytest.raises(UserError, match="at least 5 members"):
+        Child(["a", "b", "c", "d"], [1, 0, 1, 0]).scores()
+
+
+def test_the_child_process_is_killed_when_the_main_thread_ends_first():
+    """The eval's main thread ends (an error, a Ctrl-C) while the child still works: the thread that waits for the
+    child kills it, and the eval exits without waiting for the child's work to finish."""
+    code = ("import subprocess, sys, threading\n"
+            "import mia_jax.blind as b\n"
+            "real = subprocess.Popen\n"
+            "def popen(cmd, **kw):  # the child: 300 s of sleep instead of the baseline\n"
+            "    p = real([sys.executable, '-c', 'import time; time.sleep(300)'], **kw)\n"
+            "    print(p.pid, flush=True)\n"
+            "    return p\n"
+            "subprocess.Popen = popen\n"
+            "child = b.Child(['x'], [1])\n"
+            "threading.Thread(target=child.scores).start()\n"
+            "raise SystemExit(3)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 3, done.stderr
+    pid = int(done.stdout.split()[0])
+    with pytest.raises(ProcessLookupError):  # killed and reaped by the waiting thread, not left to run
+        os.kill(pid, 0)
+    assert "the eval ended before the blind baseline's process" in done.stderr  # the thread's exception

@@ -2,6 +2,8 @@
 import csv
 import json
 import re
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +203,35 @@ def test_blind_baseline_runs_while_the_model_loads(tiny_llama_dir, labeled, tmp_
                  "--out", str(out), "--n-bootstrap", "20", "--no-progress"]) == 0
     assert seen["began_during_load"] and seen["thread"] != threading.main_thread().name
     assert json.loads((out / "run.json").read_text())["blind_baseline"]["auroc"] is not None
+
+
+def test_blind_baseline_of_a_large_set_comes_from_a_child_process(tiny_llama_dir, labeled, tmp_path, monkeypatch,
+                                                                   capsys):
+    """From ``blind.CHILD_MIN_TEXTS`` texts (0 here) the eval computes the baseline's scores in a child process: this
+    process's ``blind_bow_scores``, made to fail, is not called, and the AUROC is the one computed here. A child
+    that fails otherwise than by a UserError leaves a note, and the baseline is computed in the eval's process."""
+    rows = [json.loads(line) for line in labeled.read_text().splitlines()]
+    labels = [r["label"] for r in rows]
+    real = blind.blind_bow_scores
+    expected = roc_auc_score(labels, real([r["input"] for r in rows], labels, seed=0))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the blind baseline was computed in the eval's process")
+
+    monkeypatch.setattr(blind, "CHILD_MIN_TEXTS", 0)
+    monkeypatch.setattr(blind, "blind_bow_scores", refuse)
+    command = ["eval", "--model", str(tiny_llama_dir), "--data", str(labeled), "--methods", "loss",
+               "--n-bootstrap", "20", "--no-progress"]
+    assert main([*command, "--out", str(tmp_path / "child")]) == 0
+    assert json.loads((tmp_path / "child" / "run.json").read_text())["blind_baseline"]["auroc"] == pytest.approx(
+        expected, abs=1e-12)
+    monkeypatch.setattr(blind, "blind_bow_scores", real)
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))  # the child exits 1 at once
+    capsys.readouterr()
+    assert main([*command, "--out", str(tmp_path / "failed")]) == 0
+    assert "note: the blind baseline's process exited with code 1" in capsys.readouterr().err
+    assert json.loads((tmp_path / "failed" / "run.json").read_text())["blind_baseline"]["auroc"] == pytest.approx(
+        expected, abs=1e-12)
 
 
 def test_wikimia_concat_needs_a_window(tiny_llama_dir, tmp_path, capsys):

@@ -63,6 +63,26 @@ def test_ctrl_c_is_one_line_and_the_command_exits_at_once():
     assert done.stdout == "half a report" and done.stderr == "prog: interrupted; run it again\n"
 
 
+@pytest.mark.parametrize("end, thread", [("entry.exit_now(3)", False), ("sys.exit(3)", False),
+                                         ("entry.exit_now(3)", True)])
+def test_exit_now_runs_the_exit_hooks_but_not_the_teardown(end, thread):
+    """``entry.exit_now`` (how the ``mia-jax`` console script ends): the status, stdout and stderr flushed, the
+    atexit hooks run, but not the interpreter's teardown (a module object's finalizer, which ``sys.exit`` runs,
+    does not run); with a thread still working that is not a daemon, the normal exit, after the thread."""
+    code = ("import atexit, sys, threading, time; from mia_jax import entry\n"
+            "class Held:\n    def __del__(self):\n        print('teardown', file=sys.stderr, flush=True)\n"
+            "held = Held()\n"
+            "atexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
+            f"if {thread}:\n"
+            "    threading.Thread(target=lambda: time.sleep(1) or print('thread done', end='')).start()\n"
+            f"print('report', end='')\n{end}\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 3
+    assert done.stdout == "report" + ("thread done" if thread else "")
+    teardown = end == "sys.exit(3)" or thread
+    assert done.stderr == "atexit ran\n" + ("teardown\n" if teardown else ""), done.stderr
+
+
 def test_the_command_guards_ctrl_c_before_jax_loads():
     """``mia-jax``'s module loads no JAX (``mia_jax`` names its API lazily), so the guard is in place before the
     slow imports (a Ctrl-C there was a 40-line traceback); as the command, SIGINT is raised once from the start."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -175,13 +176,17 @@ def run(args, labeled: bool) -> Path:
     if jax.process_count() > 1 and "neighbor" in methods:
         raise UserError("the 'neighbor' method is not supported on several processes yet; run it on one host")
     compilation.enable(args.compilation_cache)
-    blind_future = scoring_report.start_blind_baseline(args, ds, labeled, blind_asked)  # while the model loads
-    args.dtype = args.dtype or runner.default_dtype()
-    args.tokens_per_batch = args.tokens_per_batch or runner.default_tokens_per_batch()
-    load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa: E731
-    loaded = load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer, allow_download=args.allow_download)
-    ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
-           if args.ref_model and "ref" in methods else None)
+    model_loaded = threading.Event()  # the baseline's metrics and matplotlib's import wait for it: both need the GIL
+    blind_future = scoring_report.start_blind_baseline(args, ds, labeled, blind_asked, model_loaded)
+    try:
+        args.dtype = args.dtype or runner.default_dtype()
+        args.tokens_per_batch = args.tokens_per_batch or runner.default_tokens_per_batch()
+        load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa
+        loaded = load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer, allow_download=args.allow_download)
+        ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
+               if args.ref_model and "ref" in methods else None)
+    finally:
+        model_loaded.set()
     generator = neighbor_generator(args, loaded) if "neighbor" in methods else None
     res = resources.build(args, methods, ds.texts if ds.texts is not None else [], loaded)
     out = entry.check_out(args.out or f"runs/{ds.name}-{loaded.name}")

@@ -9,6 +9,7 @@ import platform
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from threading import Event
 from pathlib import Path
 
 import jax
@@ -20,16 +21,26 @@ from mia_jax.data.stream import StreamDataset
 from mia_jax.errors import UserError
 
 
-def _blind_baseline(ds, args, required: bool):
+def _blind_baseline(ds, args, required: bool, child: blind.Child | None = None, after: Event | None = None):
     """Metrics of the model-free bag-of-words baseline on the same texts, and the line that reports it (a streamed
-    corpus's texts are all read here: the baseline holds every text)."""
+    corpus's texts are all read here: the baseline holds every text); its scores from ``child`` when one computes
+    them (``start_blind_baseline``), computed here again should the child fail otherwise than by a UserError; the
+    metrics once ``after`` is set."""
     texts = ds.all_texts() if isinstance(ds, StreamDataset) else ds.texts
     try:
-        scores = blind.blind_bow_scores(texts, [int(y) for y in ds.labels], seed=args.seed)
+        try:
+            scores = child.scores() if child is not None else None
+        except RuntimeError as e:
+            print(f"note: {e}; the blind baseline is computed in this process instead", file=sys.stderr)
+            scores = None
+        if scores is None:
+            scores = blind.blind_bow_scores(texts, [int(y) for y in ds.labels], seed=args.seed)
     except UserError as e:
         if required:
             raise
         return None, f"Blind baseline not computed: {e}"
+    if after is not None:
+        after.wait()
     m = metrics.evaluate(ds.labels, scores, n_bootstrap=args.n_bootstrap, seed=args.seed)
     if m["auroc"] is None:
         return m, f"Blind baseline ({blind.NAME}): {m['note']}."
@@ -40,17 +51,19 @@ def _blind_baseline(ds, args, required: bool):
     return m, line + (f"\n{warn}" if warn else "")
 
 
-def start_blind_baseline(args, ds, labeled: bool, blind_asked: bool) -> Future | None:
-    """The blind baseline (``_blind_baseline``) of a labeled in-memory dataset, started now on a thread of its own:
-    it needs only the texts and labels, so it runs while the model loads (mostly one core's work) and the report
-    takes its result; then, on the same thread, matplotlib is imported for the report's plots (~0.4 s off the end).
-    None where the report computes it itself (a streamed corpus, a process other than the first) or does not report
-    it."""
+def start_blind_baseline(args, ds, labeled: bool, blind_asked: bool, after: Event | None = None) -> Future | None:
+    """The blind baseline (``_blind_baseline``) of a labeled in-memory dataset, started now, before the model
+    loads: from ``blind.CHILD_MIN_TEXTS`` texts its scores in a child process (``blind.Child``: the load runs
+    Python under the interpreter lock on one core, the baseline on the other), for fewer on a thread of its own;
+    once ``after`` is set (the model loaded), the thread computes the metrics and imports matplotlib for the
+    report's plots (~0.4 s off the end) while the texts are scored. None where the report computes it itself (a
+    streamed corpus, a process other than the first) or does not report it."""
     if not labeled or not (blind_asked or not args.no_blind) or ds.texts is None or not sharding.is_main_process():
         return None
+    child = blind.Child(ds.texts, ds.labels, seed=args.seed) if len(ds.texts) >= blind.CHILD_MIN_TEXTS else None
     pool = ThreadPoolExecutor(1, thread_name_prefix="blind-baseline")
     try:
-        future = pool.submit(_blind_baseline, ds, args, blind_asked)
+        future = pool.submit(_blind_baseline, ds, args, blind_asked, child, after)
         pool.submit(report.pyplot)
         return future
     finally:
