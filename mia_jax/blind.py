@@ -93,7 +93,7 @@ class Child:
     """:func:`blind_bow_scores` (no groups) computed in a child process, ``python -m mia_jax.blind``, started now.
 
     The eval starts it before the model loads: the baseline is pure-Python work under scikit-learn (its import, the
-    TF-IDF, the L-BFGS loop; ~2.4 s of one core for WikiMIA-32's 776 texts) that on a thread of the eval's own
+    TF-IDF, the L-BFGS loop; the child took 2.2-2.3 s for WikiMIA-32's 776 texts) that on a thread of the eval's own
     would hold the interpreter lock the model load needs, while a process of its own runs on the core the
     single-threaded load leaves idle. The child has a session of its own (a Ctrl-C reaches the eval alone) and is
     killed when the eval's main thread ends first."""

@@ -9,8 +9,8 @@ import platform
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from threading import Event
 from pathlib import Path
+from threading import Event
 
 import jax
 
