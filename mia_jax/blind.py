@@ -132,7 +132,9 @@ class Child:
 
 def _main() -> None:
     """``Child``'s process: {"texts", "labels", "seed"} as JSON on stdin -> {"scores": [...]} or {"error": the
-    UserError's message} as JSON on stdout (floats written by ``repr``: the parent reads the same float64s)."""
+    UserError's message} as JSON on stdout (floats written by ``repr``: the parent reads the same float64s). Not a
+    command: the eval's child, which writes nothing but its stdout; a failure here reaches the eval as a
+    ``RuntimeError`` and the eval computes the baseline itself."""
     job = json.load(sys.stdin)
     try:
         result = {"scores": blind_bow_scores(job["texts"], job["labels"], seed=job["seed"]).tolist()}

@@ -27,6 +27,7 @@ What every entry point gets from it:
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import functools
 import importlib.util
@@ -318,8 +319,6 @@ def exit_now(status: int):
     and not a daemon gets the normal exit, which waits for it. For a command's process only: never returns."""
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(status)
-    import atexit
-
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -176,12 +176,12 @@ def run(args, labeled: bool) -> Path:
     if jax.process_count() > 1 and "neighbor" in methods:
         raise UserError("the 'neighbor' method is not supported on several processes yet; run it on one host")
     compilation.enable(args.compilation_cache)
+    args.dtype = args.dtype or runner.default_dtype()
+    args.tokens_per_batch = args.tokens_per_batch or runner.default_tokens_per_batch()
+    load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa: E731
     model_loaded = threading.Event()  # the baseline's metrics and matplotlib's import wait for it: both need the GIL
     blind_future = scoring_report.start_blind_baseline(args, ds, labeled, blind_asked, model_loaded)
     try:
-        args.dtype = args.dtype or runner.default_dtype()
-        args.tokens_per_batch = args.tokens_per_batch or runner.default_tokens_per_batch()
-        load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa
         loaded = load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer, allow_download=args.allow_download)
         ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
                if args.ref_model and "ref" in methods else None)
