@@ -40,7 +40,8 @@ from tqdm.auto import tqdm
 from mia_jax import passes
 from mia_jax import sharding as shd
 from mia_jax.audits import windowed
-from mia_jax.batching import TOKENS_PER_BATCH, Step, align, check_tokens_per_batch, encode, pack, packed_arrays
+from mia_jax.batching import (TOKENS_PER_BATCH, Step, align, check_tokens_per_batch, encode, pack, packed_arrays,
+                              scoring_lengths)
 from mia_jax.entry import check_interrupted
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
@@ -81,17 +82,17 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 stable: tuple[int, int] | None = None) -> list[dict]:
     """Score every text with every method; returns records in input order.
 
-    Texts are packed into rows of a token budget (``tokens_per_batch`` per step, default per backend:
-    ``batching.pack``) and each step runs ``score_step.make_score_step``'s program: the forward, the statistics
-    and every method's formula on the device; only per-text scores come back (and per-token statistics with
-    ``window``). ``prefixes`` (one string per text): each text is read after its prefix and only the text's tokens
-    are scored (``encode``; ReCaLL's conditional likelihood, CAMIA's repeated text). ``resources``: what scorers
-    that name one need (``scorers.check_resources``; e.g. DC-PDD's ``freq_table``). ``window``: each record also
-    holds the methods' scores of every ``window``-token chunk of the text from the same pass (``audits.windowed``;
-    online detection). ``compute`` replaces the forward + statistics + scorers of a batch by another batched
-    computation on one text per row, ``batch_size`` rows per step, ``compute(ids [rows, T] int32, mask [rows,
-    T-1], texts) -> {method: float64 [rows]}`` (e.g. ``gradnorm``: a forward and a backward), with the same
-    records and resume.
+    Texts (each text's tokens but its last) are packed into rows of a token budget (``tokens_per_batch`` per step,
+    default per backend: ``batching.pack``) and each step runs ``score_step.make_score_step``'s program: the
+    forward, the statistics and every method's formula on the device; only per-text scores come back (and per-token
+    statistics with ``window``). ``prefixes`` (one string per text): each text is read after its prefix and only the
+    text's tokens are scored (``encode``; ReCaLL's conditional likelihood, CAMIA's repeated text). ``resources``:
+    what scorers that name one need (``scorers.check_resources``; e.g. DC-PDD's ``freq_table``). ``window``: each
+    record also holds the methods' scores of every ``window``-token chunk of the text from the same pass
+    (``audits.windowed``; online detection). ``compute`` replaces the forward + statistics + scorers of a batch by
+    another batched computation on one text per row, ``batch_size`` rows per step, ``compute(ids [rows, T] int32,
+    mask [rows, T-1], texts) -> {method: float64 [rows]}`` (e.g. ``gradnorm``: a forward and a backward), with the
+    same records and resume.
 
     When ``out_path`` is given, records are appended to it as each step finishes (``records.Sink``: a crash loses
     at most the two steps in flight), and the file is rewritten in input order at the end. With ``resume=True``
@@ -106,7 +107,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
 
     ``report`` (a dict, filled in): ``texts`` (this process's), ``reused`` (records taken from ``out_path``),
     ``computed`` (texts scored by a forward pass here), ``batches_computed`` (steps), ``skipped``, ``slots`` and
-    ``tokens`` (token slots of the steps run vs real tokens in them), ``scoring_programs`` (the distinct step
+    ``tokens`` (token slots of the steps run vs the tokens fed in them), ``scoring_programs`` (the distinct step
     shapes run; ``shapes``, a set, collects them over several calls). A resume that reuses records says so on
     stderr. ``stable`` = (row length, segments): every packed row that long (the longer texts in rows of their own)
     and the steps padded to shapes that calls over other texts share (``shards.stable_steps``; a corpus scored a
@@ -118,8 +119,10 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     todo = [i for i in p.mine if p.skips[i] is None]
     if mesh is not None:
         shd.shard_model(loaded.model, mesh)
-    steps = _plan(loaded, [len(p.encoded[i].ids) for i in todo], todo, tokens_per_batch, batch_size, mesh, p.multi,
-                  compute is None, lambda idx: all(i in p.sink for i in idx), stable[0] if stable else None)
+    enc = [p.encoded[i] for i in todo]  # a scoring pass feeds each text but its last token, which predicts nothing
+    steps = _plan(loaded, scoring_lengths(enc) if compute is None else [len(e.ids) for e in enc], todo,
+                  tokens_per_batch, batch_size, mesh, p.multi, compute is None,
+                  lambda idx: all(i in p.sink for i in idx), stable[0] if stable else None)
     if stable:
         steps = stable_steps(steps, tokens_per_batch, *stable, shd.local_batch_shards(mesh) if mesh is not None else 1)
     p.shapes = shapes if shapes is not None else p.shapes
@@ -230,10 +233,8 @@ def _dispatch(p: _Pass, step: Step) -> tuple:
     """Step ``step`` started; returns at once (step, its scored-prediction mask, its device output (on the CPU a
     worker's future) or, with ``compute``, its ids): it runs while the host writes the records of steps before."""
     encoded = p.encoded
-    arrays = packed_arrays(step, {i: encoded[i].ids for i in step.items}, p.pad)
-    seg = arrays["segment_ids"]
-    # a scored prediction: the next slot holds a token of the same text, not of its prefix
-    mask = (seg[:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1])
+    arrays = packed_arrays(step, {i: encoded[i].ids for i in step.items}, p.pad, targets=p.compute is None)
+    seg, mask = arrays["segment_ids"], arrays["mask"]  # a scored prediction: of a token of the text, not its prefix
     zb = np.ones((step.rows, step.segments), np.float32)
     for r, row in enumerate(step.contents) if p.needs_text or any(encoded[i].n_context for i in step.items) else ():
         for s, (item, start, _) in enumerate(row):
@@ -246,9 +247,8 @@ def _dispatch(p: _Pass, step: Step) -> tuple:
     if p.compute is not None:
         return step, mask, arrays["ids"]
     if p.res:
-        check_ids(p.methods, arrays["ids"][:, 1:], mask, p.res)  # e.g. DC-PDD: an id beyond its table is an error
-    batch = {"ids": arrays["ids"], "segment_ids": seg, "starts": arrays["starts"], "spans": arrays["spans"],
-             "mask": mask, "zlib_bytes": zb}
+        check_ids(p.methods, arrays["targets"], mask, p.res)  # e.g. DC-PDD: an id beyond its table is an error
+    batch = {**arrays, "zlib_bytes": zb}
     if p.mesh is not None:
         batch = {k: shd.global_batch(p.mesh, v) for k, v in batch.items()}
     return step, mask, p.flight.launch(p.step_fn, p.state, {**batch, "resources": p.res})

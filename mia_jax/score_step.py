@@ -1,16 +1,18 @@
 """The device step of every scoring pass: packed token ids in, per-text scores out, one jitted program per shape.
 
 ``make_score_step(loaded, methods, ...)`` returns ``step(state, batch) -> {"scores": {method: [rows, segments]},
-"tokens": TokenStats [rows, segments, length - 1] (only with ``tokens=True``)}``, where ``batch`` is
-``batching.packed_arrays`` of a ``batching.Step`` plus ``mask`` (bool [rows, length - 1]: which shifted
-positions are scored predictions), ``zlib_bytes`` (float32 [rows, segments]) and the methods' resource arrays.
+"tokens": TokenStats [rows, segments, length] (only with ``tokens=True``)}``, where ``batch`` is
+``batching.packed_arrays(..., targets=True)`` of a ``batching.Step`` (each text's tokens but its last in the row,
+``targets`` the token each slot predicts, ``mask`` bool [rows, length] the slots whose prediction is scored: a
+prefix's are not), plus ``zlib_bytes`` (float32 [rows, segments]) and the methods' resource arrays.
 Inside one ``jax.jit`` (named ``score_step``, so ``compilation.CompileCount("score_step")`` counts its programs):
 
 1. the model's forward over the packed rows (``hidden_states(ids, segment_ids=...)``: positions restart at every
    text, attention never crosses a text boundary), in the parameters' dtype (bfloat16 on accelerators);
-2. the float32 statistics of every shifted position, vocabulary-chunked (``stats.token_stats_from_hidden``; with a
-   mesh, ``token_stats_from_hidden_sharded``: the vocabulary split over the model axis);
-3. each text's statistics gathered out of its row into ``[rows, segments, length - 1]`` (its first prediction at
+2. the float32 statistics of every slot's prediction of its target, vocabulary-chunked
+   (``stats.token_stats_from_hidden``; with a mesh, ``token_stats_from_hidden_sharded``: the vocabulary split over
+   the model axis);
+3. each text's statistics gathered out of its row into ``[rows, segments, length]`` (its first prediction at
    column 0, as if the text had been scored alone: the formulas that read positions, e.g. CAMIA's first 200
    tokens or Gap-K%'s consecutive windows, see the same layout);
 4. every method's one formula (``scorers.device_scores``) on those, so only ``[rows, segments]`` floats per method
@@ -54,11 +56,11 @@ def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int | None = 
 
     def score_step(state, batch):
         model = nnx.merge(graphdef, state if mesh is None else shd.gathered_for_lookup(state, mesh))
-        ids, starts, spans = batch["ids"], batch["starts"], batch["spans"]
-        stats = _token_stats(model, ids, vocab, chunk_size, mesh, batch["segment_ids"])
+        starts, spans = batch["starts"], batch["spans"]
+        stats = _token_stats(model, batch["ids"], vocab, chunk_size, mesh, batch["segment_ids"], batch["targets"])
         rows, segments = starts.shape
         per_text = TokenStats(*(gather_segments(x, starts, spans)[0] for x in stats))
-        targets, _ = gather_segments(ids[:, 1:], starts, spans)
+        targets, _ = gather_segments(batch["targets"], starts, spans)
         mask, _ = gather_segments(batch["mask"], starts, spans)
         flat = lambda x: x.reshape(rows * segments, *x.shape[2:])  # noqa: E731
         scores = device_scores(TokenStats(*map(flat, per_text)), flat(mask), methods, ids=flat(targets),
@@ -95,15 +97,18 @@ def shared_score_step(loaded, methods: Sequence[str], chunk_size: int | None = N
 # ----------------------------------------------------------------------------- statistics alone (no scores)
 
 
-def _token_stats(model, ids, vocab: int, chunk_size: int, mesh=None, segment_ids=None) -> TokenStats:
-    """The forward over ``ids`` [B, T] and the float32 statistics of its T - 1 predictions (on a mesh: hidden states
-    batch-sharded, the vocabulary split over the model axis)."""
+def _token_stats(model, ids, vocab: int, chunk_size: int, mesh=None, segment_ids=None, targets=None) -> TokenStats:
+    """The forward over ``ids`` [B, T] and the float32 statistics of its predictions: of ``targets`` [B, T] (slot i
+    predicts ``targets[:, i]``), or without them of the next slot's token (T - 1 predictions). On a mesh: hidden
+    states batch-sharded, the vocabulary split over the model axis."""
     hidden = model.hidden_states(ids, segment_ids=segment_ids)
+    if mesh is not None:  # before any slicing: XLA then keeps every op after it on each device's own rows
+        hidden = jax.lax.with_sharding_constraint(hidden, shd.batch_sharding(mesh, 3))
+    if targets is None:
+        hidden, targets = hidden[:, :-1], ids[:, 1:]
     if mesh is None:
-        return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:], vocab_size=vocab,
-                                       chunk_size=chunk_size)
-    hidden = jax.lax.with_sharding_constraint(hidden, shd.batch_sharding(mesh, 3))
-    return token_stats_from_hidden_sharded(hidden[:, :-1], model.unembedding(), ids[:, 1:], mesh=mesh,
+        return token_stats_from_hidden(hidden, model.unembedding(), targets, vocab_size=vocab, chunk_size=chunk_size)
+    return token_stats_from_hidden_sharded(hidden, model.unembedding(), targets, mesh=mesh,
                                            vocab_size=vocab, chunk_size=chunk_size, vocab_axis=shd.VOCAB_AXIS,
                                            batch_axes=shd.BATCH_AXES)
 

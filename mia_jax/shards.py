@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mia_jax.batching import Step, encode, pack
+from mia_jax.batching import Step, encode, pack, scoring_lengths
 from mia_jax.files import sha256, write_jsonl
 
 INDEX = "index.json"
@@ -123,8 +123,7 @@ def plan_shape(loaded, texts: Sequence[str], tokens_per_batch: int) -> tuple[int
     """(row length, segments) of a streamed run's packed rows: the length of most steps (the shorter of a tie) that
     ``batching.pack`` plans for ``texts``, its first window, and the most texts in a row of that length (a power of
     two): every window is packed alike (``stable_steps``)."""
-    lengths = [len(e.ids) for e in encode(loaded, texts)]
-    steps = pack(lengths, tokens_per_batch, loaded.max_length)
+    steps = pack(scoring_lengths(encode(loaded, texts)), tokens_per_batch, loaded.max_length)
     counts = Counter(s.length for s in steps)
     if not counts:
         return min(tokens_per_batch, loaded.max_length), 1

@@ -21,7 +21,8 @@ Peak memory is the process RSS sampled every 5 ms while scoring (above the RSS a
 The machine's float32 matmul rate is measured in the same run (XLA: a jitted 2048^3 matmul; NumPy
 for comparison), and model FLOP utilisation (MFU) is model FLOPs over time against it: per token
 2 x (every per-layer weight matrix) + 2 x V x D for the LM head, plus 4 x n x H x Dh per layer for
-attention over a text of n tokens; real tokens only (padding is not counted as useful work).
+attention over a text of n tokens; real tokens only, and not each text's last, which predicts nothing (padding
+is not counted as useful work).
 With ``--peak-tflops`` (e.g. an accelerator's datasheet peak) MFU is also given against that rate.
 ``--matmul-precision`` sets the float32 matmul precision of JAX and torch alike (``bench_tools.set_matmul_precision``;
 the default leaves each framework's own, which differ on a recent NVIDIA GPU: TF32 for JAX, float32 for torch).
@@ -122,7 +123,7 @@ def worker_a(args, loaded, encoded, texts, result):
     result.update(_passes(passes), peak_rss=mem.peak, rss_after_load=mem.base, programs=report["scoring_programs"],
                   scores=[r["scores"] for r in recs])
     # the forward alone on the most common (rows, length) shape of the packed plan
-    shapes = [(s.rows, s.length) for s in batching.pack([len(e.ids) for e in encoded], args.tokens_per_batch or
+    shapes = [(s.rows, s.length) for s in batching.pack(batching.scoring_lengths(encoded), args.tokens_per_batch or
                                                         runner.default_tokens_per_batch(), loaded.max_length)]
     rows, t = max(set(shapes), key=shapes.count)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 1000, (rows, t)), jnp.int32)
@@ -301,7 +302,7 @@ def run_worker(args):
         result["matmul_gflops"] = matmul_rate()
     else:
         {"a": worker_a, "b": worker_b, "c": worker_c}[args.worker](args, loaded, encoded, texts, result)
-        result["model_flops"] = model_flops(loaded, [len(e.ids) for e in encoded])
+        result["model_flops"] = model_flops(loaded, batching.scoring_lengths(encoded))
     Path(args.json).write_text(json.dumps(result))
 
 

@@ -59,7 +59,7 @@ def _main(argv) -> int:
         t0 = time.perf_counter()
         runner.score_texts(loaded, texts, methods, tokens_per_batch=budget, progress=False)
         steady = time.perf_counter() - t0
-        steps = batching.pack([len(e.ids) for e in batching.encode(loaded, texts)], budget, loaded.max_length)
+        steps = batching.pack(batching.scoring_lengths(batching.encode(loaded, texts)), budget, loaded.max_length)
         shapes = sorted({s.shape for s in steps})
         print(f"| {budget} | {report['scoring_programs']} ({', '.join(f'{r}x{t}' for r, t, _ in shapes)}) | "
               f"{1 - report['tokens'] / report['slots']:.1%} | {first:.1f} s | {compiled['seconds']:.1f} s | "

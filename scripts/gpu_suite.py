@@ -27,9 +27,9 @@ at k = 20% (``benchmark.METHODS``). Each part runs in its own process (memory an
    encode, plan, dispatch, finish) shows where it goes, and the device steps by part (``bench_tools.step_parts``:
    the forward alone, then with the statistics, each its own program over the same batches) where the device's
    goes. tokens/s = the texts' tokens / steady pass. MFU = model FLOPs of those tokens (``benchmark.model_flops``: 2
-   x every weight matrix incl. the LM head per token + 4 n^2 x layers x attention width per text of n tokens;
-   padding not counted) / steady pass (or device steps) / ``--peak-tflops`` (default 989: an H100 SXM's dense bf16
-   peak).
+   x every weight matrix incl. the LM head per token + 4 n^2 x layers x attention width per text of n tokens, over
+   every token but each text's last, which scoring need not run; padding not counted) / steady pass (or device
+   steps) / ``--peak-tflops`` (default 989: an H100 SXM's dense bf16 peak).
 2. transformers + torch on ``--torch-device`` (default: cuda when torch sees one), ``LlamaForCausalLM`` from the same
    folder in bfloat16 with ``attn_implementation="sdpa"``. ``torch_batched``: ``--batch-size`` (32) texts per
    forward in input order, right padding with an attention mask; ``torch_loop``: the published approach
@@ -112,7 +112,7 @@ def worker_toolkit(spec, result):
     result["phases_s"] = pass_phases(loaded, texts, spec["methods"], tpb)
     dev = jax.devices()[0]
     result.update(steady_compile=steady.stop(), report=report, tokens_per_batch=tpb,
-                  flops=model_flops(loaded, [len(x) for x in ids]), scores=[r["scores"] for r in recs],
+                  flops=model_flops(loaded, [len(x) - 1 for x in ids]), scores=[r["scores"] for r in recs],
                   device=f"JAX {dev.platform}: {dev.device_kind}", versions={"jax": jax.__version__},
                   device_peak=(dev.memory_stats() or {}).get("peak_bytes_in_use"))
 

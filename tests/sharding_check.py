@@ -208,11 +208,8 @@ def score_step_layout(lm, ref, mesh, rows_follow_mesh):
 
     rng = np.random.default_rng(2)
     step = batching.Step(BATCH_ROWS, BATCH_T, 2, [[(2 * r, 0, 6), (2 * r + 1, 6, 7)] for r in range(BATCH_ROWS)])
-    ids = {i: rng.integers(0, batching.real_vocab_size(lm), 7 if i % 2 else 6).tolist() for i in range(2 * BATCH_ROWS)}
-    arrays = batching.packed_arrays(step, ids, 0)
-    seg = arrays.pop("segment_ids")
-    batch = dict(arrays, segment_ids=seg, mask=(seg[:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]),
-                 zlib_bytes=np.ones((BATCH_ROWS, 2), np.float32))
+    ids = {i: rng.integers(0, batching.real_vocab_size(lm), 8 if i % 2 else 7).tolist() for i in range(2 * BATCH_ROWS)}
+    batch = dict(batching.packed_arrays(step, ids, 0, targets=True), zlib_bytes=np.ones((BATCH_ROWS, 2), np.float32))
     methods = ("loss", "min_k@0.2", "min_k_pp@0.2")
     sharded = {k: sharding.global_batch(mesh, v) for k, v in batch.items()}
     out = make_score_step(lm, methods, chunk_size=96, mesh=mesh)(nnx.split(lm.model)[1], sharded)["scores"]

@@ -119,7 +119,7 @@ def test_interrupted_run_resumes_and_another_job_is_refused(tiny_llama_dir, labe
     argv = ["eval", "--model", str(tiny_llama_dir), "--data", str(data), "--text-field", "input", "--methods", "loss",
             "--tokens-per-batch", "64", "--n-bootstrap", "20", "--no-progress"]
     tiny = models.load(str(tiny_llama_dir))
-    steps = batching.pack([len(e.ids) for e in batching.encode(tiny, [r["input"] for r in rows[:20]])], 64,
+    steps = batching.pack(batching.scoring_lengths(batching.encode(tiny, [r["input"] for r in rows[:20]])), 64,
                           tiny.max_length)
     first_two = len(steps[0].items) + len(steps[1].items)
     assert main(argv + ["--out", str(tmp_path / "full")]) == 0

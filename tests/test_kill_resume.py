@@ -24,7 +24,7 @@ def data(tmp_path_factory):
 def unfinished_batches(model_dir, texts, done: set, tokens_per_batch: int = 128) -> int:
     """Steps of the runner's plan for ``texts`` that hold a text not in ``done``: what a resume must compute."""
     loaded = models.load(str(model_dir))
-    lengths = [len(e.ids) for e in batching.encode(loaded, texts)]
+    lengths = batching.scoring_lengths(batching.encode(loaded, texts))
     steps = batching.pack(lengths, tokens_per_batch, loaded.max_length)
     return sum(1 for s in steps if not set(s.items) <= done)
 

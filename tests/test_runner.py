@@ -72,7 +72,7 @@ def test_killed_and_resumed_run_is_byte_identical(tiny, tmp_path, monkeypatch):
     kw = dict(labels=labels, tokens_per_batch=128, progress=False)
     full = tmp_path / "full.jsonl"
     runner.score_texts(tiny, texts, METHODS, out_path=full, **kw)
-    steps = batching.pack([len(e.ids) for e in batching.encode(tiny, texts[:30])], 128, tiny.max_length)
+    steps = batching.pack(batching.scoring_lengths(batching.encode(tiny, texts[:30])), 128, tiny.max_length)
     assert len(steps) >= 6
 
     part = tmp_path / "part.jsonl"

@@ -84,13 +84,13 @@ def window_scores(batch: TokenBatch, methods: Sequence[str], window: int,
 def step_window_scores(step, tokens, mask, encoded, texts, methods, window, decode, resources) -> dict[int, list]:
     """Each text's windowed scores (:func:`window_scores`) in a packed scoring step (``batching.Step``) from its
     per-token statistics [rows, segments, L] (its first prediction at column 0, ``score_step.gather_segments``),
-    the step's scored-prediction ``mask`` [rows, L-1] and ``encoded`` ({index: ``batching.Encoded``}):
-    {index: windows}."""
+    the step's scored-prediction ``mask`` [rows, L] (``batching.packed_arrays(..., targets=True)``: a text's n
+    slots are its n predictions) and ``encoded`` ({index: ``batching.Encoded``}): {index: windows}."""
     out = {}
     for r, row in enumerate(step.contents):
         for s, (item, start, n) in enumerate(row):
-            stats = TokenStats(*(x[r, s, None, : n - 1] for x in tokens))
-            batch = TokenBatch(stats, mask[None, r, start: start + n - 1], [texts[item]],
+            stats = TokenStats(*(x[r, s, None, :n] for x in tokens))
+            batch = TokenBatch(stats, mask[None, r, start: start + n], [texts[item]],
                                np.asarray(encoded[item].ids[1:], np.int64)[None], resources or {})
             out[item] = window_scores(batch, methods, window, decode)[0]
     return out
