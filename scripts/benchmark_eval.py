@@ -43,7 +43,8 @@ def _main(argv) -> int:
     texts = wikimia(args.length).texts[: args.limit]  # a bad length before the model loads
     loaded = models.load(args.model)
     methods = expand_methods(DEFAULT_METHODS, [0.2])
-    n_tokens = sum(len(e.ids) for e in batching.encode(loaded, texts))
+    encoded = batching.encode(loaded, texts)
+    n_tokens = sum(len(e.ids) for e in encoded)
     print(f"device: {jax.devices()[0]}; model {loaded.name}; WikiMIA-{args.length}: {len(texts)} texts, "
           f"{n_tokens} tokens; {len(methods)} methods")
     print("| tokens per batch | programs (row shape) | padding | first pass (with compiles) | compile | steady state "
@@ -59,7 +60,7 @@ def _main(argv) -> int:
         t0 = time.perf_counter()
         runner.score_texts(loaded, texts, methods, tokens_per_batch=budget, progress=False)
         steady = time.perf_counter() - t0
-        steps = batching.pack(batching.scoring_lengths(batching.encode(loaded, texts)), budget, loaded.max_length)
+        steps = batching.pack(batching.scoring_lengths(encoded), budget, loaded.max_length)
         shapes = sorted({s.shape for s in steps})
         print(f"| {budget} | {report['scoring_programs']} ({', '.join(f'{r}x{t}' for r, t, _ in shapes)}) | "
               f"{1 - report['tokens'] / report['slots']:.1%} | {first:.1f} s | {compiled['seconds']:.1f} s | "

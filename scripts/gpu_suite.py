@@ -91,7 +91,8 @@ def worker_toolkit(spec, result):
     t0 = time.perf_counter()
     loaded = models.load(spec["model"], dtype=spec["dtype"])
     result["load_s"] = time.perf_counter() - t0
-    if [list(e.ids) for e in batching.encode(loaded, texts)] != ids:
+    encoded = batching.encode(loaded, texts)
+    if [list(e.ids) for e in encoded] != ids:
         raise SystemExit("the toolkit's token ids differ from the suite's: not the same tokenizer")
     tpb = spec["tokens_per_batch"] or runner.default_tokens_per_batch()
 
@@ -112,7 +113,7 @@ def worker_toolkit(spec, result):
     result["phases_s"] = pass_phases(loaded, texts, spec["methods"], tpb)
     dev = jax.devices()[0]
     result.update(steady_compile=steady.stop(), report=report, tokens_per_batch=tpb,
-                  flops=model_flops(loaded, [len(x) - 1 for x in ids]), scores=[r["scores"] for r in recs],
+                  flops=model_flops(loaded, batching.scoring_lengths(encoded)), scores=[r["scores"] for r in recs],
                   device=f"JAX {dev.platform}: {dev.device_kind}", versions={"jax": jax.__version__},
                   device_peak=(dev.memory_stats() or {}).get("peak_bytes_in_use"))
 
