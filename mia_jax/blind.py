@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
+import weakref
 from pathlib import Path
 from typing import Sequence
 
@@ -89,59 +93,106 @@ def warning(auroc: float | None) -> str | None:
     return None
 
 
+STALL_S = 60.0  # a child whose CPU time has not moved for this long is stalled (``Child.scores``)
+
+
 class Child:
-    """:func:`blind_bow_scores` (no groups) computed in a child process, ``python -m mia_jax.blind``, started now.
+    """:func:`blind_bow_scores` (no groups) computed in a child process, ``python -m mia_jax.blind IN OUT``, started
+    now.
 
     The eval starts it before the model loads: the baseline is pure-Python work under scikit-learn (its import, the
     TF-IDF, the L-BFGS loop; the child took 2.2-2.3 s for WikiMIA-32's 776 texts) that on a thread of the eval's own
     would hold the interpreter lock the model load needs, while a process of its own runs on the core the
     single-threaded load leaves idle. The child has a session of its own (a Ctrl-C reaches the eval alone) and is
-    killed when the eval's main thread ends first."""
+    killed when the eval's main thread ends first.
 
-    def __init__(self, texts: Sequence[str], labels: Sequence[int], *, seed: int = 0):
+    Its input and output go through files in a temporary folder, written whole before the child starts and read
+    once it has exited: no pipe to keep fed, so the child has its whole input however busy the parent is (a pipe
+    fed in bounded slices by ``communicate(input, timeout=...)`` and retried without the input never sent the rest:
+    the child waited for the end of its input, the parent for its output). The wait ends when the child exits, when
+    the eval's main thread ends, or when the child stalls: its CPU time unchanged for ``stall_s`` seconds (read from
+    ``/proc``; where there is none, after ``stall_s`` seconds in all)."""
+
+    def __init__(self, texts: Sequence[str], labels: Sequence[int], *, seed: int = 0,
+                 stall_s: float | None = None):
         root = str(Path(__file__).resolve().parents[1])  # the child imports this very package
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
                **{f"{lib}_NUM_THREADS": "1" for lib in ("OMP", "OPENBLAS", "MKL")}}  # one core: XLA has the rest
-        self._input = json.dumps({"texts": list(texts), "labels": [int(y) for y in labels], "seed": int(seed)})
-        self._proc = subprocess.Popen([sys.executable, "-m", "mia_jax.blind"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                      start_new_session=True)
+        self.stall_s = float(STALL_S if stall_s is None else stall_s)
+        self._dir = Path(tempfile.mkdtemp(prefix="mia-jax-blind-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
+        job = {"texts": list(texts), "labels": [int(y) for y in labels], "seed": int(seed)}
+        (self._dir / "in.json").write_text(json.dumps(job))
+        with open(self._dir / "stderr", "wb") as err:
+            self._proc = subprocess.Popen([sys.executable, "-m", "mia_jax.blind", str(self._dir / "in.json"),
+                                           str(self._dir / "out.json")], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
+
+    def _cpu_ticks(self) -> int | None:
+        """The child's user + system CPU time in clock ticks, None where ``/proc`` does not tell."""
+        try:
+            fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _stop(self, why: str) -> RuntimeError:
+        self._proc.kill()
+        self._proc.wait()
+        self._cleanup()
+        return RuntimeError(why)
 
     def scores(self) -> np.ndarray:
         """The child's scores, waiting for them; a ``UserError`` as :func:`blind_bow_scores` raises it, and a
-        ``RuntimeError`` (with the child's last line of stderr) when the child failed otherwise."""
-        feed = self._input.encode()
+        ``RuntimeError`` with one line (the child's last line of stderr; or that it stalled, and for how long) when
+        the child failed otherwise."""
+        ticks, since = self._cpu_ticks(), time.monotonic()
         while True:
             try:
-                out, err = self._proc.communicate(feed, timeout=0.2)
+                self._proc.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
-                feed = None  # sent: a retry only waits and reads
-                if not threading.main_thread().is_alive():  # the eval is exiting (an error, a Ctrl-C)
-                    self._proc.kill()
-                    self._proc.communicate()
-                    raise RuntimeError("the eval ended before the blind baseline's process") from None
-        if self._proc.returncode != 0:
-            last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"the blind baseline's process exited with code {self._proc.returncode}: {last}")
-        result = json.loads(out)
+                pass
+            if not threading.main_thread().is_alive():  # the eval is exiting (an error, a Ctrl-C)
+                raise self._stop("the eval ended before the blind baseline's process") from None
+            now, ticks_now = time.monotonic(), self._cpu_ticks()
+            if ticks_now is not None and ticks_now != ticks:  # it works: the stall clock starts again
+                ticks, since = ticks_now, now
+            if now - since >= self.stall_s:
+                raise self._stop(f"the blind baseline's process made no progress for {now - since:.0f} s "
+                                 f"(stalled; killed)") from None
+        try:
+            if self._proc.returncode != 0:
+                err = (self._dir / "stderr").read_text(errors="replace").strip().splitlines()
+                raise RuntimeError(f"the blind baseline's process exited with code {self._proc.returncode}: "
+                                   f"{(err or ['no output'])[-1]}")
+            try:
+                result = json.loads((self._dir / "out.json").read_text())
+            except (OSError, ValueError) as e:
+                raise RuntimeError(f"the blind baseline's process wrote no result ({e})") from None
+        finally:
+            self._cleanup()
         if "error" in result:
             raise UserError(result["error"])
         return np.asarray(result["scores"], np.float64)
 
 
-def _main() -> None:
-    """``Child``'s process: {"texts", "labels", "seed"} as JSON on stdin -> {"scores": [...]} or {"error": the
-    UserError's message} as JSON on stdout (floats written by ``repr``: the parent reads the same float64s). Not a
-    command: the eval's child, which writes nothing but its stdout; a failure here reaches the eval as a
-    ``RuntimeError`` and the eval computes the baseline itself."""
-    job = json.load(sys.stdin)
+def _main(argv: Sequence[str]) -> None:
+    """``Child``'s process: {"texts", "labels", "seed"} as JSON in the file ``argv[0]`` -> {"scores": [...]} or
+    {"error": the UserError's message} as JSON in the file ``argv[1]`` (written under another name, then renamed:
+    the parent never reads half a file; floats written by ``repr``: the parent reads the same float64s). Not a
+    command: the eval's child; a failure here reaches the eval as a ``RuntimeError`` and the eval computes the
+    baseline itself."""
+    src, dst = Path(argv[0]), Path(argv[1])
+    job = json.loads(src.read_text())
     try:
         result = {"scores": blind_bow_scores(job["texts"], job["labels"], seed=job["seed"]).tolist()}
     except UserError as e:
         result = {"error": str(e)}
-    json.dump(result, sys.stdout)
+    tmp = dst.with_name(dst.name + ".part")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, dst)
 
 
 if __name__ == "__main__":
-    _main()
+    _main(sys.argv[1:])

@@ -118,3 +118,53 @@ def test_the_child_process_is_killed_when_the_main_thread_ends_first():
     with pytest.raises(ProcessLookupError):  # killed and reaped by the waiting thread, not left to run
         os.kill(pid, 0)
     assert "the eval ended before the blind baseline's process" in done.stderr  # the thread's exception
+
+
+def _stalled_popen(real):
+    """A ``subprocess.Popen`` whose process sleeps for 300 s instead of computing the baseline."""
+    def popen(cmd, **kw):
+        return real([sys.executable, "-c", "import time; time.sleep(300)"], **kw)
+    return popen
+
+
+def test_the_child_gets_an_input_far_larger_than_a_pipe_while_the_main_thread_holds_the_lock():
+    """The eval's case that hung (issue 44): an input of megabytes (a pipe holds 64 KiB; the old parent sent it in
+    slices of 0.2 s and, once one timed out, never sent the rest) while the main thread runs pure Python, holding the
+    interpreter lock. The waiting thread ends with the very scores of this process, within a bound."""
+    import threading
+    import time
+
+    from mia_jax.blind import Child
+
+    ds = wikimia(32)
+    texts = [" ".join([t] * 60) for t in ds.texts[:300]]  # ~3.6 MB of JSON
+    labels = ds.labels[:300]
+    assert sum(map(len, texts)) > 50 * 65536
+    child = Child(texts, labels, seed=1)
+    got = {}
+    waiter = threading.Thread(target=lambda: got.setdefault("scores", child.scores()), daemon=True)
+    waiter.start()
+    deadline, spins = time.monotonic() + 240, 0
+    while waiter.is_alive() and time.monotonic() < deadline:
+        spins += sum(i * i for i in range(20000)) > 0  # pure Python: the main thread holds the lock
+    assert not waiter.is_alive(), "the wait for the blind baseline's child did not end within 240 s"
+    assert spins > 0
+    np.testing.assert_array_equal(got["scores"], blind_bow_scores(texts, labels, seed=1))
+
+
+def test_a_child_that_never_answers_ends_the_wait_within_its_stall_bound(monkeypatch):
+    """A child that stalls (here: sleeps, its CPU time still) is killed and reported in one line once its CPU time
+    has not moved for ``stall_s`` seconds; the wait ends within that bound plus one poll, not never."""
+    import time
+
+    import mia_jax.blind as b
+
+    monkeypatch.setattr(subprocess, "Popen", _stalled_popen(subprocess.Popen))
+    child = b.Child(["x"] * 10, [1, 0] * 5, stall_s=1.5)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as e:
+        child.scores()
+    assert 1.5 <= time.monotonic() - t0 < 10
+    assert "made no progress" in str(e.value) and "\n" not in str(e.value)
+    assert child._proc.returncode is not None  # killed and reaped
+    assert not child._dir.exists()  # its files removed

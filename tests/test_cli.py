@@ -209,7 +209,8 @@ def test_blind_baseline_of_a_large_set_comes_from_a_child_process(tiny_llama_dir
                                                                    capsys):
     """From ``blind.CHILD_MIN_TEXTS`` texts (0 here) the eval computes the baseline's scores in a child process: this
     process's ``blind_bow_scores``, made to fail, is not called, and the AUROC is the one computed here. A child
-    that fails otherwise than by a UserError leaves a note, and the baseline is computed in the eval's process."""
+    that fails otherwise than by a UserError, or stalls, leaves a note, and the baseline is computed in the eval's
+    process."""
     rows = [json.loads(line) for line in labeled.read_text().splitlines()]
     labels = [r["label"] for r in rows]
     real = blind.blind_bow_scores
@@ -231,6 +232,15 @@ def test_blind_baseline_of_a_large_set_comes_from_a_child_process(tiny_llama_dir
     assert main([*command, "--out", str(tmp_path / "failed")]) == 0
     assert "note: the blind baseline's process exited with code 1" in capsys.readouterr().err
     assert json.loads((tmp_path / "failed" / "run.json").read_text())["blind_baseline"]["auroc"] == pytest.approx(
+        expected, abs=1e-12)
+    stalled = tmp_path / "stalled.sh"  # a child that never answers: it sleeps, its CPU time still
+    stalled.write_text("#!/bin/sh\nexec sleep 300\n")
+    stalled.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(stalled))
+    monkeypatch.setattr(blind, "STALL_S", 1.0)
+    assert main([*command, "--out", str(tmp_path / "stalled")]) == 0
+    assert "note: the blind baseline's process made no progress for 1 s (stalled; killed)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "stalled" / "run.json").read_text())["blind_baseline"]["auroc"] == pytest.approx(
         expected, abs=1e-12)
 
 
