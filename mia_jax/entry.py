@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from mia_jax import preemption
 from mia_jax.errors import UserError
 
 # OSErrors that describe the user's machine or paths, not a bug: reported in one line
@@ -330,9 +331,10 @@ def exit_now(status: int):
 
 def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = None, *,
         resume_hint: str | Callable[[], str] = "") -> int:
-    """Run ``main(argv)`` under the guard; returns the exit status (0, 2 for a user error, 130 for Ctrl-C; argparse's
-    own exits, ``--help`` and usage errors, as their status). ``resume_hint``: what to do after Ctrl-C (a string, or
-    a function giving it when the interrupt comes)."""
+    """Run ``main(argv)`` under the guard; returns the exit status (0, 2 for a user error, 130 for Ctrl-C,
+    ``preemption.EXIT_CODE`` (75) after a preemption notice, 1 when another process of a multi-process run was
+    lost; argparse's own exits, ``--help`` and usage errors, as their status). ``resume_hint``: what to do after
+    Ctrl-C (a string, or a function giving it when the interrupt comes)."""
     if hasattr(signal, "SIGXFSZ"):
         try:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -340,9 +342,13 @@ def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = Non
             pass
     if argv is None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _on_sigint)  # the command: Ctrl-C raised once, from start-up on
+        preemption.install()  # the command: SIGTERM is a preemption notice, acted on at a step boundary
     try:
         check_xla_flags()
         return main(argv) or 0
+    except preemption.Preempted as e:
+        print(f"{prog}: {e}", file=sys.stderr, flush=True)
+        return preemption.EXIT_CODE
     except SystemExit as e:  # argparse: --help (0) and usage errors (2, one line already printed)
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
@@ -365,8 +371,14 @@ def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = Non
         if e.errno in FULL_ERRNOS and "mia_jax.compilation" in sys.modules:  # loaded: JAX may have cut an entry
             sys.modules["mia_jax.compilation"].drop_entries_written()
         message = describe_os_error(e)
-    except RuntimeError as e:
-        if not str(e).startswith("Unable to initialize backend"):
+    except (RuntimeError, ValueError) as e:
+        if preemption.lost_process(e):
+            print(f"{prog}: error: {preemption.lost_line(e)}", file=sys.stderr, flush=True)
+            if argv is None:  # the command: not JAX's exit barrier, which would wait for the lost process and abort
+                sys.stdout.flush()
+                os._exit(1)
+            return 1
+        if not isinstance(e, RuntimeError) or not str(e).startswith("Unable to initialize backend"):
             raise
         message = (f"JAX cannot start the platform asked for ({os.environ.get('JAX_PLATFORMS') or 'default'}): "
                    f"{str(e).splitlines()[0]}; set JAX_PLATFORMS to one this machine has (e.g. cpu)")

@@ -82,7 +82,7 @@ def neighbor_pass(name: str, loaded, texts: Sequence[str], *, neighbors, out_dir
         digest = Path(out_path).with_suffix(".sha256")
         h = hashlib.sha256(json.dumps(flat, ensure_ascii=False).encode("utf-8")).hexdigest()
         resume = resume and digest.exists() and digest.read_text().strip() == h
-        shd.sync(f"neighbor digest read:{out_path}")
+        shd.sync(f"neighbor digest read:{Path(out_path).name}")
         if shd.is_main_process():
             digest.write_text(h + "\n")
 

@@ -128,6 +128,6 @@ class Sink:
         if self.out_path and shd.is_main_process():
             write_jsonl(self.out_path, ordered)
         if self.multi and self.out_path:
-            shd.sync(f"score_texts:{self.out_path}")
+            shd.sync(f"score_texts:{Path(self.out_path).name}")  # the same name on every host, whatever its --out
             Path(self.path).unlink(missing_ok=True)
         return ordered

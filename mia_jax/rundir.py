@@ -19,8 +19,10 @@ While a folder is claimed (in the main thread), Ctrl-C (SIGINT) raises KeyboardI
 step, which raises it again.
 
 Claims are re-entrant within a process (a contamination run in the sweep's own folder claims it twice, with
-two fingerprint files). On several JAX processes only process 0 locks and writes; every process takes
-the same decision from the same files.
+two fingerprint files). On several JAX processes process 0 alone makes the folder, locks it and decides (steps 1-4);
+every other process waits for its verdict (``sharding.broadcast_json``) and touches nothing before it: on a refusal
+each raises the same ``UserError``; otherwise it makes its own copy of the folder where the hosts do not share a
+disk, and writes only its own files (``records.Sink``'s per-process records).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from typing import Iterator
 from mia_jax.entry import check_out, remember_sigint
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
-from mia_jax.sharding import is_main_process
+from mia_jax.sharding import broadcast_json, is_main_process
 
 LOCK = ".lock"
 FINGERPRINT = "config.json"
@@ -97,18 +99,27 @@ def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite
     if key in _HELD:  # re-entrant: the outer claim already holds the lock
         yield _decide(path, fingerprint, overwrite, file, hint, writer=_HELD[key] is not None, fresh=False)
         return
-    main = is_main_process()
-    path.mkdir(parents=True, exist_ok=True)
-    fd = _lock(path) if main else None
-    _HELD[key] = fd
+    main, fd = is_main_process(), None
     try:
-        resume = _decide(path, fingerprint, overwrite, file, hint, writer=main, fresh=True)
+        verdict: dict = {}
         if main:
-            (path / LOCK).write_text(f"{os.getpid()}\n")
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                fd = _lock(path)
+                verdict["resume"] = _decide(path, fingerprint, overwrite, file, hint, writer=True, fresh=True)
+                (path / LOCK).write_text(f"{os.getpid()}\n")
+            except UserError as e:
+                verdict["error"] = str(e)
+        verdict = broadcast_json(verdict)  # the others wait for process 0's verdict before touching the folder
+        if "error" in verdict:
+            raise UserError(verdict["error"])
+        if not main:
+            path.mkdir(parents=True, exist_ok=True)  # one disk per host: this host's copy of the folder
+        _HELD[key] = fd
         with remember_sigint():
-            yield resume
+            yield verdict["resume"]
     finally:
-        del _HELD[key]
+        _HELD.pop(key, None)
         if fd is not None:
             (path / LOCK).unlink(missing_ok=True)
             os.close(fd)  # releases the lock

@@ -19,10 +19,9 @@ scores combine).
 With a ``mesh`` (``sharding.make_mesh``) the parameters are placed by the architecture's partition
 rules, each step's rows are padded to a multiple of the batch shards (``data`` x ``fsdp``) and split
 over them, and the forward is fused with the vocabulary-sharded statistics
-(``stats.token_stats_from_hidden_sharded``). On several processes (``sharding.initialize_distributed``)
-each process tokenizes and scores its own contiguous slice of the texts; the steps run in lockstep
-(``batching.align``: the same shapes on every process, a process with fewer texts feeding empty rows), and the
-records are gathered so that every process returns all of them and process 0 writes the files.
+(``stats.token_stats_from_hidden_sharded``). On several processes each tokenizes and scores its own slice of the
+texts in lockstep (``batching.align``: the same shapes everywhere, empty rows where a process has fewer texts); the
+records are gathered, process 0 writes the files. After each step every process asks ``preemption.agreed()``.
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from mia_jax import passes
+from mia_jax import passes, preemption
 from mia_jax import sharding as shd
 from mia_jax.audits import windowed
 from mia_jax.batching import (TOKENS_PER_BATCH, Step, align, check_tokens_per_batch, encode, pack, packed_arrays,
@@ -94,15 +93,13 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     mask [rows, T-1], texts) -> {method: float64 [rows]}`` (e.g. ``gradnorm``: a forward and a backward), with the
     same records and resume.
 
-    When ``out_path`` is given, records are appended to it as each step finishes (``records.Sink``: a crash loses
-    at most the two steps in flight), and the file is rewritten in input order at the end. With ``resume=True``
-    the records already in ``out_path`` are kept and only the steps not complete there are computed; steps are
-    planned over the whole dataset either way, so a resumed run computes every step exactly as an uninterrupted
-    one and writes a byte-identical file.
+    ``out_path``: records appended as each step finishes (``records.Sink``: a crash loses at most the steps in
+    flight; a preemption notice, none: ``preemption.Preempted`` once the steps in flight are saved), the file
+    rewritten in input order at the end. ``resume=True``: the records in ``out_path`` are kept, only the steps not
+    complete there computed; steps are planned over the whole dataset either way (a byte-identical file).
 
-    ``mesh`` (a ``jax.sharding.Mesh`` from ``sharding.make_mesh``): shard the parameters (``loaded.model`` is
-    placed on the mesh in place) and the rows over it (see the module docstring). On several processes every
-    process must call this with the same arguments; each appends its own records to
+    ``mesh`` (``sharding.make_mesh``): the parameters (``loaded.model``, in place) and the rows sharded over it. On
+    several processes every process calls this with the same arguments; each appends its own records to
     ``<out_path>.process<i>-of-<n>`` as it goes, and process 0 writes ``out_path`` at the end.
 
     ``report`` (a dict, filled in): ``texts`` (this process's), ``reused`` (records taken from ``out_path``),
@@ -140,6 +137,11 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
             for step in steps:
                 for done in p.flight.add(_dispatch(p, step)):
                     _finish(p, *done)
+                if preemption.agreed():  # a notice to any process: every process stops after this same step
+                    for done in p.flight.drain():
+                        _finish(p, *done)
+                    saved = int(shd.allgather_ints([len(p.sink.records)]).sum()) if p.multi else len(p.sink.records)
+                    raise preemption.Preempted(f"{saved} of {len(texts)} texts")
             for done in p.flight.drain():
                 _finish(p, *done)
         p.bar.close()

@@ -27,15 +27,12 @@ slice of each that its index selects; a safetensors or GGUF tensor taken as it i
 vocabulary-sharded embedding, is read as a row slice) and sent to its device before the next is read.
 The host never holds the model: at most one block, plus one layer's tensor while converting it.
 
-Multi-host (one process per host, all devices in one global mesh): ``initialize_distributed`` calls
-``jax.distributed.initialize()`` when asked (``--distributed`` or ``MIA_JAX_DISTRIBUTED=1``). With
-no further settings JAX detects the cluster itself (Cloud TPU pods, SLURM, Open MPI); otherwise set
-``MIA_JAX_COORDINATOR`` (host:port of process 0), ``MIA_JAX_NUM_PROCESSES`` and
-``MIA_JAX_PROCESS_ID`` (optionally ``MIA_JAX_LOCAL_DEVICE_IDS``, comma-separated). Every process
-runs the same command; ``runner.score_texts`` gives each process a contiguous slice of the texts,
-runs the batches in lockstep (same shapes on every process, shorter slices padded with dummy rows),
-and gathers the records (``allgather_json``) so that every process holds all of them and process 0
-writes the files.
+Multi-host (one process per host, one global mesh): ``initialize_distributed`` calls ``jax.distributed.initialize()``
+when asked (``--distributed`` or ``MIA_JAX_DISTRIBUTED=1``), from JAX's own cluster detection (Cloud TPU pods, SLURM,
+Open MPI) or ``MIA_JAX_COORDINATOR`` (host:port of process 0), ``MIA_JAX_NUM_PROCESSES``, ``MIA_JAX_PROCESS_ID``
+(``MIA_JAX_LOCAL_DEVICE_IDS``). Every process runs the same command: process 0 claims the run folder and tells the
+others (``broadcast_json``), each scores its own slice of the texts in lockstep, the records are gathered
+(``allgather_json``) and process 0 writes the files.
 """
 from __future__ import annotations
 
@@ -43,6 +40,7 @@ import functools
 import importlib
 import json
 import os
+import signal
 from typing import Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -51,7 +49,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from mia_jax import models
+from mia_jax import models, preemption
 from mia_jax.errors import UserError
 from mia_jax.models.checkpoint import ARCHITECTURES
 
@@ -64,6 +62,7 @@ COORDINATOR_ENV = "MIA_JAX_COORDINATOR"
 NUM_PROCESSES_ENV = "MIA_JAX_NUM_PROCESSES"
 PROCESS_ID_ENV = "MIA_JAX_PROCESS_ID"
 LOCAL_DEVICES_ENV = "MIA_JAX_LOCAL_DEVICE_IDS"
+HEARTBEAT_S = 30  # a process silent this long is lost: the coordination service ends the run on every process
 
 # ----------------------------------------------------------------------------- partition rules
 
@@ -311,21 +310,16 @@ def load_sharded(name_or_path: str, mesh: Mesh, **kwargs):
 
 
 def distributed_requested(flag: bool = False) -> bool:
-    """Whether a multi-process run is asked for: ``flag``, or ``MIA_JAX_DISTRIBUTED`` set to 1, true or yes."""
+    """Whether a multi-process run is asked for: ``flag``, or ``MIA_JAX_DISTRIBUTED`` 1, true or yes."""
     return flag or os.environ.get(DISTRIBUTED_ENV, "").lower() in ("1", "true", "yes")
 
 
 def initialize_distributed(flag: bool = False) -> bool:
-    """``jax.distributed.initialize()`` when ``flag`` or ``$MIA_JAX_DISTRIBUTED`` asks for it (call it
-    before any other JAX call). Coordinator, process count and id come from ``$MIA_JAX_COORDINATOR``,
-    ``$MIA_JAX_NUM_PROCESSES``, ``$MIA_JAX_PROCESS_ID`` (and ``$MIA_JAX_LOCAL_DEVICE_IDS``) when set,
-    else JAX's own cluster detection. True when initialised here."""
-    if not distributed_requested(flag):
+    """``jax.distributed.initialize()`` when ``flag`` or ``$MIA_JAX_DISTRIBUTED`` asks for it (before any other JAX
+    call), from the variables of the module docstring or JAX's cluster detection; True when initialised here."""
+    if not distributed_requested(flag) or jax.distributed.is_initialized():
         return False
-    if jax.distributed.is_initialized():
-        return False
-    env = os.environ
-    kwargs = {}
+    env, kwargs = os.environ, {"heartbeat_timeout_seconds": HEARTBEAT_S}
     if env.get(COORDINATOR_ENV):
         kwargs["coordinator_address"] = env[COORDINATOR_ENV]
     if env.get(NUM_PROCESSES_ENV):
@@ -339,7 +333,15 @@ def initialize_distributed(flag: bool = False) -> bool:
     except (RuntimeError, ValueError) as e:
         raise UserError(f"jax.distributed.initialize() failed ({e}); set {COORDINATOR_ENV}, {NUM_PROCESSES_ENV} "
                         f"and {PROCESS_ID_ENV}, or run under a cluster JAX detects (TPU pod, SLURM, Open MPI)") from e
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # the command's: JAX's runtime may have taken it
+        preemption.install()
     return True
+
+
+def broadcast_json(obj):
+    """Process 0's JSON-serialisable ``obj`` on every process (``obj`` itself on one process); every process waits
+    for it."""
+    return allgather_json(obj if is_main_process() else None)[0]
 
 
 def is_main_process() -> bool:

@@ -152,30 +152,34 @@ def score_stream(loaded, stream, scan, methods: Sequence[str], *, window: int, o
     (see the module docstring); ``kwargs`` go to ``runner.score_texts``. ``report`` (a dict, filled in) gets
     ``score_texts``' counts summed over the windows (``reused`` and ``skipped`` include the reused shards' texts)
     and ``shards`` / ``shards_reused``. Returns the run's :class:`Columns`."""
-    from mia_jax import runner  # here, not at the top: it loads the model code, and the report imports Columns early
+    from mia_jax import preemption, runner  # here, not at the top: the model code; the report imports Columns early
+    from mia_jax import sharding as shd
 
-    folder = Path(out_dir, "passes", "main")
-    if not resume and folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in [*folder.glob(f"{INDEX}.*.tmp"), *Path(out_dir).glob("results.jsonl.*.tmp")]:  # of a killed run
-        stale.unlink(missing_ok=True)
+    folder, main = Path(out_dir, "passes", "main"), shd.is_main_process()
+    if main:  # on several processes process 0 alone writes the shards, the index and results.jsonl
+        if not resume and folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in [*folder.glob(f"{INDEX}.*.tmp"), *Path(out_dir).glob("results.jsonl.*.tmp")]:  # a killed run's
+            stale.unlink(missing_ok=True)
     n_shards = -(-scan.n // window)
-    done, shape = finished_shards(folder, window, scan.n, methods) if resume else ([], None)
+    done, shape = finished_shards(folder, window, scan.n, methods) if resume and main else ([], None)
+    done, shape = shd.broadcast_json([done, shape])  # every process skips the windows process 0 has finished
+    folder.mkdir(parents=True, exist_ok=True)  # the others' own records of a window go here (``records.Sink``)
     if shape is None:
         budget = kwargs.get("tokens_per_batch") or runner.default_tokens_per_batch()
         shape = plan_shape(loaded, next(stream.windows(window))[1], budget)
     cols = Columns(scan.n, list(methods), scan.labels)
     counts = {"texts": scan.n, "reused": 0, "computed": 0, "batches_computed": 0, "skipped": 0, "slots": 0,
               "tokens": 0, "scoring_programs": 0, "shards": n_shards, "shards_reused": len(done)}
-    for k, entry in enumerate(done):
+    for k, entry in enumerate(done if main else ()):
         (folder / f"{k:05d}.partial.jsonl").unlink(missing_ok=True)  # a kill between the index and this unlink
         recs = _read_shard(folder / entry["file"])
         cols.take(recs, nonfinite_reason)
         skipped = sum("skip_reason" in r for r in recs)
         counts["skipped"] += skipped
         counts["reused"] += len(recs) - skipped
-    if done:
+    if done and main:
         print(f"{desc}: resuming from {folder}: {len(done)} of {n_shards} shards finished "
               f"({done[-1]['last'] + 1} of {scan.n} texts), reused", file=sys.stderr, flush=True)
     shapes: set = set()
@@ -184,22 +188,28 @@ def score_stream(loaded, stream, scan, methods: Sequence[str], *, window: int, o
         k = first // window
         partial = folder / f"{k:05d}.partial.jsonl"
         part: dict = {}
-        recs = runner.score_texts(loaded, texts, methods, labels=labels, out_path=partial, resume=True,
-                                  report=part, desc=f"{desc} (shard {k + 1}/{n_shards})", shapes=shapes,
-                                  stable=shape, **kwargs)
+        try:  # on several processes each tokenizes and scores its own slice of the window (``runner``)
+            recs = runner.score_texts(loaded, texts, methods, labels=labels, out_path=partial, resume=True,
+                                      report=part, desc=f"{desc} (shard {k + 1}/{n_shards})", shapes=shapes,
+                                      stable=shape, **kwargs)
+        except preemption.Preempted as e:
+            raise preemption.Preempted(f"{k} of {n_shards} windows and {e.progress} of window {k + 1}") from None
         recs = [dict(r, index=first + r["index"]) for r in recs]
-        path = folder / shard_name(k)
-        write_jsonl(path, recs)
-        shards.append({"file": path.name, "first": first, "last": first + len(texts) - 1, "sha256": sha256(path)})
-        _write_index(folder, window, scan.n, methods, shape, shards)
-        partial.unlink(missing_ok=True)
+        if main:
+            path = folder / shard_name(k)
+            write_jsonl(path, recs)
+            shards.append({"file": path.name, "first": first, "last": first + len(texts) - 1,
+                           "sha256": sha256(path)})
+            _write_index(folder, window, scan.n, methods, shape, shards)
+            partial.unlink(missing_ok=True)
         cols.take(recs, nonfinite_reason)
         for key in ("reused", "computed", "batches_computed", "skipped", "slots", "tokens"):
             counts[key] += part[key]
     counts["scoring_programs"] = len(shapes)
     if report is not None:
         report.update(counts)
-    _concatenate([folder / e["file"] for e in shards], Path(out_dir, "results.jsonl"))
+    if main:
+        _concatenate([folder / e["file"] for e in shards], Path(out_dir, "results.jsonl"))
     return cols
 
 

@@ -288,7 +288,7 @@ def _corpus_and_data(cfg: ExperimentConfig, base, mesh, out: Path, main: bool) -
     corpus = build_corpus(cfg.corpus, base.tokenizer, trap_pool=pool)
     if main:
         corpus.write(out / "corpus")
-    # every process packs into its own copy when the folder is not shared (the same bytes when it is)
+    # process 0 writes the file, the others open it (or write their own copy when the folder is not shared)
     return corpus, sep, packed_records(out / "train" / "data", corpus.documents, base.tokenizer, cfg.train.seq_len,
                                        sep)
 

@@ -13,7 +13,9 @@ made before grain); ``OUT/train/batches.jsonl`` records each step's sequences. O
 of the contamination configs (train/config.py; e.g. ``train.lr=3e-5 train.epochs=3 train.objective=ascent``) and
 ``model.dtype``; other sections are refused, since they would do nothing here. The run resumes from its last
 checkpoint when the same command is run again, also on another mesh (``train.mesh=...``); the finished model is
-``OUT/model`` and ``OUT/train.json`` holds the losses and the speed.
+``OUT/model`` and ``OUT/train.json`` holds the losses and the speed. On several hosts each runs the same command with
+``--distributed`` (or ``MIA_JAX_DISTRIBUTED=1``) on a shared ``--out``; a ``SIGTERM`` (a preemption notice) to any
+process stops every process after the same step, checkpointed, with exit status 75: the same command resumes it.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mia_jax import entry, models, rundir
+from mia_jax import entry, models, rundir, sharding
 from mia_jax.commands import options
 from mia_jax.data import load_records
 from mia_jax.errors import UserError
@@ -51,6 +53,10 @@ def build_parser() -> entry.ArgumentParser:
     p.add_argument("--out", required=True, type=entry.out_dir, help="output folder (an interrupted run in it resumes)")
     p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--distributed", action="store_true",
+                   help="multi-host: call jax.distributed.initialize() first (also when $MIA_JAX_DISTRIBUTED=1; see "
+                        "the README's multi-host section for $MIA_JAX_COORDINATOR etc.); every host runs the same "
+                        "command")
     p.add_argument("overrides", nargs="*", help="train.key=value (and model.dtype=...) overrides")
     return p
 
@@ -86,7 +92,8 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
         info = train_and_export(loaded, data, cfg.train, sep, out, on_step=on_step)
         info = {"model": loaded.name, "texts": texts_name, "n_texts": len(texts), "train": vars(cfg.train),
                 "command": " ".join(sys.argv), **info}
-        (out / "train.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+        if sharding.is_main_process():
+            (out / "train.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     print(f"{info['steps']} steps (objective {cfg.train.objective}), loss "
           f"{info['first_loss']:.3f} -> {info['final_loss']:.3f}; model in {out / 'model'}", file=sys.stderr)
     return info
@@ -94,6 +101,7 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
+    sharding.initialize_distributed(args.distributed)  # before anything touches a device
     ds = load_records(str(args.texts), args.text_field, None, encoding=args.encoding)
     finetune(args.model, list(ds.texts), args.out, args.overrides, progress=not args.no_progress,
              overwrite=args.overwrite, texts_name=str(args.texts))

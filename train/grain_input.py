@@ -7,7 +7,8 @@ own rows of every step, and the data position saved in the Orbax checkpoint.
   sequence length, counts, separator and the SHA-256 of the packing (``PackedData.digest`` of the same sequences,
   so the training fingerprint is the one of the in-memory pipeline). The file is written to a temporary name and
   renamed, and reused when its ``sequences.json`` matches (a resumed run does not write it again). On several
-  processes each one writes its own copy (the same bytes) when the folder is not shared.
+  processes process 0 writes it and the others wait for it (a barrier), then open it; where the hosts have one disk
+  each (no file on a non-zero process after the barrier), that process writes its own copy (the same bytes).
 * **Reading** (``RecordData``): ``grain.python.ArrayRecordDataSource``, random access by sequence index; the
   order is the sampler of ``train.data.Batches`` (grain's ``IndexSampler``: seeded global shuffle, ``num_epochs``).
   Each process reads only its own rows of every global batch (``process_shard``: the ``grain.ShardOptions`` of
@@ -41,6 +42,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from mia_jax import sharding
 from mia_jax.errors import UserError
 from train.data import Batches, pack_stream
 
@@ -145,7 +147,18 @@ def _unique() -> str:
 def packed_records(folder: str | Path, documents: Iterable[str], tokenizer, seq_len: int, separator: int,
                    sha256: str | None = None) -> RecordData:
     """The packed sequences of ``documents`` in ``folder``: the existing file when its ``sequences.json`` says it holds
-    this packing (``sha256``, when the caller knows it, else computed by packing without writing), else written."""
+    this packing (``sha256``, when the caller knows it, else computed by packing without writing), else written.
+    On several processes every process calls this: process 0 finds or writes the file, the others wait for it (its
+    digest, broadcast) and then open it on a shared folder, or write their own copy where it is absent (one disk per
+    host)."""
+    main = sharding.is_main_process()
+    data = _packed_records(folder, documents, tokenizer, seq_len, separator, sha256) if main else None
+    digest = sharding.broadcast_json(data.sha256 if main else None)  # a barrier: process 0's file is complete
+    return data if main else _packed_records(folder, documents, tokenizer, seq_len, separator, digest)
+
+
+def _packed_records(folder: str | Path, documents, tokenizer, seq_len: int, separator: int,
+                    sha256: str | None) -> RecordData:
     have = open_records(folder)
     if have is not None and (have.seq_len, have.separator) == (seq_len, separator):
         if sha256 is None:

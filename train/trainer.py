@@ -10,6 +10,8 @@
   at the end, holding the parameters, the optimizer state and the metric history. Orbax writes a step into a
   temporary folder and renames it when complete, so a write interrupted by a crash or a full disk never
   replaces the previous checkpoint: the next run resumes from the last complete one.
+* Preemption: a ``SIGTERM`` to any process (``mia_jax.preemption``) stops every process after the same step, which
+  is checkpointed first; the same command resumes from it, exactly.
 * Exact resume: the batches are a pure function of the step (train/data.py) and the step function is
   deterministic, so a run killed after a checkpoint and resumed ends with the same parameters and the same
   per-step metrics as an uninterrupted run. Resuming is refused (UserError) when anything that defines the
@@ -36,7 +38,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
-from mia_jax import entry, rundir, sharding
+from mia_jax import entry, preemption, rundir, sharding
 from mia_jax.errors import UserError
 from train import placement
 from train.config import TrainConfig
@@ -211,9 +213,17 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
             log.write(step + 1, item["index"])
         bar.set_postfix(loss=f"{metrics[-1]['loss']:.4f}", tok_s=f"{tokens_timed / seconds:.0f}" if seconds else "-")
         bar.update(1)
-        if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
+        preempted = step + 1 < total and preemption.agreed()  # a notice to any process: all stop after this step
+        if preempted or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
             _save(mngr, step + 1, params, opt_state, {"metrics": metrics, "fingerprint": run_fingerprint,
                                                       "mesh": sharding.mesh_str(mesh)}, data, workdir)
+        if preempted:
+            bar.close()
+            mngr.close()
+            data.close()
+            if log is not None:
+                log.close()
+            raise preemption.Preempted(f"training step {step + 1} of {total}, checkpointed")
         if on_step is not None:
             on_step(step + 1)
         entry.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here

@@ -105,11 +105,10 @@ def load_data(args, labeled: bool):
 
 def open_stream(args, labeled: bool, methods) -> stream.StreamDataset | data.Dataset | None:
     """The ``--data`` input read by its streaming first pass (counts, fingerprint digest, labels, duplicates) when
-    this run may stream it (single-pass methods only, no ``--window``, one process): a
+    this run may stream it (single-pass methods only, no ``--window``; on one process or several): a
     :class:`~mia_jax.data.stream.StreamDataset` when it has more than ``--stream-window`` texts (after ``--limit``),
     else the ``data.Dataset`` of the texts that pass kept (the input is read once). None otherwise (``load_data``)."""
-    if (not args.data or getattr(args, "window", None) is not None or jax.process_count() > 1
-            or any(is_multi_pass(m) for m in methods)):
+    if not args.data or getattr(args, "window", None) is not None or any(is_multi_pass(m) for m in methods):
         return None
     texts = stream.TextStream(args.data, args.text_field, args.label_field if labeled else None,
                               encoding=args.encoding, limit=args.limit, data_dir=getattr(args, "data_dir", None))
@@ -122,7 +121,7 @@ def held_because(args, methods) -> str:
     multi = [m for m in methods if is_multi_pass(m)]
     if multi:
         return f"multi-pass methods ({', '.join(multi)})"
-    return "--window runs" if getattr(args, "window", None) is not None else "runs on several processes"
+    return "--window runs"
 
 
 def fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh, res) -> dict:
