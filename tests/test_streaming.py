@@ -201,3 +201,46 @@ def test_a_bad_row_past_the_first_window_is_refused_before_anything_is_written(t
     rc = main(["eval", "--model", str(tiny_llama_dir), "--data", str(path), "--stream-window", "16", "--out", str(out)])
     assert_clean_error(rc, capsys.readouterr().err, "row 34 has label 7")
     assert not out.exists()
+
+
+def test_the_blind_baseline_of_a_streamed_corpus_larger_than_its_bound_reads_a_stratified_sample(
+        tiny_llama_dir, tmp_path, monkeypatch, capsys):
+    """Above ``blind.SAMPLE_MAX`` texts (40 here) a streamed eval's blind baseline reads a seeded sample of that many
+    texts, each label in its share, and says so (its size in the line and in run.json); the texts it reads are the
+    sample's alone, counted."""
+    from sklearn.metrics import roc_auc_score
+
+    from mia_jax import blind
+    from mia_jax.commands import scoring_report
+
+    recs = rows(101, seed=3)
+    path = write(tmp_path / "c.jsonl", recs)
+    monkeypatch.setattr(blind, "SAMPLE_MAX", 40)
+    monkeypatch.setattr(blind, "CHILD_MIN_TEXTS", 10**9)  # in this process: the scores below are seen
+    seen = {}
+    real = blind.blind_bow_scores
+    monkeypatch.setattr(blind, "blind_bow_scores", lambda texts, labels, **k: seen.update(texts=texts, labels=labels)
+                        or real(texts, labels, **k))
+    assert scoring_report.blind is blind
+    out = tmp_path / "run"
+    assert main(["eval", "--model", str(tiny_llama_dir), "--data", str(path), "--methods", "loss", "--n-bootstrap",
+                 "20", "--no-progress", "--stream-window", "16", "--out", str(out)]) == 0
+    keep = blind.stratified_sample([r["label"] for r in recs], 40, seed=0)
+    assert seen["texts"] == [recs[i]["text"] for i in keep] and len(seen["texts"]) == 40
+    members = sum(r["label"] for r in recs)
+    assert members == 49 and sum(seen["labels"]) == 19  # 49 members of 101: 19.4 of 40, the nearer whole share
+    run = json.loads((out / "run.json").read_text())["blind_baseline"]
+    assert run["sample"] == {"n": 40, "of": 101, "seed": 0}
+    assert run["auroc"] == pytest.approx(roc_auc_score(seen["labels"], real(seen["texts"], seen["labels"], seed=0)))
+    assert "no model; a seeded sample of 40 of 101 texts, stratified by label): AUROC" in capsys.readouterr().out
+
+
+def test_stratified_sample_is_seeded_proportional_and_every_index_below_its_bound():
+    from mia_jax.blind import stratified_sample
+
+    labels = [1] * 700 + [0] * 300
+    a, b = stratified_sample(labels, 100, seed=1), stratified_sample(labels, 100, seed=1)
+    assert np.array_equal(a, b) and len(a) == 100 and len(set(a.tolist())) == 100 and list(a) == sorted(a)
+    assert sum(labels[i] for i in a) == 70
+    assert not np.array_equal(a, stratified_sample(labels, 100, seed=2))
+    assert np.array_equal(stratified_sample(labels[:80], 100), np.arange(80))

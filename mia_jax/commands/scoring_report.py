@@ -13,6 +13,7 @@ from pathlib import Path
 from threading import Event
 
 import jax
+import numpy as np
 
 from mia_jax import __version__, blind, comparisons, compilation, data, metrics, report, resources, sharding, shards
 from mia_jax.audits import concat, windowed
@@ -23,10 +24,17 @@ from mia_jax.errors import UserError
 
 def _blind_baseline(ds, args, required: bool, child: blind.Child | None = None, after: Event | None = None):
     """Metrics of the model-free bag-of-words baseline on the same texts, and the line that reports it (a streamed
-    corpus's texts are all read here: the baseline holds every text); its scores from ``child`` when one computes
-    them (``start_blind_baseline``), computed here again should the child fail otherwise than by a UserError; the
-    metrics once ``after`` is set."""
-    texts = ds.all_texts() if isinstance(ds, StreamDataset) else ds.texts
+    corpus: on a seeded stratified sample of at most ``blind.SAMPLE_MAX`` texts, read alone, its size in the line);
+    its scores from ``child`` when one computes them (``start_blind_baseline``), computed here again should the child
+    fail otherwise than by a UserError; the metrics once ``after`` is set."""
+    labels, sample = ds.labels, ""
+    if isinstance(ds, StreamDataset):
+        keep = blind.stratified_sample(ds.labels, blind.SAMPLE_MAX, seed=args.seed)
+        texts, labels = ds.texts_at(keep), [int(y) for y in np.asarray(ds.labels)[keep]]
+        if len(keep) < len(ds):
+            sample = f"; a seeded sample of {len(keep)} of {len(ds)} texts, stratified by label"
+    else:
+        texts = ds.texts
     try:
         try:
             scores = child.scores() if child is not None else None
@@ -34,19 +42,21 @@ def _blind_baseline(ds, args, required: bool, child: blind.Child | None = None, 
             print(f"note: {e}; the blind baseline is computed in this process instead", file=sys.stderr)
             scores = None
         if scores is None:
-            scores = blind.blind_bow_scores(texts, [int(y) for y in ds.labels], seed=args.seed)
+            scores = blind.blind_bow_scores(texts, [int(y) for y in labels], seed=args.seed)
     except UserError as e:
         if required:
             raise
         return None, f"Blind baseline not computed: {e}"
     if after is not None:
         after.wait()
-    m = metrics.evaluate(ds.labels, scores, n_bootstrap=args.n_bootstrap, seed=args.seed)
+    m = metrics.evaluate(labels, scores, n_bootstrap=args.n_bootstrap, seed=args.seed)
+    if sample:
+        m["sample"] = {"n": len(labels), "of": len(ds), "seed": args.seed}
     if m["auroc"] is None:
         return m, f"Blind baseline ({blind.NAME}): {m['note']}."
     ci = m["auroc_ci"] or (float("nan"), float("nan"))
     line = (f"Blind baseline ({blind.NAME}: bag-of-words TF-IDF + logistic regression, {blind.FOLDS}-fold CV, "
-            f"no model): AUROC {report.with_ci(m['auroc'], ci)}, TPR@5%FPR {report.fmt(m['tpr_at_5pct_fpr'])}.")
+            f"no model{sample}): AUROC {report.with_ci(m['auroc'], ci)}, TPR@5%FPR {report.fmt(m['tpr_at_5pct_fpr'])}.")
     warn = blind.warning(m["auroc"])
     return m, line + (f"\n{warn}" if warn else "")
 

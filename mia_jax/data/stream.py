@@ -182,7 +182,7 @@ class StreamDataset:
     """A corpus to score a window at a time, in the place of a ``data.Dataset``: its ``stream``, the ``scan`` of its
     first pass and the ``window`` (texts per shard); ``name``, ``files``, ``labels`` (int8 [n] or None),
     ``text_field`` and ``duplicates`` as the scan found them. ``texts`` is None: they are read again, a window at a
-    time, by ``mia_jax.shards.score_stream`` (or all at once by :meth:`all_texts`, for what needs every text)."""
+    time, by ``mia_jax.shards.score_stream`` (or some of them by :meth:`texts_at`: the blind baseline's sample)."""
     texts = None
     extra: dict = {}
 
@@ -194,6 +194,14 @@ class StreamDataset:
     def __len__(self) -> int:
         return self.scan.n
 
-    def all_texts(self) -> list[str]:
-        """Every text in a list (what holds the whole corpus: the blind baseline)."""
-        return self.stream.texts()
+    def texts_at(self, indices) -> list[str]:
+        """The texts at the sorted ``indices``, read in one pass that keeps those alone."""
+        want, out = iter(int(i) for i in indices), []
+        nxt = next(want, None)
+        for i, (text, _) in enumerate(self.stream.rows()):
+            if nxt is None:
+                break
+            if i == nxt:
+                out.append(text)
+                nxt = next(want, None)
+        return out
