@@ -3,12 +3,10 @@
 A mesh has three named axes (`AXES`):
 
 - ``data``:  the batch is split over it (data parallelism); parameters are replicated over it.
-- ``fsdp``:  the batch is split over it too, and every large parameter is sharded over it on its
-  model-dimension side (ZeRO-3 / FSDP: parameters are all-gathered layer by layer inside the jitted
-  forward, by XLA's SPMD partitioner).
-- ``model``: tensor parallelism: the vocabulary of the embedding and the LM head, attention heads
-  and the MLP hidden dimension are sharded over it; the token statistics then run per vocabulary
-  shard (``stats.token_stats_from_hidden_sharded``).
+- ``fsdp``:  the batch too, and every large parameter on its model-dimension side (ZeRO-3 / FSDP: parameters are
+  all-gathered layer by layer inside the jitted forward, by XLA's SPMD partitioner).
+- ``model``: tensor parallelism: the vocabulary of the embedding and the LM head, attention heads and the MLP
+  hidden dimension; the token statistics then run per vocabulary shard (``stats.token_stats_from_hidden_sharded``).
 
 ``make_mesh("data=4,model=2")`` builds one (default: every device on ``data``). Partition rules are not
 written here: each family's weight spec (``mia_jax.models.weights``) gives every parameter its logical axes
@@ -18,14 +16,12 @@ is the resulting {state path, e.g. ``layers/wq``: PartitionSpec}. A dimension th
 axes is left unsharded (``fit_spec``), so every rule works with every mesh (e.g. 2 key/value heads on model=4),
 only less sharded.
 
-Loading: ``load_sharded`` streams the checkpoint tensor by tensor straight to the shardings. The
-readers return lazy tensors (``models.tensors.Lazy``: safetensors memory-mapped and sliced, GGUF dequantized on
-use), the per-family conversion (the weight spec's ``from_hf``) composes its transposes and reshapes onto them and
-stacks layers lazily, and ``placer`` builds each parameter from per-device blocks
-(``jax.make_array_from_single_device_arrays``): each local device's block is read (the layers and the
-slice of each that its index selects; a safetensors or GGUF tensor taken as it is, such as a
-vocabulary-sharded embedding, is read as a row slice) and sent to its device before the next is read.
-The host never holds the model: at most one block, plus one layer's tensor while converting it.
+Loading: ``load_sharded`` streams the checkpoint tensor by tensor straight to the shardings. The readers return
+lazy tensors (``models.tensors.Lazy``: safetensors memory-mapped and sliced, GGUF dequantized on use), the weight
+spec's ``from_hf`` composes its transposes and reshapes onto them and stacks layers lazily, and ``placer`` builds
+each parameter from per-device blocks (``jax.make_array_from_single_device_arrays``): each local device's block (the
+slice its index selects; a tensor taken as it is, such as a vocabulary-sharded embedding, read as a row slice) is
+read and sent to its device before the next. The host holds at most one block, plus one layer's tensor.
 
 Multi-host (one process per host, one global mesh): ``initialize_distributed`` calls ``jax.distributed.initialize()``
 when asked (``--distributed`` or ``MIA_JAX_DISTRIBUTED=1``), from JAX's own cluster detection (Cloud TPU pods, SLURM,
@@ -186,12 +182,9 @@ def parse_mesh(spec: str | Mapping[str, int] | None, n_devices: int) -> dict[str
 
 
 def make_mesh(spec: str | Mapping[str, int] | None = None, devices: Sequence | None = None) -> Mesh:
-    """A ``Mesh`` over ``devices`` (default: all devices of all processes) with axes ``AXES``.
-
-    Devices are ordered by (process, id) and laid out with ``model`` fastest, then ``fsdp``, then
-    ``data``, so that tensor-parallel groups are neighbours and, on several hosts, every process owns
-    a contiguous block of the batch (required by the runner's multi-host path, which checks it).
-    """
+    """A ``Mesh`` over ``devices`` (default: all devices of all processes) with axes ``AXES``: devices ordered by
+    (process, id), ``model`` fastest, then ``fsdp``, then ``data``, so that tensor-parallel groups are neighbours and,
+    on several hosts, every process owns a contiguous block of the batch (the runner's multi-host path checks it)."""
     devices = list(jax.devices() if devices is None else devices)
     devices.sort(key=lambda d: (d.process_index, d.id))
     sizes = parse_mesh(spec, len(devices))
@@ -355,12 +348,20 @@ def process_slice(n: int) -> range:
     return range(p * n // k, (p + 1) * n // k)
 
 
+def _gather_padded(a: np.ndarray) -> np.ndarray:
+    """[processes, len(a)]: every process's 1-D ``a`` (the same length everywhere), gathered at a power-of-two length:
+    each distinct length is a program compiled and kept by JAX, so a run's gathers of many lengths (a window's
+    records) would grow its memory with the corpus."""
+    n = a.size
+    buf = np.zeros(1 << max(n - 1, 0).bit_length(), a.dtype)
+    buf[:n] = a
+    return np.asarray(multihost_utils.process_allgather(buf)).reshape(jax.process_count(), -1)[:, :n]
+
+
 def allgather_ints(values: Sequence[int]) -> np.ndarray:
     """int64 [processes, len(values)]: every process's ``values`` (the same length on every process)."""
     a = np.asarray(values, np.int64).reshape(1, -1)
-    if jax.process_count() == 1:
-        return a
-    return np.asarray(multihost_utils.process_allgather(a[0])).reshape(jax.process_count(), -1)
+    return a if jax.process_count() == 1 else _gather_padded(a[0])
 
 
 def allgather_json(obj) -> list:
@@ -371,7 +372,7 @@ def allgather_json(obj) -> list:
     sizes = allgather_ints([data.size])[:, 0]
     buf = np.zeros(int(sizes.max()), np.uint8)
     buf[: data.size] = data
-    gathered = np.asarray(multihost_utils.process_allgather(buf)).reshape(len(sizes), -1)
+    gathered = _gather_padded(buf)
     return [json.loads(bytes(gathered[i, : sizes[i]]).decode("utf-8")) for i in range(len(sizes))]
 
 

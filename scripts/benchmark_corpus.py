@@ -5,6 +5,7 @@ holding every text) for the speed comparison. With tensorflow-datasets present, 
 TFDS dataset (``--tfds``) and scored through ``--data tfds:...``.
 
     python scripts/benchmark_corpus.py [--texts 1000] [--scale 20] [--stream-window 500] [--model DIR]
+    python scripts/benchmark_corpus.py --processes 2     # each corpus scored by 2 processes, as on a pod
 
 The model is a random-weight Llama of the ``tiny`` preset's sizes (``scripts/random_model.py``: hidden 64, 2 layers)
 over a 512-id BPE tokenizer trained here, unless ``--model`` names one: a fast model is the strict case for the
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,9 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--model", type=entry.input_dir, help="a model folder (default: a random tiny Llama, built here)")
     ap.add_argument("--work", type=entry.out_dir, help="working folder (default: a temporary one)")
     ap.add_argument("--no-tfds", action="store_true", help="skip the TFDS run")
+    ap.add_argument("--processes", type=entry.positive_int, default=1,
+                    help="score each corpus on this many processes on this machine, as a pod does (default 1; the "
+                         "peak RSS reported is the largest process's; no in-memory or TFDS run)")
     return ap
 
 
@@ -93,18 +98,31 @@ def tiny_model(work: Path) -> Path:
     return out / "tiny"
 
 
-def score(model: Path, data: str, out: Path, window: int, cache: Path, extra=()) -> dict:
-    """One `mia-jax score` in a fresh process: its run.json's passes and speed, and its peak RSS (MiB)."""
+def score(model: Path, data: str, out: Path, window: int, cache: Path, extra=(), processes: int = 1) -> dict:
+    """One `mia-jax score` in fresh processes (``processes`` of them, as one pod run: JAX's multi-controller runtime on
+    localhost): its run.json's passes and speed, and the peak RSS (MiB) of each process."""
     cmd = [sys.executable, "-m", "mia_jax.cli", "score", "--model", str(model), "--data", data, "--out", str(out),
            "--stream-window", str(window), "--compilation-cache", str(cache), "--no-progress", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err}")
+    env = dict(os.environ)
+    if processes > 1:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env.update(MIA_JAX_DISTRIBUTED="1", MIA_JAX_COORDINATOR=f"127.0.0.1:{port}",
+                   MIA_JAX_NUM_PROCESSES=str(processes), JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env=dict(env, MIA_JAX_PROCESS_ID=str(i)) if processes > 1 else env)
+             for i in range(processes)]
+    peaks = []
+    for proc in procs:
+        err = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err}")
+        peaks.append(round(usage.ru_maxrss / 1024, 1))
     run = json.loads((out / "run.json").read_text())
-    return {"texts": run["data"]["n"], "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+    return {"texts": run["data"]["n"], "peak_rss_mib": max(peaks), "peak_rss_mib_per_process": peaks,
             "tokens_per_s": run["tokens_per_second"], "seconds": run["seconds"],
             "compiled": run["compile"]["compiled"], "programs": run["compile"]["scoring_programs"],
             "shards": run["passes"]["main"].get("shards")}
@@ -152,10 +170,18 @@ def _main(argv) -> int:
         cache = work / "jax-cache"
         w, everything = args.stream_window, args.texts * args.scale
         runs = {}
-        for name, data, window in (("small", small, w), ("large", large, w), ("large_in_memory", large, everything)):
-            score(model, str(data), work / "runs" / f"{name}-warm", window, cache)  # fills the cache, not measured
-            runs[name] = score(model, str(data), work / "runs" / name, window, cache)
-        runs["tfds_small"] = None if args.no_tfds else tfds_run(model, small, work, w, cache)
+        n = args.processes
+        cases = [("small", small, w), ("large", large, w)]
+        cases += [("large_in_memory", large, everything)] if n == 1 else []
+        for name, data, window in cases:
+            score(model, str(data), work / "runs" / f"{name}-warm", window, cache, processes=n)  # fills the cache
+            runs[name] = score(model, str(data), work / "runs" / name, window, cache, processes=n)
+        runs["tfds_small"] = None if args.no_tfds or n > 1 else tfds_run(model, small, work, w, cache)
+        if n > 1:
+            print(json.dumps({"processes": n, "stream_window": w, "cpu": cpu_model(),
+                              **{k: {key: runs[k][key] for key in ("texts", "peak_rss_mib", "peak_rss_mib_per_process",
+                                                                   "tokens_per_s")} for k in ("small", "large")}}))
+            return 0
         for name, r in runs.items():
             print(f"{name}: {json.dumps(r)}", file=sys.stderr)
         print(json.dumps({"small": {k: runs["small"][k] for k in ("texts", "peak_rss_mib")},
