@@ -312,9 +312,9 @@ def _plan(loaded, lengths, todo, tokens_per_batch, batch_size, mesh, multi, pack
     ``row_length`` when given."""
     row_multiple = shd.local_batch_shards(mesh) if mesh is not None else 1
     choose = longest = None
-    if row_length:
+    if row_length:  # a streamed window on any number of processes: the run's one row length
         longest, choose = row_length, (lambda costs: 0)  # the first candidate: the bucket of row_length
-    if multi:
+    elif multi:
         longest = int(shd.allgather_ints([max(lengths, default=0)]).max())
 
         def choose(costs):
