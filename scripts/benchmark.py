@@ -61,26 +61,17 @@ K = 0.2
 
 def layer_weights(loaded) -> list:
     """The stacked per-layer weight matrices (state paths ``layers/w*``, [L, ...]) of the forward's matmuls."""
-    import jax
-    from flax import nnx
+    from train.speed import layer_weights as weights
 
-    from mia_jax import sharding
-
-    return [v for p, v in jax.tree_util.tree_flatten_with_path(nnx.state(loaded.model))[0]
-            if sharding.path_str(p).startswith("layers/w") and np.ndim(v) >= 3]
+    return weights(loaded.model)
 
 
 def model_flops(loaded, n_tokens_per_text):
-    """Model FLOPs of the forward pass over texts of the given lengths (see the module docstring)."""
-    layer_matmul = sum(int(np.prod(np.shape(w))) for w in layer_weights(loaded))
-    v, d = loaded.model.unembedding().shape
-    cfg = loaded.config
-    n_layers = cfg.num_hidden_layers
-    attn_width = cfg.num_attention_heads * (
-        getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    )
-    per_token = 2 * layer_matmul + 2 * v * d
-    return sum(n * per_token + 4 * n * n * n_layers * attn_width for n in n_tokens_per_text)
+    """Model FLOPs of the forward pass over texts of the given lengths (see the module docstring):
+    ``train.speed.forward_flops``, the project's one count."""
+    from train.speed import forward_flops
+
+    return forward_flops(loaded.model, n_tokens_per_text)
 
 
 def reference_scores(lp, mu, var, text_len):

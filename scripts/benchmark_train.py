@@ -21,7 +21,7 @@ Each approach (and the matmul-rate measurement) runs in its own subprocess, so p
 process's peak RSS sampled every 5 ms from before the model is loaded to the end of the timed steps. One warm-up
 step (compilation for JAX) is followed by ``--steps`` timed steps (each to completion). Tokens/s counts every
 token of the step's sequences (batch x seq_len). Training FLOPs per step = 3 x the forward's model FLOPs
-(``benchmark.model_flops``: 2 x every weight matrix incl. the LM head per token, plus 4 n^2 x layers x attention
+(``train.speed.train_flops``: 2 x every weight matrix incl. the LM head per token, plus 4 n^2 x layers x attention
 width per sequence of n tokens), i.e. 6 x parameters x tokens plus attention; MFU is those FLOPs per second over
 the float32 XLA matmul rate measured in the same run (a jitted 2048^3 matmul), and with ``--peak-tflops`` also
 against that rate (e.g. an accelerator's datasheet peak).
@@ -92,9 +92,9 @@ def load_batches(args):
 
 
 def step_flops(loaded, args) -> float:
-    from benchmark import model_flops
+    from train.speed import train_flops
 
-    return 3.0 * model_flops(loaded, [args.seq_len] * args.batch_size)
+    return float(train_flops(loaded.model, [args.seq_len] * args.batch_size))
 
 
 def _best(f, repeats):

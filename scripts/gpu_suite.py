@@ -4,6 +4,7 @@ transformers + torch (batched, and the published per-example loop) on the same G
     python scripts/gpu_suite.py --prepare-only         # where the packaged GGUF is: config + tokenizer (7 MB)
     python scripts/gpu_suite.py --json suite.json      # on the accelerator: within --budget-s (default 540 s)
     python scripts/gpu_suite.py --smoke                # on a CPU: tiny shape, 8 texts, under a minute
+    python scripts/gpu_suite.py --parts trainer        # the trainer alone at the 1B shape (FSDP, async saves)
 
 Models: random weights (speed does not depend on their values) in two shapes, both with SmolLM2's tokenizer
 (vocabulary 49152): ``smollm2`` (SmolLM2-135M's architecture) and ``llama-1b`` (1.07B parameters: hidden 2048,
@@ -26,8 +27,8 @@ at k = 20% (``benchmark.METHODS``). Each part runs in its own process (memory an
    median), so that the host's share of a pass shows; one more pass timed by phase (``bench_tools.pass_phases``:
    encode, plan, dispatch, finish) shows where it goes, and the device steps by part (``bench_tools.step_parts``:
    the forward alone, then with the statistics, each its own program over the same batches) where the device's
-   goes. tokens/s = the texts' tokens / steady pass. MFU = model FLOPs of those tokens (``benchmark.model_flops``: 2
-   x every weight matrix incl. the LM head per token + 4 n^2 x layers x attention width per text of n tokens, over
+   goes. tokens/s = the texts' tokens / steady pass. MFU = model FLOPs of those tokens (``train.speed.forward_flops``:
+   2 x every weight matrix incl. the LM head per token + 4 n^2 x layers x attention width per text of n tokens, over
    every token but each text's last, which scoring need not run; padding not counted) / steady pass (or device
    steps) / ``--peak-tflops`` (default 989: an H100 SXM's dense bf16 peak).
 2. transformers + torch on ``--torch-device`` (default: cuda when torch sees one), ``LlamaForCausalLM`` from the same
@@ -38,6 +39,7 @@ at k = 20% (``benchmark.METHODS``). Each part runs in its own process (memory an
    the toolkit (first pass, median steady pass); MFU with the toolkit's FLOPs of the same tokens.
 3. ``train``: scripts/benchmark_train.py on the ``--train-shape`` folder, ``--compute-dtype bfloat16`` (the JAX
    trainer's step vs a torch AdamW loop under autocast; 8 x 512 tokens of Pile text per step), ``--no-profile``.
+4. ``trainer``: the trainer's own loop at the 1B shape, FSDP, asynchronous saves (``gpu_suite_trainer.py``).
 
 Parts run in that order. One is skipped, with the reason printed, when less of ``--budget-s`` is left than its
 reserve (``RESERVE_S``: a guess of what it needs, not a measurement), and stopped when the budget runs out. Stdout:
@@ -65,6 +67,7 @@ from bench_tools import (add_accelerator_args, cpu_model, device_step_passes, pa
                          run_bounded, staged_steps, step_parts, torch_env, torch_sync)
 from benchmark import METHODS, model_flops, per_text, reference_scores  # noqa: E402
 from gpu_suite_report import figures, report  # noqa: E402
+from gpu_suite_trainer import add_trainer_args, trainer_spec, worker_trainer  # noqa: E402
 
 from mia_jax import entry  # noqa: E402
 from mia_jax.data import WIKIMIA_LENGTHS  # noqa: E402
@@ -72,7 +75,8 @@ from mia_jax.errors import UserError  # noqa: E402
 
 PROG = "python scripts/gpu_suite.py"
 
-RESERVE_S = {"toolkit_cold": 90, "toolkit_warm": 30, "torch_batched": 30, "torch_loop": 45, "train": 150}
+RESERVE_S = {"toolkit_cold": 90, "toolkit_warm": 30, "torch_batched": 30, "torch_loop": 45, "train": 150,
+             "trainer": 180}
 
 
 # ----------------------------------------------------------------------------- workers (one process each)
@@ -172,9 +176,13 @@ def worker_torch(spec, result):
                   versions={"torch": torch.__version__, "transformers": transformers.__version__})
 
 
+WORKERS = {"toolkit_cold": worker_toolkit, "toolkit_warm": worker_toolkit, "torch_batched": worker_torch,
+           "torch_loop": worker_torch, "trainer": worker_trainer}
+
+
 def run_worker(args) -> int:
     spec, result = json.loads(Path(args.spec).read_text()), {}
-    (worker_toolkit if spec["kind"].startswith("toolkit") else worker_torch)(spec, result)
+    WORKERS[spec["kind"]](spec, result)
     Path(args.json).write_text(json.dumps(result))
     return 0
 
@@ -230,8 +238,8 @@ def write_data(folder: Path, texts, out: Path) -> dict:
 def build_parser() -> entry.ArgumentParser:
     ap = entry.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", help="model shapes (default smollm2 llama-1b; --smoke: tiny)")
-    ap.add_argument("--parts", nargs="+", default=["toolkit", "torch_batched", "torch_loop", "train"],
-                    choices=["toolkit", "torch_batched", "torch_loop", "train"])
+    ap.add_argument("--parts", nargs="+", default=["toolkit", "torch_batched", "torch_loop", "train", "trainer"],
+                    choices=["toolkit", "torch_batched", "torch_loop", "train", "trainer"])
     ap.add_argument("--models-dir", type=entry.out_dir, default=REPO / "build" / "gpu_suite",
                     help="prepared config.json + tokenizer.json per shape (default build/gpu_suite)")
     ap.add_argument("--prepare-only", action="store_true", help="prepare --models-dir for every shape and stop")
@@ -248,6 +256,7 @@ def build_parser() -> entry.ArgumentParser:
                     help="steady passes add up to this (default 5; --smoke: 0)")
     ap.add_argument("--train-shape", help="shape of the training step (default smollm2; --smoke: tiny)")
     ap.add_argument("--train-steps", type=entry.positive_int, help="timed training steps (default 4; --smoke: 1)")
+    add_trainer_args(ap)
     ap.add_argument("--budget-s", type=entry.positive_float, default=540,
                     help="wall-clock budget of the whole suite (default 540)")
     ap.add_argument("--smoke", action="store_true", help="a CPU check of the suite: tiny shape, few texts, seconds")
@@ -264,7 +273,8 @@ def parse_args(argv):
     smoke = args.smoke
     for name, full, small in (("shapes", ["smollm2", "llama-1b"], ["tiny"]), ("limit", None, 8),
                               ("batch_size", 32, 4), ("min_seconds", 5.0, 0.0), ("train_shape", "smollm2", "tiny"),
-                              ("train_steps", 4, 1)):
+                              ("train_steps", 4, 1), ("trainer_shape", "llama-1b", "tiny"), ("trainer_batch", 16, 2),
+                              ("trainer_seq_len", 2048, 64), ("trainer_window", 8, 2)):
         if getattr(args, name) is None:
             setattr(args, name, small if smoke else full)
     return args
@@ -282,7 +292,8 @@ def _main(argv) -> int:
         raise UserError(f"--length {args.length}: WikiMIA has lengths {', '.join(map(str, WIKIMIA_LENGTHS))}")
     start = time.perf_counter()
     deadline = start + args.budget_s
-    needed = list(dict.fromkeys(args.shapes + ([args.train_shape] if "train" in args.parts else [])))
+    needed = list(dict.fromkeys(args.shapes + ([args.train_shape] if "train" in args.parts else []) +
+                                ([args.trainer_shape] if "trainer" in args.parts else [])))
     prepare(args.models_dir, needed)
     if args.prepare_only:
         print(f"{args.models_dir}: prepared {', '.join(needed)}", file=sys.stderr)
@@ -319,6 +330,7 @@ def suite(args, work: Path, needed, start, deadline) -> int:
     plan = [(kind, s) for kind in ("toolkit_cold", "toolkit_warm", "torch_batched", "torch_loop")
             for s in args.shapes if kind.replace("_cold", "").replace("_warm", "") in args.parts]
     plan += [("train", args.train_shape)] if "train" in args.parts else []
+    plan += [("trainer", args.trainer_shape)] if "trainer" in args.parts else []
     failed = False
     for kind, shape in plan:
         name, res = f"{shape} {kind}", out["results"].setdefault(shape, {})
@@ -338,13 +350,14 @@ def suite(args, work: Path, needed, start, deadline) -> int:
         print(f"running {name} ({left:.0f} s of the budget left) ...", file=sys.stderr, flush=True)
         result_file = work / f"{shape}.{kind}.json"
         result_file.unlink(missing_ok=True)
-        if kind in ("toolkit_cold", "train"):  # cold: an empty cache folder, even in a reused --work
-            shutil.rmtree(work / f"jax-cache-{shape if kind == 'toolkit_cold' else 'train'}", ignore_errors=True)
+        if kind in ("toolkit_cold", "train", "trainer"):  # cold: an empty cache folder, even in a reused --work
+            shutil.rmtree(work / f"jax-cache-{shape if kind == 'toolkit_cold' else kind}", ignore_errors=True)
         if kind == "train":
             cmd = train_command(args, work / "models" / shape, tdev, result_file)
             penv = dict(env, MIA_JAX_COMPILATION_CACHE=str(work / "jax-cache-train"))
         else:
-            spec = dict(kind=kind, model=str(work / "models" / shape), data=str(work / f"{shape}.data.json"),
+            spec = trainer_spec(args, work, shape) if kind == "trainer" else dict(
+                kind=kind, model=str(work / "models" / shape), data=str(work / f"{shape}.data.json"),
                         cache=str(work / f"jax-cache-{shape}"), methods=METHODS, dtype=args.dtype,
                         tokens_per_batch=args.tokens_per_batch,
                         min_seconds=0 if kind == "toolkit_warm" else args.min_seconds,
@@ -354,7 +367,7 @@ def suite(args, work: Path, needed, start, deadline) -> int:
             cmd = [sys.executable, __file__, "--worker", kind, "--spec", str(work / f"{shape}.{kind}.spec.json"),
                    "--json", str(result_file)]
             penv = torch_env(env, "PASSIVE", tdev) if kind.startswith("torch") else dict(
-                user_env, MIA_JAX_COMPILATION_CACHE=spec["cache"])
+                env if kind == "trainer" else user_env, MIA_JAX_COMPILATION_CACHE=spec["cache"])
         rc, wall = run_bounded(cmd, penv, deadline - time.perf_counter(), stdout=sys.stderr)
         status = "ok" if rc == 0 and result_file.exists() else "stopped at the budget" if rc is None else \
             f"failed (exit {rc})"

@@ -7,6 +7,8 @@ import statistics
 from bench_tools import max_rel_diff
 from benchmark import METHODS
 
+from train.speed import window
+
 LABEL = {"toolkit": "toolkit (packed rows, one jitted step)", "torch_batched": "transformers + torch, batched",
          "torch_loop": "transformers + torch, per-example loop (published)"}
 
@@ -65,6 +67,27 @@ def figures(args, out) -> None:
                             f"train.{k}.tokens_per_s": tokens / step, f"train.{k}.mfu": flops / step / peak})
         if "jax" in train and "torch" in train:
             fig["train.jax_x_torch"] = train["jax"]["tokens_per_s"] / train["torch"]["tokens_per_s"]
+    trainer_figures(args, out)
+
+
+def trainer_figures(args, out) -> None:
+    """The trainer part's windows (gpu_suite.py's docstring, part 4) from its speed.jsonl lines."""
+    r = out["results"].get(getattr(args, "trainer_shape", None), {}).get("trainer")
+    if not r:
+        return
+    fig, w, by_step = out["figures"], r["window"], {line["step"]: line for line in r["lines"]}
+    r["no_save"] = window([by_step[s] for s in range(2, w + 1)])
+    r["save_window"] = window([by_step[s] for s in range(w + 1, 2 * w + 1)])
+    r["compile_s"], r["save_blocking_s"] = by_step[1]["seconds"], by_step[w + 1]["save_s"]
+    r["steps_during_write"] = sum(1 for s in range(w + 2, 2 * w + 1) if by_step[s].get("saving"))
+    fig.update({"trainer.compile_s": r["compile_s"], "trainer.save_blocking_s": r["save_blocking_s"],
+                "trainer.checkpoint_bytes": r["checkpoint_bytes"]})
+    for name, win in (("trainer", r["no_save"]), ("trainer.save_window", r["save_window"])):
+        fig.update({f"{name}.{k}": win[k] for k in ("step_s", "tokens_per_s", "mfu") if win[k] is not None})
+    if r["no_save"]["step_s"] and r["save_window"]["step_s"]:
+        fig["trainer.save_window_x"] = r["save_window"]["step_s"] / r["no_save"]["step_s"]
+    if r.get("device_peak"):
+        fig["trainer.device_peak_bytes"] = r["device_peak"]
 
 
 def _mib(x):
@@ -76,12 +99,43 @@ def _pct(x):
 
 
 def report(args, out) -> None:
-    shapes, res_all, peak = out["shapes"], out["results"], args.peak_tflops
+    shapes, res_all = out["shapes"], out["results"]
     devices = sorted({r["device"] for res in res_all.values() for k, r in res.items() if k != "train"})
     versions = {k: v for res in res_all.values() for k, r in res.items() if k != "train"
                 for k, v in r.get("versions", {}).items()}
     print(f"\n## Accelerator suite\n\ndevice: {'; '.join(devices) or '-'}; host CPU: {out['suite']['cpu']}; "
           f"{', '.join(f'{k} {v}' for k, v in sorted(versions.items()))}; XLA_FLAGS={out['suite']['xla_flags']!r}")
+    if any(k in res for res in res_all.values() for k in SCORING):  # the scoring parts ran
+        scoring_tables(args, out)
+    train = res_all.get(args.train_shape, {}).get("train", {}).get("results")
+    if train:
+        print(f"\n### Training step, bfloat16 compute ({args.train_shape}; scripts/benchmark_train.py)\n")
+        print("| approach | warm-up step | step (mean) | tokens/s | x torch | MFU | device peak | loss first -> last |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for k in ("jax", "torch"):
+            if k in train:
+                r = train[k]
+                x = f"{r['tokens_per_s'] / train['torch']['tokens_per_s']:.2f}" if "torch" in train else "-"
+                print(f"| {k} | {r['warmup_s']:.1f} s | {r['step_mean_s']:.3f} s | {r['tokens_per_s']:.0f} | {x} | "
+                      f"{_pct(r['mfu'])} | {_mib(r.get('device_peak'))} | {r['losses'][0]:.4f} -> "
+                      f"{r['losses'][-1]:.4f} |")
+    trainer_report(args, out)
+    print("\n### Parts\n\n| part | status | wall |\n|---|---|---:|")
+    for shape, facts in shapes.items():
+        print(f"| {shape} weights (NumPy) + token ids | ok | {facts['build_s']:.1f} s |")
+    for p in out["parts"]:
+        status = p["status"] + (f": {p['reason']}" if p.get("reason") else "")
+        wall = f"{p['wall_s']:.1f} s" if "wall_s" in p else "-"
+        print(f"| {p['part']} | {status} | {wall} |")
+    print(f"| the whole suite | budget {args.budget_s:.0f} s | {out['suite']['wall_s']:.1f} s |")
+
+
+SCORING = ("toolkit_cold", "toolkit_warm", "torch_batched", "torch_loop")
+
+
+def scoring_tables(args, out) -> None:
+    """The scoring parts' tables (after ``figures``)."""
+    shapes, res_all, peak = out["shapes"], out["results"], args.peak_tflops
     any_shape = next(iter(shapes.values()))
     print(f"texts: WikiMIA-{args.length}, {any_shape['n_texts']} texts; methods {' '.join(METHODS)}; MFU against "
           f"{peak:g} TFLOP/s (--peak-tflops); the toolkit in {args.dtype}, torch in bfloat16 (sdpa); steady pass: "
@@ -142,23 +196,25 @@ def report(args, out) -> None:
                                  + ", ".join(f"{m} {d:.1e}" for m, d in worst.items()))
     for line in agreement:
         print(f"\n{line}")
-    train = res_all.get(args.train_shape, {}).get("train", {}).get("results")
-    if train:
-        print(f"\n### Training step, bfloat16 compute ({args.train_shape}; scripts/benchmark_train.py)\n")
-        print("| approach | warm-up step | step (mean) | tokens/s | x torch | MFU | device peak | loss first -> last |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for k in ("jax", "torch"):
-            if k in train:
-                r = train[k]
-                x = f"{r['tokens_per_s'] / train['torch']['tokens_per_s']:.2f}" if "torch" in train else "-"
-                print(f"| {k} | {r['warmup_s']:.1f} s | {r['step_mean_s']:.3f} s | {r['tokens_per_s']:.0f} | {x} | "
-                      f"{_pct(r['mfu'])} | {_mib(r.get('device_peak'))} | {r['losses'][0]:.4f} -> "
-                      f"{r['losses'][-1]:.4f} |")
-    print("\n### Parts\n\n| part | status | wall |\n|---|---|---:|")
-    for shape, facts in shapes.items():
-        print(f"| {shape} weights (NumPy) + token ids | ok | {facts['build_s']:.1f} s |")
-    for p in out["parts"]:
-        status = p["status"] + (f": {p['reason']}" if p.get("reason") else "")
-        wall = f"{p['wall_s']:.1f} s" if "wall_s" in p else "-"
-        print(f"| {p['part']} | {status} | {wall} |")
-    print(f"| the whole suite | budget {args.budget_s:.0f} s | {out['suite']['wall_s']:.1f} s |")
+
+
+def trainer_report(args, out) -> None:
+    """The trainer part's table (after ``figures``)."""
+    r = out["results"].get(getattr(args, "trainer_shape", None), {}).get("trainer")
+    if not r or "no_save" not in r:
+        return
+    w = r["window"]
+    print(f"\n### The trainer at {args.trainer_shape} (train.trainer.train: bfloat16 compute, float32 master weights "
+          f"and AdamW, mesh {r['mesh']}, remat {r['remat']}, {r['batch_size']} x {r['seq_len']} tokens a step, "
+          "asynchronous Orbax checkpoints; speed.jsonl)\n")
+    print("| window | steps | step (mean) | tokens/s | MFU |")
+    print("|---|---:|---:|---:|---:|")
+    for label, win in ((f"steps 2..{w}, no save", r["no_save"]),
+                       (f"steps {w + 1}..{2 * w}, a save started after step {w + 1}", r["save_window"])):
+        step = f"{win['step_s'] * 1e3:.1f} ms" if win["step_s"] else "-"
+        rate = f"{win['tokens_per_s']:.0f}" if win["tokens_per_s"] else "-"
+        print(f"| {label} | {win['steps']} | {step} | {rate} | {_pct(win['mfu'])} |")
+    print(f"\nfirst step (compilation included): {r['compile_s']:.1f} s; the save's blocking part (device-to-host "
+          f"copy) of a {r['checkpoint_bytes'] / 2**30:.2f} GiB checkpoint: {r['save_blocking_s'] * 1e3:.0f} ms; steps "
+          f"after it that began while it was being written: {r['steps_during_write']} of {w - 1}; MFU against "
+          f"{args.peak_tflops:g} TFLOP/s x {r['devices']} device(s); device peak {_mib(r.get('device_peak'))}")

@@ -27,7 +27,11 @@ EXPECTED += [f"tiny.{kind}.{f}" for kind in ("toolkit_cold", "toolkit_warm", "to
              for f in ("load_s", "first_pass_s", "steady_s", "tokens_per_s", "mfu")]
 EXPECTED += [f"train.{k}.{f}" for k in ("jax", "torch") for f in ("step_s", "warmup_s", "tokens_per_s", "mfu")]
 EXPECTED += [f"part.tiny.{kind}.wall_s" for kind in ("toolkit_cold", "toolkit_warm", "torch_batched", "torch_loop",
-                                                      "train")]
+                                                      "train", "trainer")]
+# the trainer part (train.trainer.train at the 1B shape; --smoke: tiny): no save / a save in the window
+TRAINER = ["trainer.compile_s", "trainer.save_blocking_s", "trainer.checkpoint_bytes", "trainer.save_window_x"]
+TRAINER += [f"{w}.{f}" for w in ("trainer", "trainer.save_window") for f in ("step_s", "tokens_per_s", "mfu")]
+EXPECTED += TRAINER
 
 
 @pytest.mark.slow
@@ -39,7 +43,7 @@ def test_smoke_run_writes_every_figure(tmp_path, monkeypatch):
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     suite = json.loads(out.read_text())
-    assert [p["status"] for p in suite["parts"]] == ["ok"] * 5, suite["parts"]
+    assert [p["status"] for p in suite["parts"]] == ["ok"] * 6, suite["parts"]
     figures = suite["figures"]
     assert not [k for k in EXPECTED if k not in figures]
     bad = {k: v for k, v in figures.items() if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)}
@@ -54,7 +58,8 @@ def test_smoke_run_writes_every_figure(tmp_path, monkeypatch):
         for a, b in zip(res["toolkit_cold"]["scores"], res[kind]["scores"]):
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-2)
     assert (tmp_path / "prep" / "tiny" / "config.json").exists()  # prepared from the packaged GGUF on the way
-    for heading in ("### Scoring with the toolkit", "### Side by side", "### Training step", "### Parts"):
+    for heading in ("### Scoring with the toolkit", "### Side by side", "### Training step", "### The trainer at tiny",
+                    "### Parts"):
         assert heading in done.stdout
     assert "host CPU:" in done.stdout
     # two shapes (the real suite's case): the side-by-side table stays one table, its notes below it
@@ -63,12 +68,41 @@ def test_smoke_run_writes_every_figure(tmp_path, monkeypatch):
 
     two = dict(suite, shapes={**suite["shapes"], "tiny2": suite["shapes"]["tiny"]},
                results={**suite["results"], "tiny2": suite["results"]["tiny"]})
-    args = SimpleNamespace(**{**suite["suite"]["args"], "train_shape": "tiny"})
+    args = SimpleNamespace(**{**suite["suite"]["args"], "train_shape": "tiny", "trainer_shape": "tiny"})
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         gpu_suite_report.report(args, two)
     table = printed.getvalue().split("### Side by side")[1].split("\n\n")[1].splitlines()
     assert [line.split(" | ")[0] for line in table[2:]] == ["| tiny"] * 3 + ["| tiny2"] * 3, table
+
+
+def test_trainer_part(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+    """The trainer part alone (``gpu_suite.worker_trainer``: ``train.trainer.train`` at a tiny size, W = 2: 5 steps,
+    asynchronous checkpoints after steps 3 and 5), then its figures and table: every figure finite and positive, the
+    two windows of 1 and 2 steps, the checkpoints removed after the run."""
+    import jax
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import gpu_suite
+    import gpu_suite_report
+
+    args = gpu_suite.parse_args(["--smoke", "--parts", "trainer", "--trainer-seq-len", "32", "--peak-tflops", "1"])
+    spec = dict(gpu_suite.trainer_spec(args, tmp_path, "tiny"), model=str(tiny_llama_dir), cache=None,
+                batch_size=2 * jax.device_count())
+    result = {}
+    gpu_suite.worker_trainer(spec, result)
+    assert [r["step"] for r in result["lines"]] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in result["lines"] if r.get("save")] == [3, 5] and result["lines"][0]["compile"]
+    assert not (tmp_path / "trainer-run" / "checkpoints").exists() and result["checkpoint_bytes"] > 0
+    out = {"results": {"tiny": {"trainer": result}}, "figures": {}}
+    gpu_suite_report.trainer_figures(args, out)
+    figures = out["figures"]
+    assert not [k for k in TRAINER if k not in figures], figures
+    assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in figures.values()), figures
+    assert (result["no_save"]["steps"], result["save_window"]["steps"]) == (1, 2)
+    gpu_suite_report.trainer_report(args, out)
+    printed = capsys.readouterr().out
+    assert "### The trainer at tiny" in printed and "| steps 3..4, a save started after step 3 | 2 |" in printed
 
 
 def test_benchmark_eval_times_the_device_steps_by_part(tiny_llama_dir, monkeypatch, capsys):

@@ -36,7 +36,7 @@ TIMEOUT = 120  # any one command; a healthy run takes seconds
 N_TEXTS = 12
 OVERRIDES = ["train.seq_len=16", "train.batch_size=2", "train.epochs=2", "train.checkpoint_every=1000",
              "train.lr=3e-3", "train.seed=5"]
-PREEMPTED = re.compile(r"preempted after training step (\d+) of (\d+), checkpointed \(saved\); run the same command "
+PREEMPTED = re.compile(r"preempted after training step (\d+) of (\d+) \(saved\); run the same command "
                        r"to resume$")
 
 

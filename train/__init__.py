@@ -7,6 +7,7 @@
     corpus.py        the contaminated corpus (seeded insertion, occurrence / news variants, manifest)
     data.py          packed, seeded input pipeline (documents separated by EOS, fixed-length sequences)
     trainer.py       AdamW trainer: accumulation, clipping, bf16 compute, Orbax checkpoints, exact resume
+    speed.py         model FLOPs of a step, and the trainer's per-step speed.jsonl (tokens/s, MFU)
     export.py        save a model of any family in the Hugging Face layout (from its weight spec)
     tiny.py          the randomly initialised `tiny` base model of the CI config
     experiment.py    one run: corpus -> base scores -> training -> trained scores -> metrics

@@ -126,6 +126,9 @@ class TrainConfig:
     keep_checkpoints: int = 2
     separator: str = "auto"  # document separator: "auto" (<|endoftext|> if the vocabulary has it, else EOS) or a token
     progress: bool = True
+    # one device's peak TFLOP/s in the compute dtype (e.g. 989: an H100 SXM's dense bfloat16): speed.jsonl's MFU
+    # (train/speed.py) is against this x the mesh's devices; None: no MFU. Display only (not in the fingerprint)
+    peak_tflops: float | None = None
     # the order of the packed sequences (train/data.py): "grain" (grain's IndexSampler, seeded global shuffle) or
     # "numpy" (the per-epoch NumPy permutation of the runs made before grain, e.g. results/contamination/)
     sampler: str = "grain"
@@ -198,6 +201,8 @@ def validate(cfg: ExperimentConfig) -> None:
         (t.max_grad_norm is None or t.max_grad_norm > 0,
          f"train.max_grad_norm must be positive or null (no clipping), got {t.max_grad_norm}"),
         (t.keep_checkpoints >= 1, f"train.keep_checkpoints must be at least 1, got {t.keep_checkpoints}"),
+        (t.peak_tflops is None or t.peak_tflops > 0,
+         f"train.peak_tflops must be positive or null (no MFU), got {t.peak_tflops}"),
         (min(t.seed, c.seed, s.seed, cfg.model.tiny.seed) >= 0,
          f"seeds must be >= 0, got train.seed={t.seed}, corpus.seed={c.seed}, score.seed={s.seed}, "
          f"model.tiny.seed={cfg.model.tiny.seed}"),

@@ -6,7 +6,8 @@ config is refused)::
     run_config.json       the resolved config (compared on resume; see mia_jax.rundir)
     corpus/               documents.jsonl, eval.jsonl, manifest.json (train/corpus.py)
     train/                Orbax checkpoints (with the data position), fingerprint.json, metrics.jsonl, batches.jsonl
-                          (train/trainer.py); data/: the packed sequences as ArrayRecord (train/grain_input.py)
+                          (train/trainer.py), speed.jsonl (per-step wall time, tokens/s, MFU; train/speed.py);
+                          data/: the packed sequences as ArrayRecord (train/grain_input.py)
     model/                the trained model in the Hugging Face layout (loads with mia_jax.models.load)
     scores/trained/       runner.score_dataset output for the trained model (with `ref` = the base model)
     examples.jsonl.gz     per-example scores (trained and base model, every method, the blind baseline), from which
@@ -47,8 +48,10 @@ from train.run_tables import run_results, write_run
 from train.tiny import write_tiny_model
 from train.traps import trap_pool
 
-# display-only keys, and the mesh: a run may resume on another mesh (the trainer restores its checkpoint onto it)
-NOT_COMPARED = {("train", "progress"), ("train", "checkpoint_every"), ("train", "keep_checkpoints"), ("train", "mesh")}
+# display-only keys, and the mesh: a run may resume on another mesh (the trainer restores its checkpoint onto it);
+# the train keys are the trainer's (train.trainer.NOT_IN_FINGERPRINT)
+NOT_COMPARED = {("train", "progress"), ("train", "checkpoint_every"), ("train", "keep_checkpoints"), ("train", "mesh"),
+                ("train", "peak_tflops")}
 
 
 def comparable(cfg: ExperimentConfig) -> dict:

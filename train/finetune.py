@@ -13,7 +13,8 @@ made before grain); ``OUT/train/batches.jsonl`` records each step's sequences. O
 of the contamination configs (train/config.py; e.g. ``train.lr=3e-5 train.epochs=3 train.objective=ascent``) and
 ``model.dtype``; other sections are refused, since they would do nothing here. The run resumes from its last
 checkpoint when the same command is run again, also on another mesh (``train.mesh=...``); the finished model is
-``OUT/model`` and ``OUT/train.json`` holds the losses and the speed. On several hosts each runs the same command with
+``OUT/model`` and ``OUT/train.json`` holds the losses and the speed (``OUT/train/speed.jsonl``: each step's tokens/s and
+MFU against ``train.peak_tflops``, train/speed.py). On several hosts each runs the same command with
 ``--distributed`` (or ``MIA_JAX_DISTRIBUTED=1``) on a shared ``--out``; a ``SIGTERM`` (a preemption notice) to any
 process stops every process after the same step, checkpointed, with exit status 75: the same command resumes it.
 """
@@ -39,7 +40,7 @@ from train.placement import memory_from_env
 PROG = "python -m train.finetune"
 ALLOWED = ("train.", "model.dtype=")
 # what may change between a run and its resumption (as the trainer's fingerprint: train.trainer.NOT_IN_FINGERPRINT)
-NOT_IN_FINGERPRINT = ("progress", "mesh", "checkpoint_every", "keep_checkpoints")
+NOT_IN_FINGERPRINT = ("progress", "mesh", "checkpoint_every", "keep_checkpoints", "peak_tflops")
 
 
 def build_parser() -> entry.ArgumentParser:

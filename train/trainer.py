@@ -9,7 +9,14 @@
 * Checkpoints: an Orbax ``CheckpointManager`` in ``workdir/checkpoints`` every ``checkpoint_every`` steps and
   at the end, holding the parameters, the optimizer state and the metric history. Orbax writes a step into a
   temporary folder and renames it when complete, so a write interrupted by a crash or a full disk never
-  replaces the previous checkpoint: the next run resumes from the last complete one.
+  replaces the previous checkpoint: the next run resumes from the last complete one. Saves are asynchronous:
+  the save copies the arrays to the host and records the input position, and the training steps go on while
+  Orbax's background thread writes the rest; the trainer waits for that write before the next save, at the end, before
+  raising on a preemption (the preemption checkpoint is complete when the process stops), before ``on_step`` of a
+  step whose checkpoint started (``on_step`` sees it complete) and before any other exception leaves ``train``.
+* Throughput: ``speed.jsonl`` in the workdir (train/speed.py): per step its wall time, tokens, tokens/s and MFU
+  against ``train.peak_tflops`` (x the mesh's devices), the compile step and the steps of a save marked; the
+  progress bar shows tokens/s and MFU. Nothing wall-clock enters ``metrics.jsonl`` or the checkpoints.
 * Preemption: a ``SIGTERM`` to any process (``mia_jax.preemption``) stops every process after the same step, which
   is checkpointed first; the same command resumes from it, exactly.
 * Exact resume: the batches are a pure function of the step (train/data.py) and the step function is
@@ -44,11 +51,12 @@ from train import placement
 from train.config import TrainConfig
 from train.data import Batches
 from train.grain_input import DataRestore, DataSave, process_shard, step_iterator
+from train.speed import SPEED_LOG, SpeedLog, train_flops_per_token
 from train.step import make_step
 
 # what may differ between an interrupted run and its resumption without changing the result (the mesh changes
 # the order of floating-point reductions only: a run resumed on another mesh ends within float32 rounding)
-NOT_IN_FINGERPRINT = ("checkpoint_every", "keep_checkpoints", "progress", "mesh")
+NOT_IN_FINGERPRINT = ("checkpoint_every", "keep_checkpoints", "progress", "mesh", "peak_tflops")
 BATCH_LOG = "batches.jsonl"
 
 
@@ -119,8 +127,8 @@ class TrainResult:
     metrics: list[dict]  # per step: step, loss, grad_norm, lr, tokens
     steps: int
     resumed_from: int | None  # step of the checkpoint the run resumed from
-    seconds: float  # wall time of the steps run in this process
-    tokens_per_second: float | None  # target tokens per second over those steps (compile excluded)
+    seconds: float  # wall time of the steps run in this process (the loop's iterations; the compile step excluded)
+    tokens_per_second: float | None  # target tokens per second over those steps
 
 
 def fingerprint(cfg: TrainConfig, **extra) -> dict:
@@ -137,7 +145,7 @@ def _manager(workdir: Path, cfg: TrainConfig) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
         (workdir / "checkpoints").absolute(),
         options=ocp.CheckpointManagerOptions(max_to_keep=max(1, cfg.keep_checkpoints), create=True,
-                                             enable_async_checkpointing=False),
+                                             enable_async_checkpointing=True),
         item_names=("state", "meta", "data"))
 
 
@@ -166,8 +174,8 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     """Train ``model``'s parameters for ``batches.total_steps`` steps, resuming from ``workdir`` when it holds a
     checkpoint of the same run (written on any mesh). ``mesh``: default ``sharding.make_mesh(cfg.mesh)`` (every
     device on ``data`` when ``train.mesh`` is unset). ``on_step(step)`` is called after each step (and its
-    checkpoint, if any). On several processes every process calls this with the same arguments; process 0 writes
-    the files besides the checkpoints (Orbax coordinates those)."""
+    checkpoint, if any, complete). On several processes every process calls this with the same arguments; process 0
+    writes the files besides the checkpoints (Orbax coordinates those)."""
     workdir = Path(workdir)
     mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh)
     placement.check(model, mesh, batches.batch_size, batches.grad_accum, batches.seq_len, cfg.remat,
@@ -191,50 +199,59 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     log = BatchLog(workdir / BATCH_LOG, batches, start) if main else None
 
     step_fn = train_step_for(model, cfg, total, mesh)
+    peak = cfg.peak_tflops * 1e12 * mesh.size if cfg.peak_tflops else None
+    speed = SpeedLog(workdir / SPEED_LOG if main else None, start, train_flops_per_token(model, batches.seq_len), peak)
     bar = tqdm(total=total, initial=start, desc="training", unit="step", disable=not (cfg.progress and main))
-    t_first, tokens_timed, seconds = None, 0, 0.0
-    for step in range(start, total):
-        item = next(data)
-        if item["step"] != step:
-            raise RuntimeError(f"the input iterator gave step {item['step']} for step {step}")
-        t0 = time.perf_counter()
-        params, opt_state, m = step_fn(params, opt_state, placement.global_batch(mesh, item["ids"], shape),
-                                       placement.global_batch(mesh, item["mask"], shape))
-        m = jax.device_get(m)
-        dt = time.perf_counter() - t0
-        if t_first is None:
-            t_first = dt  # includes compilation: not counted in tokens/s
-        else:
-            tokens_timed += int(m["tokens"])
-            seconds += dt
-        metrics.append({"step": step + 1, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
-                        "lr": float(schedule(step)), "tokens": int(m["tokens"])})
-        if log is not None:
-            log.write(step + 1, item["index"])
-        bar.set_postfix(loss=f"{metrics[-1]['loss']:.4f}", tok_s=f"{tokens_timed / seconds:.0f}" if seconds else "-")
-        bar.update(1)
-        preempted = step + 1 < total and preemption.agreed()  # a notice to any process: all stop after this step
-        if preempted or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
-            _save(mngr, step + 1, params, opt_state, {"metrics": metrics, "fingerprint": run_fingerprint,
-                                                      "mesh": sharding.mesh_str(mesh)}, data, workdir)
-        if preempted:
-            bar.close()
-            mngr.close()
-            data.close()
+    preempted = False
+    try:
+        for step in range(start, total):
+            t0 = time.perf_counter()
+            saving = mngr.is_saving_in_progress()  # an earlier checkpoint still being written during this step
+            item = next(data)
+            if item["step"] != step:
+                raise RuntimeError(f"the input iterator gave step {item['step']} for step {step}")
+            params, opt_state, m = step_fn(params, opt_state, placement.global_batch(mesh, item["ids"], shape),
+                                           placement.global_batch(mesh, item["mask"], shape))
+            m = jax.device_get(m)
+            metrics.append({"step": step + 1, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
+                            "lr": float(schedule(step)), "tokens": int(m["tokens"])})
             if log is not None:
-                log.close()
-            raise preemption.Preempted(f"training step {step + 1} of {total}, checkpointed")
-        if on_step is not None:
-            on_step(step + 1)
-        entry.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here
+                log.write(step + 1, item["index"])
+            preempted = step + 1 < total and preemption.agreed()  # a notice to any process: all stop after this step
+            save_s = None
+            if preempted or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
+                t_save = time.perf_counter()
+                # the metrics list goes on growing while the checkpoint is written: it gets a copy
+                _save(mngr, step + 1, params, opt_state, {"metrics": list(metrics), "fingerprint": run_fingerprint,
+                                                          "mesh": sharding.mesh_str(mesh)}, data, workdir)
+                save_s = time.perf_counter() - t_save
+            speed.write(step + 1, time.perf_counter() - t0, int(m["tokens"]), save_s, saving)
+            bar.set_postfix(loss=f"{metrics[-1]['loss']:.4f}", **speed.postfix())
+            bar.update(1)
+            if preempted:
+                break
+            if on_step is not None:
+                if save_s is not None:
+                    _wait(mngr, workdir)  # on_step sees the step's checkpoint complete
+                on_step(step + 1)
+            entry.check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here
+        _wait(mngr, workdir)  # the last checkpoint (or the preemption's) complete
+    except BaseException:
+        _wait_quietly(mngr, workdir)  # no write of this process left going (a caller may resume in this process)
+        speed.close()
+        raise
     bar.close()
+    speed.close()
     mngr.close()
     data.close()
+    if preempted:
+        if log is not None:
+            log.close()
+        raise preemption.Preempted(f"training step {step + 1} of {total}")  # "... (saved)": its checkpoint
     if main:
         log.close()
         (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
-    return TrainResult(placement.to_host(params), metrics, total, resumed_from, seconds,
-                       tokens_timed / seconds if seconds else None)
+    return TrainResult(placement.to_host(params), metrics, total, resumed_from, speed.seconds, speed.tokens_per_s)
 
 
 class BatchLog:
@@ -300,16 +317,37 @@ def _restore_or_init(mngr: ocp.CheckpointManager, model: nnx.Module, opt, target
 
 
 def _save(mngr: ocp.CheckpointManager, step: int, params, opt_state, meta: dict, data, workdir: Path) -> None:
-    """The checkpoint of ``step`` written (state, ``meta`` and the input iterator ``data``'s position) and waited
-    for; on a failure the unfinished folder settles before the error goes on (``_settle``)."""
+    """Start the checkpoint of ``step`` (state, ``meta`` and the input iterator ``data``'s position), after the
+    previous one's write is complete: the arrays are copied to the host and the small items written before this
+    returns, the arrays written in the background (``_wait``). On a failure the unfinished folder settles before the
+    error goes on (``_settle``)."""
     try:
+        mngr.wait_until_finished()
         mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params,
                                                                              "opt_state": opt_state}),
                                                 meta=ocp.args.JsonSave(meta), data=DataSave(data)))
+    except BaseException:
+        _settle(workdir / "checkpoints")
+        raise
+
+
+def _wait(mngr: ocp.CheckpointManager, workdir: Path) -> None:
+    """Wait until the checkpoint being written (if any) is complete; a failed write raises, after the unfinished
+    folder settled (``_settle``)."""
+    try:
         mngr.wait_until_finished()
     except BaseException:
         _settle(workdir / "checkpoints")
         raise
+
+
+def _wait_quietly(mngr: ocp.CheckpointManager, workdir: Path) -> None:
+    """``_wait`` while another error is on its way out: a failure of the write is left to that error (the folder
+    settled, the previous checkpoint intact)."""
+    try:
+        _wait(mngr, workdir)
+    except BaseException:  # noqa: S110 - the error being raised is the one to report
+        pass
 
 
 def _latest_step(workdir: Path) -> int | None:
