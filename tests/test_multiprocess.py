@@ -10,16 +10,15 @@ process's output.
   rerun reuses every finished shard
 """
 import json
-import os
 import random
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from helpers import start_processes, wait_processes
 
 from mia_jax import preemption, sharding
 from mia_jax.cli import main
@@ -37,56 +36,20 @@ def _texts(path: Path, n: int, seed: int) -> Path:
     return path
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _command(model, data, out) -> list[str]:
-    return [sys.executable, "-m", "mia_jax.cli", "score", "--model", str(model), "--data", str(data), "--out",
-            str(out), *ARGS]
+    return ["-m", "mia_jax.cli", "score", "--model", str(model), "--data", str(data), "--out", str(out), *ARGS]
 
 
-def _start(model, data, outs, delays=None, tmp=None) -> list[subprocess.Popen]:
-    """One process per entry of ``outs`` (its --out), process i started after ``delays[i]`` seconds (in the order of
-    the delays); stderr to a file each (a pipe nobody reads could fill)."""
-    n, port = len(outs), _port()
-    delays = delays or [0.0] * n
-    procs: list = [None] * n
-    t0 = time.monotonic()
-    for i in sorted(range(n), key=lambda i: delays[i]):
-        time.sleep(max(0.0, t0 + delays[i] - time.monotonic()))
-        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
-                   MIA_JAX_DISTRIBUTED="1", MIA_JAX_COORDINATOR=f"127.0.0.1:{port}", MIA_JAX_NUM_PROCESSES=str(n),
-                   MIA_JAX_PROCESS_ID=str(i), PYTHONPATH=str(REPO))
-        err = open(Path(tmp or outs[i]).parent / f"{Path(outs[i]).name}.p{i}.{time.monotonic_ns()}.err", "w+")
-        procs[i] = subprocess.Popen(_command(model, data, outs[i]), env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                                    stderr=err)
-        procs[i].err = err
-    return procs
+def _start(model, data, outs, delays=None, logs=None) -> list[subprocess.Popen]:
+    """One process per entry of ``outs`` (its --out; ``helpers.start_processes``), logs beside the first."""
+    logs = Path(logs or Path(outs[0]).parent)
+    return start_processes([_command(model, data, out) for out in outs], logs, f"{Path(outs[0]).name}.{time.time_ns()}",
+                           delays)
 
 
 def _wait(procs, timeout=TIMEOUT) -> list[tuple[int, str]]:
-    """(exit code, stderr without gloo's connection notes) of each process; every process killed past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the processes did not end within {timeout} s")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    out = []
-    for p in procs:
-        p.err.seek(0)
-        lines = [x for x in p.err.read().splitlines() if not x.startswith("[Gloo]")]
-        p.err.close()
-        out.append((p.returncode, "\n".join(lines)))
-    return out
+    """(exit code, stderr without gloo's notes) of each process."""
+    return [(rc, err) for rc, _, err in wait_processes(procs, timeout)]
 
 
 def _when(path: Path, timeout=TIMEOUT) -> None:
@@ -129,7 +92,7 @@ def test_four_processes_one_disk_each_write_what_one_process_writes(tiny_llama_d
     folder holds the run, the others' only their own (by then removed) records of each window."""
     root, small, _ = corpus
     outs = [root / f"host{i}" / "run" for i in range(4)]
-    res = _wait(_start(tiny_llama_dir, small, outs, tmp=root / "host0"))
+    res = _wait(_start(tiny_llama_dir, small, outs, logs=root))
     assert [rc for rc, _ in res] == [0] * 4, res
     _same_as_one(outs[0], root / "one-small")
     for other in outs[1:]:

@@ -14,12 +14,9 @@ multi-controller runtime on localhost, through MIA_JAX_DISTRIBUTED and its compa
   opens that file once process 0 is done, or writes its own copy where it has a disk of its own.
 """
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +24,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
+
+from helpers import kill_processes, start_processes, wait_processes
 
 from mia_jax import preemption
 from train import grain_input
@@ -46,58 +45,15 @@ def _texts(path: Path) -> Path:
     return path
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(model: Path, texts: Path, out: Path, n: int, logs: Path, tag: str) -> list[subprocess.Popen]:
-    """The same ``python -m train.finetune`` command as ``n`` processes (one CPU device each) on ``out``; each one's
-    stdout and stderr go to files under ``logs`` (a pipe nobody reads could fill)."""
-    port, procs = _port(), []
-    command = [sys.executable, "-m", "train.finetune", "--model", str(model), "--texts", str(texts), "--out",
-               str(out), "--no-progress", *OVERRIDES]
-    for i in range(n):
-        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
-                   PYTHONPATH=str(REPO))
-        if n > 1:
-            env.update(MIA_JAX_DISTRIBUTED="1", MIA_JAX_COORDINATOR=f"127.0.0.1:{port}",
-                       MIA_JAX_NUM_PROCESSES=str(n), MIA_JAX_PROCESS_ID=str(i))
-        else:
-            env.pop("MIA_JAX_DISTRIBUTED", None)
-        paths = (logs / f"{tag}.p{i}.out", logs / f"{tag}.p{i}.err")
-        files = [path.open("w") for path in paths]
-        p = subprocess.Popen(command, env=env, cwd=REPO, stdout=files[0], stderr=files[1])
-        p.logs, p.files = paths, files
-        procs.append(p)
-    return procs
+    """The same ``python -m train.finetune`` command as ``n`` processes on ``out`` (``helpers.start_processes``)."""
+    command = ["-m", "train.finetune", "--model", str(model), "--texts", str(texts), "--out", str(out),
+               "--no-progress", *OVERRIDES]
+    return start_processes([command] * n, logs, tag)
 
 
 def _wait(procs: list[subprocess.Popen], timeout: float = TIMEOUT) -> list[tuple[int, str, str]]:
-    """(exit code, stdout, stderr without gloo's connection notes) of each process; all killed past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the processes did not end within {timeout} s")
-    finally:
-        _kill(procs)
-    res = []
-    for p in procs:
-        out, err = (path.read_text() for path in p.logs)
-        res.append((p.returncode, out, "\n".join(x for x in err.splitlines() if not x.startswith("[Gloo]"))))
-    return res
-
-
-def _kill(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        for f in p.files:
-            f.close()
+    return wait_processes(procs, timeout)
 
 
 def _lines(path: Path) -> int:
@@ -120,7 +76,7 @@ def _preempt(runs: list[tuple[list[subprocess.Popen], subprocess.Popen, Path]], 
                 target.send_signal(signal.SIGTERM)
                 waiting.remove(run)
             elif time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                _kill([p for r in runs for p in r[0]])
+                kill_processes([p for r in runs for p in r[0]])
                 pytest.fail(f"{batches} did not reach {at_lines} lines (exit codes {[p.poll() for p in procs]})")
         time.sleep(0.005)
 
@@ -164,7 +120,7 @@ def runs(tiny_llama_dir, tmp_path_factory):
         res["two_resumed"] = _wait(two_resumed)
         mark("two resumed")
     finally:
-        _kill(started)
+        kill_processes(started)
     res["seconds"] = time.monotonic() - t0
     print("; ".join(marks))
     return root, res
