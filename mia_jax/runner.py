@@ -12,9 +12,8 @@ its one ``jax.numpy`` formula, all in one program) and the record sink (``record
 steps finish, resume, multi-host gathering). Steps run while the host writes the records of those before them
 (``inflight.InFlight``: one in flight on accelerators, two at once on the CPU).
 
-``score_texts`` is one pass (texts -> records); ``score_dataset`` runs the main pass and then the second pass of
-each multi-pass method (``mia_jax.passes`` says which texts and model each reads, ``scorers.MULTI_PASS`` how its
-scores combine).
+``score_texts`` is one pass; ``score_dataset`` the main pass, then the second pass of each multi-pass method
+(``mia_jax.passes``: which texts and model; ``scorers.MULTI_PASS``: how its scores combine).
 
 With a ``mesh`` (``sharding.make_mesh``) the parameters are placed by the architecture's partition
 rules, each step's rows are padded to a multiple of the batch shards (``data`` x ``fsdp``) and split
@@ -104,11 +103,10 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
 
     ``report`` (a dict, filled in): ``texts`` (this process's), ``reused`` (records taken from ``out_path``),
     ``computed`` (texts scored by a forward pass here), ``batches_computed`` (steps), ``skipped``, ``slots`` and
-    ``tokens`` (token slots of the steps run vs the tokens fed in them), ``scoring_programs`` (the distinct step
-    shapes run; ``shapes``, a set, collects them over several calls). A resume that reuses records says so on
-    stderr. ``stable`` = (row length, segments): every packed row that long (the longer texts in rows of their own)
-    and the steps padded to shapes that calls over other texts share (``shards.stable_steps``; a corpus scored a
-    window at a time, ``mia_jax.shards``).
+    ``tokens`` (token slots of the steps run vs the tokens fed), ``scoring_programs`` (the distinct step shapes run;
+    ``shapes``, a set, collects them over several calls). ``stable`` = (row length, segments): every packed row that
+    long (longer texts in rows of their own), steps padded to shapes that calls over other texts share (a corpus
+    scored a window at a time: ``shards.stable_steps``).
     """
     tokens_per_batch = _check_arguments(loaded, methods, tokens_per_batch, compute, resources, window)
     p = _start(loaded, texts, methods, labels=labels, prefixes=prefixes, out_path=out_path, resume=resume,

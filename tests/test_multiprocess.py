@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import start_processes, wait_processes
+from processes import start_processes, wait_processes
 
 from mia_jax import preemption, sharding
 from mia_jax.cli import main

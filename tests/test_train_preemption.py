@@ -25,7 +25,7 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from helpers import kill_processes, start_processes, wait_processes
+from processes import kill_processes, start_processes, wait_processes
 
 from mia_jax import preemption
 from train import grain_input
