@@ -367,3 +367,22 @@ def encode(loaded, texts: Sequence[str], prefixes: Sequence[str] | None = None) 
         keep = ctx[:lead] + ctx[len(ctx) - (n_keep - lead):]
         out.append(Encoded(keep + ids, len(keep) < len(ctx), len(keep)))
     return out
+
+
+def pow2(n: int) -> int:
+    """The least power of two >= ``n`` (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def stable_steps(steps: list[Step], tokens_per_batch: int, row_length: int, segments: int,
+                 row_multiple: int = 1) -> list[Step]:
+    """``steps`` padded with empty rows and segments to shapes that plans of other texts share: the rows of a full
+    step of their length (``tokens_per_batch // length``, then a multiple of ``row_multiple``), segments a power of
+    two, at least ``segments`` in rows of ``row_length``. A corpus scored a window at a time then runs one or two
+    compiled programs, whatever its size."""
+    out = []
+    for s in steps:
+        rows = max(s.rows, tokens_per_batch // s.length, 1)
+        seg = max(pow2(s.segments), segments if s.length == row_length else 1)
+        out.append(Step(-(-rows // row_multiple) * row_multiple, s.length, seg, s.contents))
+    return out

@@ -4,12 +4,12 @@ take the machine) stops a run at a step boundary with its finished work on disk,
 One implementation, used by scoring (``runner.score_texts``, the streamed windows of ``shards``) and training
 (``train.trainer``):
 
-- :func:`install` (the command's guard, ``entry.run``, and again after ``jax.distributed.initialize``, whose runtime
-  may take ``SIGTERM`` for its own preemption service) makes ``SIGTERM`` set a flag instead of killing the process.
-- :func:`check` is called by every process after each step, in lockstep (the same number of calls on each): on one
+- :func:`install` (the command's guard, ``entry.run``; ``sharding.initialize_distributed`` puts it back after JAX's
+  runtime took ``SIGTERM`` for its own preemption notifier) makes ``SIGTERM`` set a flag instead of killing the process.
+- :func:`agreed` is called by every process after each step, in lockstep (the same number of calls on each): on one
   process it reads the flag; on several, the flags are gathered (one small all-gather) so that a notice to any one
-  process stops every process after the same step. It raises :class:`Preempted` there, after the step's records or
-  checkpoint are saved.
+  process stops every process after the same step. The caller saves the step's records or checkpoint, then raises
+  :class:`Preempted`.
 - The guard prints ``Preempted``'s one line ("preempted after ... (saved); run the same command to resume") and
   exits with ``EXIT_CODE`` (75, ``EX_TEMPFAIL``: a temporary failure, try again), on every process.
 
@@ -49,11 +49,6 @@ def install() -> bool:
     return True
 
 
-def noticed() -> bool:
-    """Whether this process has received a notice (no agreement with the others)."""
-    return _notice.is_set()
-
-
 def agreed() -> bool:
     """Whether any process of the run has received a notice; on several processes a collective that every process
     must call at the same point."""
@@ -65,18 +60,6 @@ def agreed() -> bool:
 
         flag = bool(sharding.allgather_ints([int(flag)]).any())
     return flag
-
-
-def check(progress) -> None:
-    """Raise :class:`Preempted` when any process has a notice (:func:`agreed`); ``progress``: a string, or a function
-    giving it (what is finished and on disk, e.g. "412 of 1000 texts"), called only then."""
-    if agreed():
-        raise Preempted(progress() if callable(progress) else progress)
-
-
-def clear() -> None:
-    """Forget a notice (for tests and for a caller that handled it)."""
-    _notice.clear()
 
 
 # ----------------------------------------------------------------------------- a process lost without notice

@@ -39,7 +39,7 @@ from mia_jax import passes, preemption
 from mia_jax import sharding as shd
 from mia_jax.audits import windowed
 from mia_jax.batching import (TOKENS_PER_BATCH, Step, align, check_tokens_per_batch, encode, pack, packed_arrays,
-                              scoring_lengths)
+                              scoring_lengths, stable_steps)
 from mia_jax.entry import check_interrupted
 from mia_jax.errors import UserError
 from mia_jax.files import write_jsonl
@@ -48,7 +48,6 @@ from mia_jax.fingerprint import run_fingerprint
 from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, skip_reason
 from mia_jax.score_step import shared_score_step
-from mia_jax.shards import stable_steps
 from mia_jax.scorers import MULTI_PASS, is_multi_pass, parse_method, requirements, resource_arrays
 from mia_jax.scorers.dispatch import check_ids
 from mia_jax.scorers.base import check_resources
@@ -106,7 +105,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
     ``tokens`` (token slots of the steps run vs the tokens fed), ``scoring_programs`` (the distinct step shapes run;
     ``shapes``, a set, collects them over several calls). ``stable`` = (row length, segments): every packed row that
     long (longer texts in rows of their own), steps padded to shapes that calls over other texts share (a corpus
-    scored a window at a time: ``shards.stable_steps``).
+    scored a window at a time: ``batching.stable_steps``).
     """
     tokens_per_batch = _check_arguments(loaded, methods, tokens_per_batch, compute, resources, window)
     p = _start(loaded, texts, methods, labels=labels, prefixes=prefixes, out_path=out_path, resume=resume,

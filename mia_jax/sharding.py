@@ -45,7 +45,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from mia_jax import models, preemption
+from mia_jax import models
+from mia_jax.batching import pow2
 from mia_jax.errors import UserError
 from mia_jax.models.checkpoint import ARCHITECTURES
 
@@ -321,13 +322,14 @@ def initialize_distributed(flag: bool = False) -> bool:
         kwargs["process_id"] = int(env[PROCESS_ID_ENV])
     if env.get(LOCAL_DEVICES_ENV):
         kwargs["local_device_ids"] = [int(x) for x in env[LOCAL_DEVICES_ENV].split(",")]
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         jax.distributed.initialize(**kwargs)
     except (RuntimeError, ValueError) as e:
         raise UserError(f"jax.distributed.initialize() failed ({e}); set {COORDINATOR_ENV}, {NUM_PROCESSES_ENV} "
                         f"and {PROCESS_ID_ENV}, or run under a cluster JAX detects (TPU pod, SLURM, Open MPI)") from e
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # the command's: JAX's runtime may have taken it
-        preemption.install()
+    if callable(sigterm):  # JAX's runtime takes SIGTERM for its own preemption notifier: the caller's handler back
+        signal.signal(signal.SIGTERM, sigterm)
     return True
 
 
@@ -353,7 +355,7 @@ def _gather_padded(a: np.ndarray) -> np.ndarray:
     each distinct length is a program compiled and kept by JAX, so a run's gathers of many lengths (a window's
     records) would grow its memory with the corpus."""
     n = a.size
-    buf = np.zeros(1 << max(n - 1, 0).bit_length(), a.dtype)
+    buf = np.zeros(pow2(n), a.dtype)
     buf[:n] = a
     return np.asarray(multihost_utils.process_allgather(buf)).reshape(jax.process_count(), -1)[:, :n]
 
