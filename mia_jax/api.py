@@ -11,7 +11,7 @@ the device), without a run folder. For scores inside one's own jitted step, from
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -21,19 +21,35 @@ from mia_jax.metrics import scores_by_method
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
 
-def score(model, texts: Sequence[str], methods: Sequence[str] = DEFAULT_METHODS, *, k: Sequence[float] = DEFAULT_K,
+def text_list(texts) -> list[str]:
+    """``texts``, any iterable of strings (a list, a tuple, a generator, a NumPy array of str), as a list; a single
+    string, a non-iterable or an element that is not a string: UserError."""
+    if isinstance(texts, (str, bytes)):
+        raise UserError("texts must be an iterable of strings, got a single string (a single text goes in a list: "
+                        "[text])")
+    try:
+        out = list(texts)
+    except TypeError:
+        raise UserError(f"texts must be an iterable of strings, got {type(texts).__name__}") from None
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise UserError(f"texts must be an iterable of strings; text {i} is a {type(t).__name__}: {t!r:.60}")
+    return out
+
+
+def score(model, texts: Iterable[str], methods: Sequence[str] = DEFAULT_METHODS, *, k: Sequence[float] = DEFAULT_K,
           ref=None, tokens_per_batch: int | None = None, dtype: str | None = None, resources: dict | None = None,
           progress: bool = False) -> dict[str, np.ndarray]:
-    """{method: float64 [len(texts)]} (NaN where a text has no score: empty, or a single token).
+    """{method: float64 [len(texts)]} (NaN where a text has no score: empty, a single token, or non-finite logits).
 
     ``model``: a name (``smollm2``), a local Hugging Face folder or GGUF file, or a model ``mia_jax.models.load``
-    returned. ``methods``: registered names; a bare ``min_k`` / ``max_k`` / ``min_k_pp`` becomes one method per
-    fraction in ``k`` (``min_k@0.2``). Multi-pass methods run their second pass (``ref`` needs ``ref``, a model
-    as ``model``). ``dtype``: the forward's (default bfloat16 on GPU/TPU, float32 on CPU)."""
+    returned. ``texts``: any iterable of strings (``text_list``). ``methods``: registered names (at least one); a
+    bare ``min_k`` / ``max_k`` / ``min_k_pp`` becomes one method per fraction in ``k`` (``min_k@0.2``). Multi-pass
+    methods run their second pass (``ref`` needs ``ref``, a model as ``model``). ``dtype``: the forward's (default
+    bfloat16 on GPU/TPU, float32 on CPU). Bad arguments: UserError."""
     from mia_jax import runner  # ~50 ms (tqdm, the windowed audit): not at `import mia_jax`, only to score
 
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-        raise UserError("texts must be a sequence of strings (a single text goes in a list: [text])")
+    texts = text_list(texts)
     methods = expand_methods([methods] if isinstance(methods, str) else list(methods), list(k))
 
     def loaded_model(m):
@@ -42,6 +58,6 @@ def score(model, texts: Sequence[str], methods: Sequence[str] = DEFAULT_METHODS,
         return models.load(m, dtype=dtype or runner.default_dtype())
 
     loaded = loaded_model(model)
-    records = runner.score_dataset(loaded, list(texts), methods, ref=None if ref is None else loaded_model(ref),
+    records = runner.score_dataset(loaded, texts, methods, ref=None if ref is None else loaded_model(ref),
                                    tokens_per_batch=tokens_per_batch, resources=resources, progress=progress)
     return scores_by_method(records, methods)

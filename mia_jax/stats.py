@@ -15,7 +15,9 @@ chunk's (max, total weight, weighted mean, weighted sum of squared deviations) i
 one (Chan et al.'s parallel variance update, weighted by exp(x - max)). Nothing of the form
 E[x^2] - E[x]^2 is ever formed, so logits of +-1e4 or a single huge logit give no cancellation,
 no NaN and no inf. Vocabulary rows with id >= ``vocab_size`` (padding, e.g. Pythia's 50304 rows
-for a 50277-token tokenizer) and logits equal to -inf get zero probability.
+for a 50277-token tokenizer) and logits equal to -inf get zero probability. NaN propagates: a NaN logit in any real
+vocabulary row of a position makes that position's float statistics NaN (``rank``, an integer, stays a count; the
+scorers make a text with a NaN statistic NaN, ``scorers.device_scores``), and +inf gives NaN or inf as IEEE says.
 
 ``token_stats`` takes logits ``[..., V]``; ``token_stats_from_hidden`` takes hidden states
 ``[..., D]`` and an unembedding matrix ``[V, D]`` and never forms the full ``[..., V]`` logits:
@@ -37,6 +39,8 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
+
+from mia_jax import checks
 
 VAR_FLOOR = 1e-12
 DEFAULT_CHUNK = 8192
@@ -71,8 +75,11 @@ class _Acc(NamedTuple):
     above: jax.Array  # count of entries with x > target logit (target itself excluded)
 
 
-def _chunk_acc(x, ids, valid, target_logit, targets):
-    """Accumulator of one chunk. x: [..., C] float32, ids: [C] vocabulary ids, valid: [..., C]."""
+def _chunk_acc(x, ids, in_range, target_logit, targets):
+    """Accumulator of one chunk. x: [..., C] float32, ids: [C] vocabulary ids, in_range: [C] the chunk's real
+    vocabulary rows. A NaN logit among them is kept: its weight exp(NaN) makes the sums NaN, so every statistic of
+    that position is NaN (never dropped from the log-sum-exp as a zero-probability -inf logit is)."""
+    valid = in_range & (x != -jnp.inf)  # -inf entries get weight 0; NaN ones stay (and poison the sums)
     m = jnp.max(jnp.where(valid, x, -jnp.inf), axis=-1)
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     xs = jnp.where(valid, x - m_safe[..., None], 0.0)  # x - m, exact near the max (Sterbenz)
@@ -104,13 +111,18 @@ def _merge(a: _Acc, b: _Acc) -> _Acc:
 def _finish(acc: _Acc, target_logit) -> TokenStats:
     log_w = jnp.log(acc.w)
     mu = acc.d - log_w
+    nan = jnp.isnan(acc.w) | jnp.isnan(target_logit)  # a NaN logit anywhere in the row: every float statistic NaN
+
+    def poisoned(x):
+        return jnp.where(nan, jnp.nan, x)
+
     return TokenStats(
-        logprob=(target_logit - acc.m) - log_w,
-        mu=mu,
-        var=jnp.maximum(acc.m2 / acc.w, VAR_FLOOR),
-        entropy=-mu,
-        rank=acc.above + 1,
-        max_logprob=-log_w,
+        logprob=poisoned((target_logit - acc.m) - log_w),
+        mu=poisoned(mu),
+        var=poisoned(jnp.maximum(acc.m2 / acc.w, VAR_FLOOR)),
+        entropy=poisoned(-mu),
+        rank=acc.above + 1,  # an integer: the NaN of logprob marks the token (device_scores makes its text NaN)
+        max_logprob=poisoned(-log_w),
     )
 
 
@@ -131,8 +143,7 @@ def _scan_acc(chunk_logits, n_vocab_rows, limit, chunk_size, target_logit, targe
         x = chunk_logits(start, c).astype(jnp.float32)
         rows = start + jnp.arange(c)
         ids = id_offset + rows
-        valid = (rows >= nominal) & (ids < limit) & (x > -jnp.inf)
-        return _chunk_acc(x, ids, valid, target_logit, targets)
+        return _chunk_acc(x, ids, (rows >= nominal) & (ids < limit), target_logit, targets)
 
     acc = chunk(0)
     if n_chunks > 1:
@@ -151,8 +162,13 @@ def token_stats(logits, targets, *, vocab_size: int | None = None, chunk_size: i
 
     ``logits[..., t, :]`` must be the prediction for ``targets[..., t]`` (shift before calling:
     ``token_stats(logits[:, :-1], ids[:, 1:])``). ``vocab_size``: the real vocabulary size; rows
-    at or beyond it are padding and get zero probability.
+    at or beyond it are padding and get zero probability. Checked (``mia_jax.checks``, UserError): floating logits,
+    integer targets of the logits' leading shape; the targets' values are not read (this runs under ``jax.jit``): an
+    id outside the vocabulary is the caller's to avoid.
     """
+    checks.floating("logits", logits)
+    checks.integer("targets", targets)
+    checks.shape("targets", targets, logits.shape[:-1])
     targets = targets.astype(jnp.int32)
     n_rows = logits.shape[-1]
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0].astype(jnp.float32)
@@ -170,8 +186,12 @@ def token_stats_from_hidden(
     """Statistics from hidden states ``[..., D]`` and the unembedding (LM head) matrix ``[V, D]``.
 
     Logits are ``hidden @ unembedding.T (+ bias)``, computed one ``[..., chunk_size]`` slice at a
-    time with float32 accumulation; the full ``[..., V]`` logits are never formed.
+    time with float32 accumulation; the full ``[..., V]`` logits are never formed. Checked as ``token_stats``.
     """
+    checks.floating("hidden", hidden)
+    checks.floating("unembedding", unembedding)
+    checks.integer("targets", targets)
+    checks.shape("targets", targets, hidden.shape[:-1])
     targets = targets.astype(jnp.int32)
     n_rows = unembedding.shape[0]
     h = hidden.astype(jnp.float32)

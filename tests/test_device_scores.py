@@ -252,7 +252,8 @@ def test_scores_from_logits_is_device_scores_on_hand_shifted_stats(side):
         assert np.isnan(got[m][3]) and np.all(np.isfinite(got[m][:3])), m
     # the same text right- and left-padded scores the same
     row = np.asarray(ids[1][real[1]])
-    other = scores_from_logits(logits[1:2, real[1]], row[None], np.ones((1, 7)), methods=["loss"], vocab_size=Vv - 3)
+    other = scores_from_logits(logits[1:2, real[1]], row[None], np.ones((1, 7), int), methods=["loss"],
+                               vocab_size=Vv - 3)
     np.testing.assert_allclose(other["loss"][0], got["loss"][1], rtol=1e-6)
     # the default methods need nothing but the logits
     assert set(scores_from_logits(logits, ids, real)) == set(scorers.LOGIT_METHODS)

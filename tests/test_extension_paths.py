@@ -69,6 +69,7 @@ def test_detector_with_an_option(monkeypatch, tiny_llama_dir, small, baseline, t
         out.fingerprint["toy_offset"] = args.toy_offset or 0.0
 
     monkeypatch.setitem(REGISTRY, "toy_shift", None)  # removed after the test
+    del REGISTRY["toy_shift"]  # (a name already registered is refused)
     register("toy_shift", resources={"toy_offset": "offset"})(toy_shift)
     monkeypatch.setitem(RESOURCES, "toy_offset", Resource("toy_offset", "pass --toy-offset",
                                                           lambda v: np.asarray(v, np.float32)))

@@ -204,10 +204,15 @@ def test_bfloat16_forward_moves_scores_little(tiny_llama_dir):
         assert spearmanr(a, b).statistic > 0.99, m
 
 
-def test_nan_logits_null_every_score_and_are_reported(tmp_path, capsys):
-    """A checkpoint whose final norm holds a NaN gives NaN logits: every score of every text is null (rank too,
-    which would otherwise read as a perfect -log 1 = 0), the record says why, and eval warns under its table."""
+@pytest.mark.parametrize("broken", ["norm", "embedding_row"])
+def test_nan_logits_null_every_score_and_are_reported(tmp_path, capsys, broken):
+    """A checkpoint whose final norm holds a NaN gives NaN logits, and so does one NaN row of a tied embedding (one
+    NaN logit per position, at a token no text uses; before, the log-sum-exp dropped it and every score came out
+    finite and wrong): every score of every text is null (rank too, which would otherwise read as a perfect
+    -log 1 = 0), the record says why, and eval warns under its table. A NaN in a padding row changes nothing."""
     from safetensors.numpy import load_file, save_file
+
+    from tokenizers import Tokenizer
 
     from helpers import write_tiny_llama
     from mia_jax.cli import main
@@ -215,9 +220,20 @@ def test_nan_logits_null_every_score_and_are_reported(tmp_path, capsys):
     folder = tmp_path / "nan_llama"
     write_tiny_llama(folder)
     tensors = load_file(str(folder / "model.safetensors"))
-    tensors["model.norm.weight"][3] = np.nan
-    save_file(tensors, str(folder / "model.safetensors"))
     texts = wikimia(32).texts[:12]
+    if broken == "norm":
+        tensors["model.norm.weight"][3] = np.nan
+    else:
+        loaded, tok = models.load(str(folder)), Tokenizer.from_file(str(folder / "tokenizer.json"))
+        used = {i for t in texts for i in tok.encode(t).ids}
+        n_real = tok.get_vocab_size()
+        clean = runner.score_texts(loaded, texts, METHODS[:8], progress=False)
+        tensors["model.embed_tokens.weight"][n_real + 2] = np.nan  # a padding row: masked, never looked up
+        save_file(tensors, str(folder / "model.safetensors"))
+        padded = runner.score_texts(models.load(str(folder)), texts, METHODS[:8], progress=False)
+        assert [r["scores"] for r in padded] == [r["scores"] for r in clean]
+        tensors["model.embed_tokens.weight"][min(set(range(n_real)) - used)] = np.nan
+    save_file(tensors, str(folder / "model.safetensors"))
     recs = runner.score_texts(models.load(str(folder)), texts, METHODS[:8], progress=False)
     assert all(r["scores"][m] is None for r in recs for m in METHODS[:8])
     assert all(r["skip_reason"].startswith(runner.NONFINITE) for r in recs)

@@ -145,3 +145,64 @@ def test_default_chunk_is_per_backend(monkeypatch):
     assert S.default_chunk() == S.CPU_CHUNK != S.DEFAULT_CHUNK
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert S.default_chunk() == S.DEFAULT_CHUNK
+
+
+FLOAT_STATS = ("logprob", "mu", "var", "entropy", "max_logprob")
+
+
+@pytest.mark.parametrize("chunk", [1000, 64])
+@pytest.mark.parametrize("where", [7, 999, 500])  # the first chunk, the last (clamped) one, the middle
+def test_a_nan_logit_makes_its_positions_statistics_nan(chunk, where):
+    """A NaN anywhere among a position's real vocabulary rows makes its every float statistic NaN (never dropped from
+    the log-sum-exp as a zero-probability token would be); the other positions are untouched, and a NaN in a padding
+    row (at or beyond vocab_size) changes nothing."""
+    logits, targets = random_case(11, vocab=1000)
+    clean = token_stats(jnp.asarray(logits), jnp.asarray(targets), chunk_size=chunk)
+    logits[0, 2, where] = np.nan
+    got = token_stats(jnp.asarray(logits), jnp.asarray(targets), chunk_size=chunk)
+    broken = np.zeros(targets.shape, bool)
+    broken[0, 2] = True
+    for name in FLOAT_STATS:
+        x = np.asarray(getattr(got, name))
+        assert np.isnan(x[broken]).all() and not np.isnan(x[~broken]).any(), name
+        np.testing.assert_array_equal(x[~broken], np.asarray(getattr(clean, name))[~broken], err_msg=name)
+    if where >= 900:
+        padded = token_stats(jnp.asarray(logits), jnp.asarray(targets % 900), vocab_size=900, chunk_size=chunk)
+        assert_close(padded, reference(logits, targets % 900, vocab_size=900))
+
+
+def test_a_nan_row_of_the_unembedding_makes_every_position_nan():
+    """A NaN row of the LM head (a broken tied embedding) gives every position one NaN logit: every statistic NaN,
+    in the hidden-state kernel and in its vocabulary-sharded variant; a NaN padding row changes nothing."""
+    from mia_jax.sharding import make_mesh
+    from mia_jax.stats import token_stats_from_hidden_sharded
+
+    rng = np.random.default_rng(12)
+    hidden = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    w = rng.standard_normal((503, 16)).astype(np.float32)
+    targets = rng.integers(0, 500, size=(2, 5))
+    clean = token_stats_from_hidden(hidden, w, targets, vocab_size=500, chunk_size=64)
+    w[501] = np.nan  # padding: masked
+    padded = token_stats_from_hidden(hidden, w, targets, vocab_size=500, chunk_size=64)
+    for name in clean._fields:
+        np.testing.assert_array_equal(getattr(padded, name), getattr(clean, name), err_msg=name)
+    w[42] = np.nan
+    mesh = make_mesh(devices=jax.devices()[:1])
+    for got in (token_stats_from_hidden(hidden, w, targets, vocab_size=500, chunk_size=64),
+                token_stats_from_hidden_sharded(hidden, w, targets, vocab_size=500, chunk_size=64, mesh=mesh)):
+        for name in FLOAT_STATS:
+            assert np.isnan(np.asarray(getattr(got, name))).all(), name
+
+
+@pytest.mark.parametrize("bad", ["int_logits", "float_targets", "shape"])
+def test_the_kernel_refuses_what_it_cannot_compute(bad):
+    """Integer logits, float targets and targets of another shape are one UserError, also under jax.jit."""
+    from mia_jax.errors import UserError
+
+    logits, targets = random_case(13, vocab=50)
+    args = {"int_logits": (logits.astype(np.int32), targets), "float_targets": (logits, targets.astype(np.float32)),
+            "shape": (logits, targets[:, :3])}[bad]
+    with pytest.raises(UserError, match="logits|targets"):
+        token_stats(jnp.asarray(args[0]), jnp.asarray(args[1]))
+    with pytest.raises(UserError):
+        jax.jit(lambda x, y: token_stats(x, y).logprob)(jnp.asarray(args[0]), jnp.asarray(args[1]))

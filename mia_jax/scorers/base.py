@@ -8,6 +8,7 @@ from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from mia_jax import checks
 from mia_jax.errors import UserError
 from mia_jax.stats import TokenStats
 
@@ -101,8 +102,13 @@ MULTI_PASS: dict[str, MultiPassMethod] = {}  # multi-pass methods (run by runner
 RESOURCES: dict[str, Resource] = {}  # resource name -> how to make it, turn it into an array and check ids with it
 
 
-def _first_line(fn) -> str:
-    return (fn.__doc__ or "").strip().splitlines()[0]
+def _first_line(fn, name: str) -> str:
+    """The first line of ``fn``'s docstring: what ``--methods``' help says of method ``name`` (none: UserError)."""
+    doc = (fn.__doc__ or "").strip()
+    if not doc:
+        raise UserError(f"method {name!r}: {getattr(fn, '__name__', fn)!r} has no docstring; give it one (its first "
+                        "line is what the help and the reports say of the method)")
+    return doc.splitlines()[0]
 
 
 def register(name: str, *, resources: Mapping[str, str] | Sequence[str] = ()):
@@ -113,7 +119,8 @@ def register(name: str, *, resources: Mapping[str, str] | Sequence[str] = ()):
     keywords = dict(resources) if isinstance(resources, Mapping) else {r: r for r in resources}
 
     def deco(fn):
-        _check_unique(name, MULTI_PASS)
+        _check_unique(name)
+        doc = _first_line(fn, name)
         params = inspect.signature(fn).parameters.values()
         arrays = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
         options = {p.name: p for p in params if p.kind is p.KEYWORD_ONLY}
@@ -121,9 +128,9 @@ def register(name: str, *, resources: Mapping[str, str] | Sequence[str] = ()):
         given = ("k", "zlib_bytes", *keywords.values())  # what device_scores passes
         unset = [o for o, p in options.items() if p.default is p.empty and o not in given]
         if unknown or unset or not set(keywords.values()) <= set(options):
-            raise ValueError(f"scorer {name!r}: positional parameters must be among {ARRAYS} (got {unknown}), other "
+            raise UserError(f"scorer {name!r}: positional parameters must be among {ARRAYS} (got {unknown}), other "
                              f"keyword-only ones need a default (got {unset}), resources {keywords} need keywords")
-        REGISTRY[name] = Scorer(name, fn, "k" in options, "zlib_bytes" in options, _first_line(fn), "ids" in arrays,
+        REGISTRY[name] = Scorer(name, fn, "k" in options, "zlib_bytes" in options, doc, "ids" in arrays,
                                 tuple(keywords), arrays, tuple(keywords.values()))
         return fn
 
@@ -134,8 +141,8 @@ def register_multi_pass(name: str, *, pass_kind: str | tuple[str, ...], pass_met
     """Register a multi-pass method: ``combine(main, other, texts)`` after a ``pass_kind`` second pass, both the
     ``pass_method`` score per text."""
     def deco(combine):
-        _check_unique(name, REGISTRY)
-        MULTI_PASS[name] = MultiPassMethod(name, pass_kind, combine, _first_line(combine), pass_method)
+        _check_unique(name)
+        MULTI_PASS[name] = MultiPassMethod(name, pass_kind, combine, _first_line(combine, name), pass_method)
         return combine
 
     return deco
@@ -164,15 +171,21 @@ def requirements(methods: Sequence[str]) -> Requirements:
     unknown method: UserError)."""
     if isinstance(methods, str):
         raise UserError(f"methods is a tuple or list of names, got the string {methods!r}")
+    if not methods:
+        raise UserError("methods is empty: name at least one method, e.g. ['loss', 'min_k@0.2']")
     scorers = [single_pass(m)[0] for m in methods]
     return Requirements(any(s.needs_ids for s in scorers), any(s.needs_text for s in scorers),
                         tuple(dict.fromkeys(r for s in scorers for r in s.resources)))
 
 
-def _check_unique(name: str, other: dict) -> None:
-    """One name, one method: a single-pass scorer and a multi-pass method never share a name."""
-    if name in other:
-        raise ValueError(f"method {name!r} is already registered as a {type(other[name]).__name__}")
+def _check_unique(name: str) -> None:
+    """One name, one method: a name already registered (a built-in scorer or multi-pass method, or one's own) is
+    refused, never silently replaced (UserError); so is a name that cannot be written in ``--methods``."""
+    if not isinstance(name, str) or not name or "@" in name or "," in name or name != name.strip():
+        raise UserError(f"a method's name is a non-empty string without '@', ',' or surrounding spaces, got {name!r}")
+    if name in REGISTRY or name in MULTI_PASS:
+        kind = type(REGISTRY.get(name) or MULTI_PASS.get(name)).__name__
+        raise UserError(f"method {name!r} is already registered (a {kind}); register yours under another name")
 
 
 def lookup(name: str) -> Scorer | MultiPassMethod | None:
@@ -203,9 +216,7 @@ def parse_method(method: str) -> tuple[Scorer | MultiPassMethod, float | None]:
         k = float(k_text)
     except ValueError:
         raise UserError(f"bad fraction in {method!r}: {k_text!r} is not a number") from None
-    if not 0.0 < k <= 1.0:
-        raise UserError(f"fraction in {method!r} must be in (0, 1], got {k}")
-    return scorer, k
+    return scorer, checks.fraction(k, f"the fraction in {method!r}")
 
 
 def single_pass(method: str) -> tuple[Scorer, float | None]:
@@ -217,7 +228,11 @@ def single_pass(method: str) -> tuple[Scorer, float | None]:
 
 
 def expand_methods(methods: Sequence[str], ks: Sequence[float]) -> list[str]:
-    """Validate method names; a bare name that takes a fraction becomes one method per k."""
+    """Validate method names; a bare name that takes a fraction becomes one method per k. No method at all, or a
+    name that is not a string: UserError."""
+    methods = list(methods)
+    if not methods:
+        raise UserError("methods is empty: name at least one method, e.g. ['loss', 'min_k@0.2']")
     out: list[str] = []
     for method in methods:
         scorer = lookup(method)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mia_jax import checks
 from mia_jax.errors import UserError
 from mia_jax.scorers.base import RESOURCES, Scorer, TokenBatch, check_resources, requirements, single_pass
 from mia_jax.scorers.likelihood import zlib_bytes as text_zlib_bytes
@@ -23,13 +24,6 @@ from mia_jax.stats import DEFAULT_CHUNK, TokenStats, token_stats
 
 # scores_from_logits' default: the default methods that need nothing but the logits
 LOGIT_METHODS = ("loss", "ppl", "min_k@0.2", "min_k_pp@0.2", "max_k@0.2", "entropy", "rank")
-
-
-def _concrete(x) -> np.ndarray | None:
-    """``x`` as a host array, or None under a trace (a value not known yet) or spread over several processes."""
-    if isinstance(x, jax.core.Tracer) or (isinstance(x, jax.Array) and not x.is_fully_addressable):
-        return None
-    return np.asarray(x)
 
 
 def resource_arrays(methods: Sequence[str], resources: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
@@ -45,20 +39,15 @@ def check_ids(methods: Sequence[str], ids, mask, arrays: Mapping[str, Any]) -> N
     """Host check of the target ids against the resource arrays that ``methods`` index by them (``dc_pdd``: an id
     outside the frequency table is a UserError; ``Resource.check_ids``). ``device_scores`` runs it itself outside a
     trace; a caller that jits its own step runs it on the host ids before (under a trace such a row is NaN)."""
-    ids, mask = _concrete(ids), _concrete(mask)
+    ids, mask = checks.concrete(ids), checks.concrete(mask)
     if ids is None or mask is None:
         return
     for method in methods:
         scorer, _ = single_pass(method)
         for r in scorer.resources if scorer.needs_ids else ():
-            table = _concrete(arrays[r])
+            table = checks.concrete(arrays[r])
             if RESOURCES[r].check_ids is not None and table is not None:
                 RESOURCES[r].check_ids(ids, mask, table)
-
-
-def _check_shape(what: str, x, want: tuple) -> None:
-    if tuple(jnp.shape(x)) != want:
-        raise UserError(f"{what} has shape {tuple(jnp.shape(x))}, expected {want}")
 
 
 def _prepare(stats, mask, methods, ids, zlib_bytes, resources):
@@ -66,18 +55,23 @@ def _prepare(stats, mask, methods, ids, zlib_bytes, resources):
     need = requirements(methods)
     parsed = [(m, *single_pass(m)) for m in methods]
     shape = tuple(jnp.shape(stats.logprob))
-    _check_shape("mask", mask, shape)
+    for name, x in stats._asdict().items():
+        checks.shape(f"stats.{name}", x, shape)
+        (checks.numeric if name == "rank" else checks.floating)(f"stats.{name}", x)
+    checks.shape("mask", mask, shape)
+    checks.integer("mask", mask, bool_ok=True)
     if need.ids:
         if ids is None:
             names = [m for m, s, _ in parsed if s.needs_ids]
             raise UserError(f"{', '.join(names)} need ids=: the target token ids, int {list(shape)} (the token each "
                             "log-prob is of)")
-        _check_shape("ids", ids, shape)
+        checks.shape("ids", ids, shape)
+        checks.integer("ids", ids)
     if need.zlib_bytes:
         if zlib_bytes is None:
             raise UserError("'zlib' needs zlib_bytes=: each text's zlib-compressed length in bytes, float "
                             f"{list(shape[:-1])} (mia_jax.scorers.zlib_bytes(text))")
-        _check_shape("zlib_bytes", zlib_bytes, shape[:-1])
+        checks.shape("zlib_bytes", zlib_bytes, shape[:-1])
     arrays = {}
     for r in need.resources:
         value = (resources or {}).get(r)
@@ -121,8 +115,12 @@ def device_scores(stats: TokenStats, mask, methods: Sequence[str], *, ids=None, 
     """
     stats = TokenStats(*stats)
     parsed, arrays = _prepare(stats, mask, methods, ids, zlib_bytes, resources)
-    inputs = {**stats._asdict(), "mask": jnp.asarray(mask, bool), "ids": ids}
-    return {m: _call(scorer, k, inputs, zlib_bytes, arrays) for m, scorer, k in parsed}
+    mask = jnp.asarray(mask, bool)
+    inputs = {**stats._asdict(), "mask": mask, "ids": ids}
+    # a NaN statistic of a scored token (a NaN logit: stats.token_stats) makes the text's every score NaN, whatever
+    # the formula does with it (a sort would move it past the k lowest, a max would skip it)
+    broken = jnp.any(mask & jnp.isnan(stats.logprob), axis=-1)
+    return {m: jnp.where(broken, jnp.nan, _call(scorer, k, inputs, zlib_bytes, arrays)) for m, scorer, k in parsed}
 
 
 def scores_from_logits(logits, ids, attention_mask, *, methods: Sequence[str] = LOGIT_METHODS,
@@ -144,9 +142,12 @@ def scores_from_logits(logits, ids, attention_mask, *, methods: Sequence[str] = 
     [-2.0794, -2.0794]
     """
     requirements(methods)  # a bad method before any work
+    checks.floating("logits", logits)
+    checks.shape("ids", ids, tuple(jnp.shape(logits)[:-1]))
+    checks.shape("attention_mask", attention_mask, tuple(jnp.shape(logits)[:-1]))
+    checks.integer("attention_mask", attention_mask, bool_ok=True)
+    checks.token_ids("ids", ids, vocab_size or jnp.shape(logits)[-1], where=attention_mask)
     logits, ids, am = jnp.asarray(logits), jnp.asarray(ids), jnp.asarray(attention_mask).astype(bool)
-    _check_shape("ids", ids, tuple(logits.shape[:-1]))
-    _check_shape("attention_mask", am, tuple(logits.shape[:-1]))
     targets = ids[..., 1:]
     stats = token_stats(logits[..., :-1, :], targets, vocab_size=vocab_size, chunk_size=chunk_size)
     return device_scores(stats, am[..., 1:] & am[..., :-1], methods, ids=targets, zlib_bytes=zlib_bytes,

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mia_jax import checks
 from mia_jax.scorers.base import register
 from mia_jax.scorers.reduce import floating, real
 
@@ -37,7 +38,7 @@ def k_count(k: float, n) -> np.ndarray:
     >>> int(k_count(0.7, 90))  # int(90 * 0.7) == 62 in the published code
     63
     """
-    frac = Fraction(repr(float(k)))
+    frac = Fraction(repr(checks.fraction(k)))  # every formula with a fraction counts with this: k checked here
     n = np.asarray(n, np.int64)
     # Python integers: n * numerator overflows int64 for a k such as 0.1 + 0.2 = 0.30000000000000004
     counts = [max(1, int(v) * frac.numerator // frac.denominator) for v in n.ravel()]
@@ -52,7 +53,7 @@ def _count_table(k: float, length: int) -> np.ndarray:
 def traced_k_count(k: float, n, length: int) -> jax.Array:
     """``k_count(k, n)`` for a traced integer n in 0..length: the host function tabulated, then selected (a one-hot
     select, not a gather: batch-sharded n indexing a replicated table stays an elementwise op)."""
-    table = jnp.asarray(_count_table(float(k), int(length)))
+    table = jnp.asarray(_count_table(checks.fraction(k), int(length)))
     return jnp.where(jnp.asarray(n)[..., None] == jnp.arange(length + 1), table, 0).sum(-1)
 
 
