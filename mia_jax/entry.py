@@ -22,7 +22,8 @@ What every entry point gets from it:
   once every ``finally`` and ``with`` has run: the interpreter's shutdown with JAX's threads mid-step could
   segfault, and JAX's atexit hooks printed "Exception ignored in atexit callback" on a second Ctrl-C); called from
   Python with an ``argv``, 130 is returned and the handler restored (a child process would otherwise inherit an
-  ignored SIGINT). Anything else is a bug and keeps its traceback.
+  ignored SIGINT). A closed stdout (``mia-jax ... | head -1``) ends the command quietly, status 141 (128 + SIGPIPE).
+  Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -345,7 +346,15 @@ def run(prog: str, main: Callable[..., int | None], argv: list[str] | None = Non
         preemption.install()  # the command: SIGTERM is a preemption notice, acted on at a step boundary
     try:
         check_xla_flags()
-        return main(argv) or 0
+        status = main(argv) or 0
+        sys.stdout.flush()  # output held in the buffer meets a closed pipe here, under the guard
+        return status
+    except BrokenPipeError:  # stdout's reader left (``| head``): the Python docs' "Note on SIGPIPE"
+        try:  # what is still buffered goes to os.devnull, not to a second error at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # a stdout without a file descriptor (a test's capture)
+            pass
+        return 141  # 128 + SIGPIPE: what a shell shows for a process a closed pipe ended (``yes | head``)
     except preemption.Preempted as e:
         print(f"{prog}: {e}", file=sys.stderr, flush=True)
         return preemption.EXIT_CODE

@@ -169,3 +169,27 @@ def test_number_types_refuse(parse, text):
 def test_number_types_accept():
     assert entry.positive_int("3") == 3 and entry.nonneg_int("0") == 0 and entry.fraction("1") == 1.0
     assert entry.positive_float("1e-5") == 1e-5 and entry.nonneg_float("0") == 0.0
+
+
+@pytest.mark.parametrize("argv, unbuffered, status", [(["datasets", "list"], "1", 141), (["datasets", "list"], "", 141),
+                                                      (["eval", "--help"], "1", 0), (["--help"], "", 0)])
+def test_a_closed_stdout_ends_the_command_quietly(argv, unbuffered, status, tmp_path):
+    """`mia-jax ... | head -1` with head gone before the first line: the reader of a real pipe closed before the
+    command writes. Each line written at once (PYTHONUNBUFFERED) or held in the buffer until the end: no traceback,
+    nothing on stderr, status 141 (128 + SIGPIPE), as `yes | head` shows in a shell; --help keeps argparse's status,
+    0 (argparse drops its own write errors), the help dropped as quietly at exit."""
+    env = ENV | {"PYTHONUNBUFFERED": unbuffered, "TFDS_DATA_DIR": str(tmp_path)}
+    done = subprocess.Popen([sys.executable, "-m", "mia_jax.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    done.stdout.close()
+    err = done.stderr.read()
+    assert (done.wait(timeout=300), err) == (status, "")
+
+
+def test_piped_into_head(tmp_path):
+    """The shell pipe users type: the first line comes through, no traceback whenever head leaves."""
+    command = f"{sys.executable} -m mia_jax.cli datasets list --data-dir {tmp_path} | head -1"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, env=ENV,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode in (0, 141) and done.stderr == ""
+    assert done.stdout == f"tfds:wikimia/length32\tnot built in {tmp_path}\n"

@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from array_record.python.array_record_module import ArrayRecordReader
 from helpers import ENV, REPO, assert_clean_error, snapshot
+from tensorflow_datasets.proto import tf_example_pb2
 
 from mia_jax import data
 from mia_jax.audits import books
@@ -219,3 +221,140 @@ def test_text_feature_default_is_the_same_in_memory_and_streamed(tmp_path):
     whole = tfds_source.load("tfds:tfds_test_both", tmp_path, text_field="input")
     streamed = stream.TextStream("tfds:tfds_test_both", "input", data_dir=tmp_path)
     assert [t for t, _ in streamed.rows()] == whole.texts == [f"input {i}" for i in range(12)]
+
+
+def _tampered_copy(tfds_dir: Path, dest: Path, info: str | None = None, **split) -> Path:
+    """A copy of the built TFDS folder whose WikiMIA length32 dataset_info.json is ``info`` (text) or has ``split``'s
+    fields changed in its split (e.g. shardLengths lowered: the files still hold their 776 rows)."""
+    shutil.copytree(tfds_dir, dest)
+    path = dest / "wikimia" / "length32" / "1.0.0" / "dataset_info.json"
+    if info is None:
+        described = json.loads(path.read_text())
+        described["splits"][0].update(split)
+        info = json.dumps(described, indent=2)
+    path.write_text(info)
+    return dest
+
+
+@pytest.mark.parametrize("what, info, split, needles", [
+    ("rows dropped", None, {"shardLengths": ["700"]}, ["wikimia-train.array_record-00000-of-00001 holds 776 rows but ",
+                                                       "dataset_info.json says 700 (shardLengths)"]),
+    ("rows invented", None, {"shardLengths": ["800"]}, ["holds 776 rows but ", "says 800 (shardLengths)"]),
+    ("not JSON", "{not json", {}, ["dataset_info.json cannot be read (Expecting property name"]),
+    ("not an object", "[]", {}, ["dataset_info.json is not a TFDS dataset description"]),
+])
+def test_rows_are_counted_in_the_files_not_taken_from_the_description(what, info, split, needles, tfds_dir,
+                                                                       tmp_path, capsys):
+    """`mia-jax eval --data tfds:...` on a dataset whose dataset_info.json disagrees with its files (TFDS alone scored
+    700 of 776 texts, exit 0) or is not JSON: one line naming the file (and both counts), exit 2, nothing written."""
+    data_dir = _tampered_copy(tfds_dir, tmp_path / "tfds", info, **split)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    rc = main(["eval", "--model", "unused", "--data", "tfds:wikimia/length32", "--data-dir", str(data_dir),
+               "--methods", "loss", "--out", str(tmp_path / "out")])
+    assert_clean_error(rc, capsys.readouterr().err, *needles)
+    assert snapshot(tmp_path) == before, what
+    with pytest.raises(UserError, match="rebuild"):  # the streamed reader opens it alike
+        stream.TextStream("tfds:wikimia/length32", data_dir=data_dir)
+
+
+def test_datasets_list_shows_a_broken_dataset_as_broken(tfds_dir, tmp_path, capsys):
+    """`datasets list` opens each built config as `--data tfds:` does: a dataset_info.json that is not JSON, or whose
+    row counts are not the files', is listed as broken with why, never as built; `datasets build` does not keep it."""
+    data_dir = _tampered_copy(tfds_dir, tmp_path / "tfds", "{not json")
+    imdb = data_dir / "contamination" / "imdb" / "1.0.0" / "dataset_info.json"
+    info = json.loads(imdb.read_text())
+    rows = int(info["splits"][0]["shardLengths"][0])
+    info["splits"][0]["shardLengths"] = [str(rows - 1)]
+    imdb.write_text(json.dumps(info))
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert main(["datasets", "list", "--data-dir", str(data_dir)]) == 0
+    listed = dict(line.split("\t") for line in capsys.readouterr().out.splitlines())
+    assert listed["tfds:wikimia/length32"].startswith("broken 1.0.0 (") and "dataset_info.json cannot be read (" \
+        in listed["tfds:wikimia/length32"]
+    assert listed["tfds:contamination/imdb"].startswith("broken 1.0.0 (") and f"holds {rows} rows but " in \
+        listed["tfds:contamination/imdb"] and f"says {rows - 1} (shardLengths)" in listed["tfds:contamination/imdb"]
+    assert listed["tfds:contamination/news"] == f"built 1.0.0 in {data_dir}"
+    assert listed["tfds:wikimia/length64"] == f"not built in {data_dir}"
+    assert not any(state.startswith("built") for spec, state in listed.items() if spec.endswith(("length32", "imdb")))
+    rc = main(["datasets", "build", "wikimia", "--config", "length32", "--data-dir", str(data_dir), "--no-progress"])
+    assert_clean_error(rc, capsys.readouterr().err, "tfds:wikimia/length32 is built in ", "but cannot be read",
+                       "remove ")
+    assert snapshot(tmp_path) == before
+
+
+def test_two_builds_into_one_folder_at_once(tfds_dir, tmp_path, capsys):
+    """A real `mia-jax datasets build` held mid-build (after its first row) holds --data-dir: a second build into it
+    is refused at once, one line with the first one's PID, exit 2, nothing changed; the first then finishes, and its
+    files are the same bytes as the fixture's build."""
+    data_dir = tmp_path / "tfds"
+    code = ("import sys\nfrom mia_jax.cli import main\nfrom mia_jax.data import builders\n"
+            "rows = builders.Wikimia._rows\n"
+            "def held(self):\n    for i, row in enumerate(rows(self)):\n        if i == 1:\n"
+            "            print('held', flush=True)\n            sys.stdin.readline()\n        yield row\n"
+            "builders.Wikimia._rows = held\n"
+            "sys.exit(main(['datasets', 'build', 'wikimia', '--config', 'length32', '--data-dir', sys.argv[1], "
+            "'--no-progress']))\n")
+    first = subprocess.Popen([sys.executable, "-c", code, str(data_dir)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
+    try:
+        assert first.stdout.readline().strip() == "held", first.stderr.read()
+        before = snapshot(data_dir)
+        capsys.readouterr()
+        rc = main(["datasets", "build", "wikimia", "--config", "length32", "--data-dir", str(data_dir),
+                   "--no-progress"])
+        assert_clean_error(rc, capsys.readouterr().err, f"{data_dir.absolute()} is in use by another process "
+                           f"(PID {first.pid}); wait for it to finish, or use another --data-dir")
+        assert snapshot(data_dir) == before
+        out, err = first.communicate("\n", timeout=300)
+    finally:
+        first.kill()
+        first.wait()
+    assert first.returncode == 0 and "Traceback" not in err, err
+    assert "tfds:wikimia/length32: 776 rows in " in out
+    version = Path("wikimia", "length32", "1.0.0")
+    assert _hashes(data_dir / version) == _hashes(tfds_dir / version)
+    assert not (data_dir / ".lock").exists() and tfds_source.problem("tfds:wikimia/length32", data_dir, "1.0.0") is None
+
+
+def _hashes(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_same_build_gives_the_same_bytes(tfds_dir, tmp_path):
+    """Built in 4 processes (TFDS wrote each example's features in the order of a per-process hash table: another
+    SHA-256 about half the time), WikiMIA and two datasets of 6 and 7 features give the same files byte for byte, as
+    the fixture's build; every record is its example serialized with its features sorted (by construction)."""
+    code = ("import sys\nfrom mia_jax.cli import main\n"
+            "assert main(['datasets', 'build', 'wikimia', '--config', 'length32', '--data-dir', sys.argv[1], "
+            "'--no-progress']) == 0\n"
+            "sys.exit(main(['datasets', 'build', 'contamination', '--config', 'commonsenseqa', 'truthfulqa', "
+            "'--data-dir', sys.argv[1], '--no-progress']))\n")
+    builds = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"build{i}")], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO) for i in range(4)]
+    for b in builds:
+        assert b.wait(timeout=300) == 0, b.stderr.read()
+    hashes = [_hashes(tmp_path / f"build{i}") for i in range(4)]
+    assert len(hashes[0]) == 12 and all(h == hashes[0] for h in hashes[1:])  # 3 configs' files, 2 .config/metadata
+    wikimia = Path("wikimia", "length32", "1.0.0")
+    assert _hashes(tmp_path / "build0" / wikimia) == _hashes(tfds_dir / wikimia)
+    for shard in (tmp_path / "build0").rglob("*.array_record-*"):
+        reader = ArrayRecordReader(str(shard))
+        records = reader.read_all()
+        reader.close()
+        assert records and all(tf_example_pb2.Example.FromString(r).SerializeToString(deterministic=True) == r
+                               for r in records)
+
+
+def test_a_file_of_the_split_the_description_does_not_list_is_refused(tfds_dir, tmp_path):
+    """A second file of the split beside the one dataset_info.json lists (two builds mixed): refused by name, not
+    left unread."""
+    data_dir = _tampered_copy(tfds_dir, tmp_path / "tfds")
+    version = data_dir / "wikimia" / "length32" / "1.0.0"
+    shard = version / "wikimia-train.array_record-00000-of-00001"
+    shutil.copy(shard, shard.with_name("wikimia-train.array_record-00001-of-00002"))
+    with pytest.raises(UserError, match=r"00001-of-00002 is a file of split train that .*dataset_info.json does not "
+                                        r"list \(it lists 1\); rebuild the dataset"):
+        tfds_source.TfdsSource("tfds:wikimia/length32", data_dir)

@@ -1,7 +1,8 @@
 """``mia-jax datasets``: the project's datasets as TensorFlow Datasets (``build``: written offline as ArrayRecord into
-``--data-dir``; ``list``: the datasets, their configs and which are built there). Scoring then reads them with
-``--data tfds:NAME/CONFIG --data-dir DIR`` (:mod:`mia_jax.data.tfds_source`); the builders:
-:mod:`mia_jax.data.builders`."""
+``--data-dir``, under a lock on it, byte for byte the same files each time; ``list``: the datasets, their configs and
+which are built there, each built one opened and checked as ``--data tfds:`` reads it: a broken one is listed as
+broken, with why). Scoring then reads them with ``--data tfds:NAME/CONFIG --data-dir DIR``
+(:mod:`mia_jax.data.tfds_source`); the builders: :mod:`mia_jax.data.builders`."""
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,9 @@ NAME = "datasets"
 HELP = "build the project's datasets (WikiMIA, MIMIR, the contamination study's) as TFDS datasets, offline"
 DESCRIPTION = ("mia-jax datasets build NAME --data-dir DIR writes dataset NAME (every config, or --config ...) in "
                "TFDS's ArrayRecord format, from the files the package ships (MIMIR: from --source); nothing "
-               "downloads. mia-jax datasets list shows the datasets and what is built in --data-dir. Score one with "
-               "mia-jax eval --data tfds:NAME/CONFIG --data-dir DIR.")
+               "downloads; --data-dir is locked meanwhile, and the same files give the same bytes. mia-jax datasets "
+               "list shows the datasets and what is built in --data-dir, each built one checked (a broken one listed "
+               "as broken, with why). Score one with mia-jax eval --data tfds:NAME/CONFIG --data-dir DIR.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,9 +47,7 @@ def run(args) -> None:
             raise UserError("--config and --source apply to build, not list")
         for name in ([args.name] if args.name else builders.BUILDERS):
             for config in builders.configs(name):
-                versions = [v.name for v in tfds_source._built(data_dir / name / config)]
-                print(f"tfds:{name}/{config}\t{'built ' + ', '.join(versions) if versions else 'not built'} "
-                      f"in {data_dir}")
+                print(f"tfds:{name}/{config}\t{_state(f'tfds:{name}/{config}', data_dir)} in {data_dir}")
         return
     if args.name is None:
         raise UserError(f"name the dataset to build: mia-jax datasets build NAME ({', '.join(data.TFDS_DATASETS)})")
@@ -59,3 +59,17 @@ def run(args) -> None:
         print(f"tfds:{args.name}/{config}: {n} rows in {folder}{'' if new else ' (already built: kept)'}")
     print(f"next: mia-jax eval --data tfds:{args.name}/{(args.config or builders.configs(args.name))[0]} "
           f"--data-dir {data_dir}")
+
+
+def _state(spec: str, data_dir: Path) -> str:
+    """What ``datasets list`` says of ``spec`` in ``data_dir``: ``built VERSION, ...`` for the versions that read,
+    ``broken VERSION (why)`` for each that does not (:func:`mia_jax.data.tfds_source.problem`), or ``not built``."""
+    from mia_jax.data import tfds_source
+
+    name, config, _ = tfds_source.parse_spec(spec)
+    versions = [v.name for v in tfds_source._built(data_dir / name / config)]
+    why = {v: tfds_source.problem(spec, data_dir, v) for v in versions}
+    good = [v for v in versions if why[v] is None]
+    parts = [f"built {', '.join(good)}"] if good else []
+    parts += [f"broken {v} ({why[v]})" for v in versions if why[v] is not None]
+    return "; ".join(parts) or "not built"

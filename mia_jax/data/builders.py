@@ -24,18 +24,34 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core import writer as tfds_writer
+from tensorflow_datasets.proto import tf_example_pb2
 
-from mia_jax import data
-from mia_jax.data import corpora, known
+from mia_jax import data, rundir
+from mia_jax.data import corpora, known, tfds_source
 from mia_jax.errors import UserError
 
 FORMAT = "array_record"
 MEMBER_LABEL = tfds.features.ClassLabel(names=["non-member", "member"])  # 0 non-member, 1 member
+
+
+class SortedFeatures(tfds_writer.ExampleWriter):
+    """TFDS's example writer, each example's features in the order of their names. TFDS serializes an example as a
+    ``tf.train.Example``, whose features are a protobuf map: written in the order of the process's hash table, which
+    varies from one process to the next (the same build gave files of different SHA-256 about half the time).
+    Serialized deterministically (keys sorted), the same rows give the same bytes, and the same sizes as before."""
+
+    def write(self, path, examples):
+        """Write ``examples`` ((key, serialized example) pairs) to ``path``, each re-serialized with sorted keys;
+        returns what TFDS's writer returns."""
+        return super().write(path, ((key, tf_example_pb2.Example.FromString(blob).SerializeToString(deterministic=True))
+                                    for key, blob in examples))
 
 
 class Bundled(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -57,6 +73,9 @@ class Bundled(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     def __init__(self, *, source: str | os.PathLike | None = None, **kwargs):
         self.source = source
         super().__init__(**kwargs)
+
+    def _example_writer(self) -> tfds_writer.ExampleWriter:
+        return SortedFeatures(file_format=self.info.file_format)
 
     def _log_download_bytes(self) -> None:  # TFDS prints "Downloading ...": nothing downloads here
         pass
@@ -194,25 +213,45 @@ def configs(name: str) -> list[str]:
 def build(name: str, data_dir: str | os.PathLike, only: Sequence[str] = (), source: str | os.PathLike | None = None,
           progress: bool = True) -> list[tuple[str, Path, int, bool]]:
     """Build dataset ``name`` (every config, or those in ``only``) as ArrayRecord into ``data_dir``, offline; a
-    config already built there is kept as it is. Every config's files are checked before the first is written.
-    ``source``: where to read a dataset that is not bundled (MIMIR). Returns (config, version folder, rows, whether
-    it was built now: False for one kept)."""
+    config already built there is kept as it is, once it reads (:func:`mia_jax.data.tfds_source.problem`: a broken
+    one is refused). Every config's files are checked before the first is written; ``data_dir`` is then locked
+    (:func:`mia_jax.rundir.claim`): a second build into it meanwhile is refused with this one's PID. The same files
+    give the same bytes (:class:`SortedFeatures`). ``source``: where to read a dataset that is not bundled (MIMIR).
+    Returns (config, version folder, rows, whether it was built now: False for one kept)."""
     if name not in BUILDERS:
         raise UserError(f"unknown dataset {name!r}; datasets: {', '.join(BUILDERS)}")
     unknown = [c for c in only if c not in configs(name)]
     if unknown:
         raise UserError(f"{name} has no config {unknown[0]!r}; configs: {', '.join(configs(name))}")
     data_dir = Path(data_dir).expanduser().absolute()
+    version = str(BUILDERS[name].VERSION)
+    for c in only or configs(name):  # a kept one must read, checked before TFDS reads it (a bad description raises)
+        folder = data_dir / name / c / version
+        why = (folder / "dataset_info.json").is_file() and tfds_source.problem(f"tfds:{name}/{c}", data_dir, version)
+        if why:
+            raise UserError(f"tfds:{name}/{c} is built in {folder} but cannot be read ({why}); remove {folder} and "
+                            "build it again")
     builders = [BUILDERS[name](config=c, data_dir=str(data_dir), file_format=FORMAT, source=source)
                 for c in (only or configs(name))]
     for b in builders:
         b.check_source()
     tfds.display_progress_bar(progress)
     done = []
-    with tempfile.TemporaryDirectory(prefix="mia_jax_tfds_") as downloads:  # nothing is downloaded; TFDS wants one
+    with _locked(data_dir), tempfile.TemporaryDirectory(prefix="mia_jax_tfds_") as downloads:  # TFDS wants one
         for b in builders:
-            kept = (Path(b.data_dir) / "dataset_info.json").is_file()
+            old = (Path(b.data_dir) / "dataset_info.json").is_file()
             b.download_and_prepare(download_dir=downloads, download_config=tfds.download.DownloadConfig(
                 try_download_gcs=False, download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
-            done.append((b.builder_config.name, Path(b.data_dir), b.info.splits["train"].num_examples, not kept))
+            done.append((b.builder_config.name, Path(b.data_dir), b.info.splits["train"].num_examples, not old))
     return done
+
+
+@contextmanager
+def _locked(data_dir: Path) -> Iterator[None]:
+    """``data_dir`` made and held (the run folders' lock, :func:`mia_jax.rundir.claim`, without a fingerprint)."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(rundir.claim(data_dir, None))
+        except UserError as e:  # the lock's advice names the run folders' flag
+            raise UserError(str(e).replace("another --out", "another --data-dir")) from None
+        yield

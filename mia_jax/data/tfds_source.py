@@ -8,7 +8,13 @@ dataset is built with ``builder.download_and_prepare(file_format="array_record")
 
 The folder is checked before TFDS is asked, so that each mistake is one line saying what is there: no such folder,
 a folder that holds no TFDS dataset, an unknown name, config or split, a feature that is not text, a dataset written
-in another file format (TFRecord, which only TensorFlow reads).
+in another file format (TFRecord, which only TensorFlow reads), a ``dataset_info.json`` that is not JSON.
+
+The data are read as data, not as their description: the rows of a split are counted in its ArrayRecord files
+themselves (:func:`record_count`), and a file whose count differs from the ``shardLengths`` that ``dataset_info.json``
+gives it (TFDS would read that many rows and silently drop the rest), a file missing or one of the split that the
+description does not list is refused, naming the file and both counts. :func:`problem` says why a built dataset cannot
+be read (``mia-jax datasets list`` shows it as broken).
 
 A run's fingerprint identifies the data by its files: :attr:`TfdsSource.files` maps the path of every file of the
 split and the dataset's ``dataset_info.json`` and ``features.json`` to its SHA-256. TFDS lays a dataset out as
@@ -25,6 +31,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
+from array_record.python.array_record_module import ArrayRecordReader
+from google.protobuf import json_format
 
 from mia_jax import data
 from mia_jax.errors import UserError
@@ -90,12 +98,15 @@ def _default_config(folder: Path, configs: list[str]) -> str | None:
     return default if default in configs else (configs[0] if len(configs) == 1 else None)
 
 
-def locate(spec: str, data_dir: str | os.PathLike | None) -> tuple[Path, str, str | None, dict]:
-    """Find the built dataset ``spec`` names in ``data_dir`` (None: :func:`default_data_dir`).
+def locate(spec: str, data_dir: str | os.PathLike | None,
+           version: str | None = None) -> tuple[Path, str, str | None, dict]:
+    """Find the built dataset ``spec`` names in ``data_dir`` (None: :func:`default_data_dir`): its ``version``, else
+    the newest built.
 
-    Returns (its version folder, its name, its config or None, its dataset_info.json). A UserError for a folder that
-    is missing or holds no TFDS dataset, an unknown name or config (listing those built there), a config left out
-    where several are built and none is the default, or a dataset in a format other than ArrayRecord.
+    Returns (its version folder, its name, its config or None, its dataset_info.json as :func:`read_info` reads it).
+    A UserError for a folder that is missing or holds no TFDS dataset, an unknown name or config (listing those built
+    there), a config left out where several are built and none is the default, or a description :func:`read_info`
+    refuses.
     """
     name, config, _ = parse_spec(spec)
     data_dir = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
@@ -119,16 +130,63 @@ def locate(spec: str, data_dir: str | os.PathLike | None) -> tuple[Path, str, st
     if config is not None and config not in configs:
         raise UserError(f"{name} has no config {config!r} in {data_dir} (configs built: "
                         f"{', '.join(configs) or 'none, it has no configs'}); {_how_to_build(name, data_dir)}")
-    version = _built(folder / config if config else folder)[-1]
+    versions = _built(folder / config if config else folder)
+    chosen = [v for v in versions if version is None or v.name == version][-1:]
+    if not chosen:
+        raise UserError(f"{spec} has no version {version} built in {data_dir} (built: "
+                        f"{', '.join(v.name for v in versions)})")
+    return chosen[0], name, config, read_info(chosen[0], name)
+
+
+def read_info(version: Path, name: str) -> dict:
+    """The ``dataset_info.json`` of the dataset ``name`` built in the folder ``version``; a UserError when it is not a
+    JSON object listing the splits by name, or says another file format than ArrayRecord."""
+    path = version / "dataset_info.json"
     try:
-        info = json.loads((version / "dataset_info.json").read_text(encoding="utf-8"))
+        info = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise UserError(f"{version / 'dataset_info.json'} cannot be read ({e}); rebuild the dataset") from None
+        raise UserError(f"{path} cannot be read ({e}); rebuild the dataset") from None
+    splits = info.get("splits", []) if isinstance(info, dict) else None
+    if not isinstance(splits, list) or not all(isinstance(s, dict) and isinstance(s.get("name"), str) for s in splits):
+        raise UserError(f"{path} is not a TFDS dataset description (a JSON object listing its splits by name); "
+                        "rebuild the dataset")
     fmt = info.get("fileFormat") or "tfrecord"  # TFDS leaves the field out for its historical default, TFRecord
     if fmt != FORMAT:
         raise UserError(f"{name} in {version} is stored as {fmt}, which needs TensorFlow to read; rebuild it as "
                         "ArrayRecord (download_and_prepare(file_format='array_record')) into another --data-dir")
-    return version, name, config, info
+    return info
+
+
+def record_count(path: Path, spec: str) -> int:
+    """The rows of the ArrayRecord file ``path`` as the file itself records them (its footer), whatever the dataset's
+    description says; a UserError naming the file when it is not a readable ArrayRecord file (cut, garbled)."""
+    reader = ArrayRecordReader(str(path))
+    if reader.ok():
+        try:
+            return reader.num_records()
+        finally:
+            reader.close()
+    try:  # a reader that failed to open says why only when asked for a row
+        reader.read([0])
+        why = "not an ArrayRecord file"
+    except (RuntimeError, ValueError, OSError) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise UserError(f"{spec}: {path} cannot be read ({why}); the dataset's files are damaged: rebuild it")
+
+
+def problem(spec: str, data_dir: str | os.PathLike | None, version: str) -> str | None:
+    """Why ``version`` of the dataset ``spec`` (``tfds:NAME[/CONFIG]``) built in ``data_dir`` cannot be read: the
+    refusal of its description or of the first split that does not open as :class:`TfdsSource` opens it (files
+    missing, damaged, or holding other row counts than the description's); None when every split reads."""
+    try:
+        splits = [s["name"] for s in locate(spec, data_dir, version)[3].get("splits", [])]
+        if not splits:
+            return f"{spec}: its dataset_info.json lists no split; rebuild the dataset"
+        for split in splits:
+            TfdsSource(f"{spec}:{split}", data_dir, version)
+    except UserError as e:
+        return str(e)
+    return None
 
 
 def _choose_split(spec: str, info: dict, split: str | None) -> str:
@@ -171,8 +229,8 @@ class TfdsSource:
     :meth:`rows`. See :func:`locate` for what is refused.
     """
 
-    def __init__(self, spec: str, data_dir: str | os.PathLike | None = None):
-        folder, self.name, self.config, info = locate(spec, data_dir)
+    def __init__(self, spec: str, data_dir: str | os.PathLike | None = None, version: str | None = None):
+        folder, self.name, self.config, info = locate(spec, data_dir, version)
         self.spec = spec
         self.version = folder.name
         self.split = _choose_split(spec, info, parse_spec(spec)[2])
@@ -180,16 +238,34 @@ class TfdsSource:
         try:
             self._source = tfds.data_source(full, split=self.split, data_dir=str(folder.parents[1 + bool(self.config)]),
                                             download=False, try_gcs=False)
-        except (ValueError, NotImplementedError, FileNotFoundError, KeyError, AssertionError, RuntimeError) as e:
+        except (ValueError, NotImplementedError, FileNotFoundError, KeyError, AssertionError, RuntimeError,
+                json_format.ParseError) as e:  # ParseError: a dataset_info.json whose fields TFDS cannot read
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise UserError(f"{spec}: TFDS cannot open {folder} ({first}); rebuild the dataset") from None
         self.features = self._source.dataset_info.features
-        paths = [Path(p) for p in self._source.dataset_info.splits[self.split].filepaths]
-        missing = [p for p in paths if not p.is_file()]
-        if missing:
-            raise UserError(f"{spec}: file {missing[0]} of split {self.split} is missing; rebuild the dataset")
+        paths = self._check_files(folder, self._source.dataset_info.splits[self.split])
         meta = [folder / f for f in ("dataset_info.json", "features.json") if (folder / f).is_file()]
         self.files = {str(p): sha256(p) for p in [*meta, *paths]}
+
+    def _check_files(self, folder: Path, split) -> list[Path]:
+        """The split's files, each holding the rows the description gives it (``shardLengths``), none missing and
+        none beside them; sets the split's length from the files' own counts."""
+        paths = [Path(p) for p in split.filepaths]
+        missing = [p for p in paths if not p.is_file()]
+        if missing:
+            raise UserError(f"{self.spec}: file {missing[0]} of split {self.split} is missing; rebuild the dataset")
+        stray = sorted(set(folder.glob(f"{self.name}-{self.split}.{FORMAT}-*")) - set(paths))
+        if stray:
+            raise UserError(f"{self.spec}: {stray[0]} is a file of split {self.split} that {folder}/dataset_info.json "
+                            f"does not list (it lists {len(paths)}); rebuild the dataset")
+        self._len = 0
+        for path, listed in zip(paths, split.shard_lengths):
+            found = record_count(path, self.spec)
+            if found != listed:
+                raise UserError(f"{self.spec}: {path} holds {found} rows but {folder}/dataset_info.json says {listed} "
+                                "(shardLengths); rebuild the dataset")
+            self._len += found
+        return paths
 
     @property
     def label(self) -> str:
@@ -197,7 +273,7 @@ class TfdsSource:
         return f"{self.name}-{self.config}" if self.config else self.name
 
     def __len__(self) -> int:
-        return len(self._source)
+        return self._len
 
     def rows(self, start: int = 0) -> Iterator[dict]:
         """Every row from index ``start`` on, in the split's order, as a dict of plain Python values (text as str);
