@@ -29,7 +29,7 @@ NAME = "blind_bow"
 WARN_AUROC = 0.6
 FOLDS = 5
 CHILD_MIN_TEXTS = 200  # from this many texts an eval computes the baseline in a child process (``Child``)
-SAMPLE_MAX = 20_000  # a streamed corpus's baseline reads at most this many texts (``stratified_sample``)
+SAMPLE_MAX = 20_000  # a streamed corpus's baseline reads at most this many texts (``data.sample.stratified_sample``)
 
 
 def assign_folds(labels: Sequence[int], *, folds: int = FOLDS, seed: int = 0, groups: Sequence | None = None,
@@ -83,22 +83,6 @@ def blind_bow_scores(texts: Sequence[str], labels: Sequence[int], *, folds: int 
     pipe = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), min_df=1, sublinear_tf=True),
                          LogisticRegression(C=10.0, max_iter=2000))
     return cross_val_predict(pipe, list(texts), y, cv=PredefinedSplit(fold), method="predict_proba")[:, 1]
-
-
-def stratified_sample(labels: Sequence[int], limit: int = SAMPLE_MAX, seed: int = 0) -> np.ndarray:
-    """Sorted indices of a seeded sample of at most ``limit`` texts, each label kept in its share of ``labels``
-    (largest remainders; every index when there are no more than ``limit``): the blind baseline of a streamed corpus
-    larger than ``limit`` reads these texts alone, so that its memory is bounded whatever the corpus's size."""
-    y = np.asarray(labels, np.int64)
-    if y.size <= limit:
-        return np.arange(y.size)
-    classes, counts = np.unique(y, return_counts=True)
-    exact = counts * limit / y.size
-    take = np.floor(exact).astype(int)
-    take[np.argsort(take - exact)[: limit - take.sum()]] += 1  # the largest remainders round up
-    rng = np.random.default_rng(seed)
-    picked = [rng.choice(np.flatnonzero(y == c), k, replace=False) for c, k in zip(classes, take)]
-    return np.sort(np.concatenate(picked))
 
 
 def warning(auroc: float | None) -> str | None:

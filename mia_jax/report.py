@@ -127,6 +127,20 @@ def markdown_table(summary: dict[str, dict], bold: Collection = ()) -> str:
     return markdown(_HEADER, rows)
 
 
+def na_note(summary: dict[str, dict], key: str = "auroc") -> str | None:
+    """Why the table's n/a cells are n/a: one sentence per reason (each metric's ``note``), naming its methods;
+    None when no row's ``key`` is n/a.
+
+    >>> na_note({"loss": {"auroc": None, "note": "one class"}, "zlib": {"auroc": 0.5}, "ppl": {"note": "one class"}})
+    'n/a (loss, ppl): one class.'
+    """
+    why: dict[str, list[str]] = {}
+    for method, r in summary.items():
+        if r.get(key) is None:
+            why.setdefault(r.get("note") or "no value", []).append(str(method))
+    return " ".join(f"n/a ({', '.join(ms)}): {reason.rstrip('.')}." for reason, ms in why.items()) or None
+
+
 def jsonable(x):
     """``x`` made fit for strict JSON: dict keys as strings, tuples and arrays as lists, NumPy scalars as Python
     numbers, NaN/inf as None, paths as strings (nested values too); other values unchanged."""

@@ -15,6 +15,7 @@ from mia_jax import data, runner
 from mia_jax.cli import main
 from mia_jax.commands import scoring
 from mia_jax.data import stream
+from mia_jax.data.sample import stratified_sample
 from mia_jax.fingerprint import texts_sha256
 
 WORDS = ("the river city old stone bridge north market winter light paper garden music station quiet "
@@ -225,7 +226,7 @@ def test_the_blind_baseline_of_a_streamed_corpus_larger_than_its_bound_reads_a_s
     out = tmp_path / "run"
     assert main(["eval", "--model", str(tiny_llama_dir), "--data", str(path), "--methods", "loss", "--n-bootstrap",
                  "20", "--no-progress", "--stream-window", "16", "--out", str(out)]) == 0
-    keep = blind.stratified_sample([r["label"] for r in recs], 40, seed=0)
+    keep = stratified_sample([r["label"] for r in recs], 40, seed=0)
     assert seen["texts"] == [recs[i]["text"] for i in keep] and len(seen["texts"]) == 40
     members = sum(r["label"] for r in recs)
     assert members == 49 and sum(seen["labels"]) == 19  # 49 members of 101: 19.4 of 40, the nearer whole share
@@ -236,7 +237,6 @@ def test_the_blind_baseline_of_a_streamed_corpus_larger_than_its_bound_reads_a_s
 
 
 def test_stratified_sample_is_seeded_proportional_and_every_index_below_its_bound():
-    from mia_jax.blind import stratified_sample
 
     labels = [1] * 700 + [0] * 300
     a, b = stratified_sample(labels, 100, seed=1), stratified_sample(labels, 100, seed=1)

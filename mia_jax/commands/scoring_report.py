@@ -18,6 +18,7 @@ import numpy as np
 from mia_jax import __version__, blind, comparisons, compilation, data, metrics, report, resources, sharding, shards
 from mia_jax.audits import concat, windowed
 from mia_jax.bootstrap import tpr_key
+from mia_jax.data.sample import stratified_sample
 from mia_jax.data.stream import StreamDataset
 from mia_jax.errors import UserError
 
@@ -29,7 +30,7 @@ def _blind_baseline(ds, args, required: bool, child: blind.Child | None = None, 
     fail otherwise than by a UserError; the metrics once ``after`` is set."""
     labels, sample = ds.labels, ""
     if isinstance(ds, StreamDataset):
-        keep = blind.stratified_sample(ds.labels, blind.SAMPLE_MAX, seed=args.seed)
+        keep = stratified_sample(ds.labels, blind.SAMPLE_MAX, seed=args.seed)
         texts, labels = ds.texts_at(keep), [int(y) for y in np.asarray(ds.labels)[keep]]
         if len(keep) < len(ds):
             sample = f"; a seeded sample of {len(keep)} of {len(ds)} texts, stratified by label"
@@ -243,6 +244,9 @@ def _write_metrics(args, out: Path, ds, loaded, cols, methods, generator, meta: 
     if generator is not None:
         summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
     notes = list(counts) + [f"Caveat: {c}." for c in getattr(ds, "caveats", ())]  # data.known's benchmarks
+    na = report.na_note({m: summary[m] for m in methods})
+    if na:  # every n/a cell of the table says why, in summary.md too
+        notes.insert(0, na)
     if blind_asked or not args.no_blind:
         blind_metrics, note = blind_future.result() if blind_future else _blind_baseline(ds, args, blind_asked)
         if blind_metrics is not None:

@@ -22,6 +22,7 @@ from typing import Iterator
 import numpy as np
 
 from mia_jax import data
+from mia_jax.data import sample
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 
@@ -56,6 +57,7 @@ class TextStream:
         self.spec, self.label_field, self.encoding, self.limit = spec, label_field, encoding, limit
         self.text_field = text_field
         self.max_held = 0
+        self.keep: np.ndarray | None = None  # the rows read (sorted), when --limit sampled them (``apply_limit``)
         if is_tfds(spec):
             self._tfds = src = _tfds_source(str(spec), data_dir)
             self.name, self.files, self.path = src.label, dict(src.files), str(spec)
@@ -70,14 +72,41 @@ class TextStream:
             self.files = {str(self.path): sha256(self.path)}
 
     def rows(self, start: int = 0) -> Iterator[tuple[str, int | None]]:
-        """(text, label or None) of every row from row ``start`` on (up to ``limit`` rows in all), checked as
-        ``data.load_records`` checks them."""
+        """(text, label or None) of every row from row ``start`` on (up to ``limit`` rows in all; with ``keep``, the
+        rows it names alone, ``start`` counting those), checked as ``data.load_records`` checks them."""
+        if self.keep is not None:
+            yield from self._kept_rows(start)
+            return
         stop = self.limit
         raw = self._raw(start)
         if stop is not None:
             raw = islice(raw, max(stop - start, 0))
         for where, row in raw:
             yield self._record(row, where)
+
+    def apply_limit(self) -> str:
+        """``--limit`` on this input (``sample.limit_rows``): unlabeled, the first ``limit`` rows; labeled, a first
+        pass reads every label and ``keep`` becomes a seeded stratified sample of ``limit`` rows (read in file
+        order). Returns the note that says how the rows were chosen ('' when all are kept)."""
+        if self.limit is None or self.label_field is None:
+            return ""
+        limit, self.limit = self.limit, None
+        labels = [label for _, label in self.rows()]
+        self.keep = sample.limit_rows(labels, len(labels), limit)
+        return sample.describe_limit(labels, limit, len(labels))
+
+    def _kept_rows(self, start: int) -> Iterator[tuple[str, int | None]]:
+        """The rows of ``keep`` from its ``start``-th on."""
+        wanted = self.keep[start:]
+        if not len(wanted):
+            return
+        j, first = 0, int(wanted[0])
+        for i, (where, row) in enumerate(self._raw(first), start=first):
+            if i == wanted[j]:
+                yield self._record(row, where)
+                j += 1
+                if j == len(wanted):
+                    return
 
     def windows(self, size: int, start: int = 0) -> Iterator[tuple[int, list[str], list[int] | None]]:
         """(index of the first text, ``size`` texts or fewer at the end, their labels or None) from text ``start``
