@@ -9,9 +9,15 @@
    its own). The lock dies with its process: a killed run never leaves a stale lock behind.
 3. The fingerprint (everything that can change a record) is compared with the one in the folder's
    fingerprint file: the same -> the run is resumed from what is there; different -> refused with the list of
-   differences; ``overwrite`` -> the folder is emptied first. A non-empty folder without a fingerprint file
-   is refused rather than written into (it holds something else).
-4. Only then the fingerprint file and ``.lock`` are written. Nothing in the folder changes before step 4.
+   differences. A non-empty folder without a fingerprint file is refused rather than written into (it holds
+   something else).
+   ``overwrite`` -> the folder is emptied first, only when it holds a run of this toolkit (a run description that
+   ``claim`` wrote, :func:`holds_run`), neither is nor holds any of the run's ``inputs`` (the files and folders
+   the command reads) and is not inside another run (a folder above it holding a run description, other than one
+   this process claimed: the sub-runs of an audit or a sweep). Anything else is refused untouched
+   (:func:`check_replace`); the emptying unlinks links, never follows them.
+4. Only then the fingerprint file and ``.lock`` are written. Nothing in the folder changes before step 4 (the
+   fingerprint file is the first file a claim writes: a folder interrupted before it is still empty).
 
 While a folder is claimed (in the main thread), Ctrl-C (SIGINT) raises KeyboardInterrupt once and is remembered
 (:func:`mia_jax.entry.remember_sigint`): Python drops an exception raised inside a garbage-collection callback
@@ -44,6 +50,8 @@ from mia_jax.sharding import broadcast_json, is_main_process
 LOCK = ".lock"
 FINGERPRINT = "config.json"
 HINT = "use another --out, or --overwrite to replace it"
+MARK = {"written_by": "mia_jax.rundir"}  # the first entry of every run description (not part of the fingerprint)
+_MARK_BYTES = json.dumps(MARK, indent=2)[:-2].encode()  # how a description file begins: '{\n  "written_by": ...'
 _HELD: dict[str, int | None] = {}  # resolved path -> the lock's fd (None on processes other than 0)
 
 
@@ -81,8 +89,78 @@ def _lock(path: Path) -> int:
     return fd
 
 
+def holds_run(folder: str | os.PathLike) -> str | None:
+    """The name of the run description (a ``*.json`` file that :func:`claim` wrote, beginning with :data:`MARK`)
+    directly in ``folder``, else None: a folder holding one holds a run of this toolkit (an unreadable folder or file
+    holds none)."""
+    try:
+        found = sorted(p for p in Path(folder).iterdir() if p.suffix == ".json" and not p.is_symlink() and p.is_file())
+    except OSError:
+        return None
+    return next((p.name for p in found if _marked(p)), None)
+
+
+def _marked(path: Path, cut: bool = False) -> bool:
+    """Whether the file ``path`` begins as a run description that ``claim`` wrote (with :data:`MARK`); ``cut``: or
+    is the beginning of one (empty, or cut inside the mark: a write killed at its start)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(_MARK_BYTES))
+    except OSError:
+        return False
+    return head == _MARK_BYTES or (cut and _MARK_BYTES.startswith(head))
+
+
+def _contents(path: Path, file: str) -> tuple[list[str], list[Path]]:
+    """(names of what ``path`` holds, the leftovers of an interrupted claim in it): the leftovers, set apart, are
+    the lock and a run description ``file`` that a claim was killed while writing (``<file>.<pid>.tmp``, the first
+    file a claim writes): a folder holding nothing else counts as empty."""
+    names, leftovers = [], []
+    for p in sorted(path.iterdir()):
+        if p.name == LOCK or (p.name.startswith(f"{file}.") and p.name.endswith(".tmp") and not p.is_symlink()
+                              and p.is_file() and _marked(p, cut=True)):
+            leftovers.append(p)
+        else:
+            names.append(p.name)
+    return names, leftovers
+
+
+def _within(item: Path, folder: Path) -> bool:
+    """Whether ``item`` is ``folder`` or lies under it, compared both as given and with links resolved (an input
+    reached through a link into the folder, or by a path through it that a link leads elsewhere, counts)."""
+    return any(i == f or f in i.parents for f in {folder.absolute(), folder.resolve()}
+               for i in {item.absolute(), item.resolve()})
+
+
+def check_replace(path: str | os.PathLike, inputs=()) -> None:
+    """Refuse (a one-line ``UserError``, nothing touched) to empty the non-empty folder ``path`` for ``--overwrite``
+    unless it holds a run of this toolkit (:func:`holds_run`), neither is nor holds any of the run's ``inputs``
+    (paths; None and paths that do not exist are left out) and no folder above it holds a run other than one this
+    process holds (an audit's or a sweep's own sub-runs)."""
+    path = Path(path)
+    for item in inputs:
+        if item is not None and os.path.lexists(item) and _within(Path(item), path):
+            how = "is" if Path(item).resolve() == path.resolve() else "holds"
+            raise UserError(f"--overwrite: {path} {how} {item}, an input of this run, which emptying it would "
+                            "delete; nothing was removed: give another --out")
+    for parent in path.resolve().parents:
+        found = None if str(parent) in _HELD else holds_run(parent)
+        if found:
+            raise UserError(f"--overwrite: {path} is inside the run in {parent} ({found}), whose files emptying it "
+                            "would delete; nothing was removed: give another --out")
+    if not holds_run(path):
+        found = sorted(p.name for p in path.iterdir() if p.name != LOCK)
+        raise UserError(f"--overwrite: {path} holds no run of mia_jax (no run description written by it; found "
+                        f"{', '.join(found[:5])}{' ...' if len(found) > 5 else ''}) and --overwrite replaces only a "
+                        "run; nothing was removed: give another --out, or remove the folder yourself")
+
+
 def _empty(path: Path) -> None:
+    """Remove everything in ``path`` but the lock: links are unlinked, never followed (``shutil.rmtree`` does not
+    follow the links inside a folder either)."""
     for child in path.iterdir():
+        if child.name == LOCK:
+            continue
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
         else:
@@ -90,14 +168,16 @@ def _empty(path: Path) -> None:
 
 
 @contextmanager
-def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite: bool = False,
+def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite: bool = False, inputs=(),
           file: str = FINGERPRINT, hint: str = HINT) -> Iterator[bool]:
     """Hold ``path`` for a run; yields True when it holds an earlier (possibly unfinished) run of the same
-    fingerprint to resume. ``fingerprint=None``: lock only (a folder of sub-runs, each claimed on its own)."""
+    fingerprint to resume. ``fingerprint=None``: lock only (a folder of sub-runs, each claimed on its own).
+    ``overwrite``: empty the folder first, refused (:func:`check_replace`) unless it holds a run and none of
+    ``inputs`` (every file and folder the command reads; None and names that are no path are skipped)."""
     path = check_out(path)
     key = str(path.resolve())
     if key in _HELD:  # re-entrant: the outer claim already holds the lock
-        yield _decide(path, fingerprint, overwrite, file, hint, writer=_HELD[key] is not None, fresh=False)
+        yield _decide(path, fingerprint, overwrite, inputs, file, hint, writer=_HELD[key] is not None, fresh=False)
         return
     main, fd = is_main_process(), None
     try:
@@ -106,7 +186,8 @@ def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite
             try:
                 path.mkdir(parents=True, exist_ok=True)
                 fd = _lock(path)
-                verdict["resume"] = _decide(path, fingerprint, overwrite, file, hint, writer=True, fresh=True)
+                verdict["resume"] = _decide(path, fingerprint, overwrite, inputs, file, hint, writer=True,
+                                            fresh=True)
                 (path / LOCK).write_text(f"{os.getpid()}\n")
             except UserError as e:
                 verdict["error"] = str(e)
@@ -125,7 +206,7 @@ def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite
             os.close(fd)  # releases the lock
 
 
-def _decide(path: Path, fingerprint: dict | None, overwrite: bool, file: str, hint: str, writer: bool,
+def _decide(path: Path, fingerprint: dict | None, overwrite: bool, inputs, file: str, hint: str, writer: bool,
             fresh: bool) -> bool:
     """``writer``: this process writes (process 0); ``fresh``: the outermost claim of the folder in this process."""
     fp_path = path / file
@@ -133,28 +214,34 @@ def _decide(path: Path, fingerprint: dict | None, overwrite: bool, file: str, hi
         return False  # process 0 empties / checks / writes the folder; the others only compare what is there
     if fingerprint is not None:
         fingerprint = json.loads(json.dumps(fingerprint))  # the form it takes on disk (tuples -> lists, ...)
-    if overwrite and writer and fresh and any(p.name != LOCK for p in path.iterdir()):
+    if overwrite and writer and fresh and _contents(path, file)[0]:
+        check_replace(path, inputs)
         _empty(path)
     if fp_path.exists():
         try:
             old = json.loads(fp_path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError):
             raise UserError(f"{fp_path} is not valid JSON (the folder's run description is damaged); {hint}") from None
+        if isinstance(old, dict):
+            old = {k: v for k, v in old.items() if k not in MARK}  # the mark is no part of the fingerprint
         if fingerprint is None or old == fingerprint:
             return True
         changes = diff(old, fingerprint)
         more = f" and {len(changes) - 8} more" if len(changes) > 8 else ""
         raise UserError(f"{path} holds a different run (differs in: {'; '.join(changes[:8])}{more}); {hint}")
     if fingerprint is not None:
-        others = sorted(p.name for p in path.iterdir() if p.name != LOCK)
+        others, leftovers = _contents(path, file)
         if others and fresh:
             raise UserError(f"{path} is not empty and holds no run description ({file}): found "
-                            f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; refusing to write into it. "
-                            f"{hint}")
+                            f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''}; refusing to write into it: "
+                            "give another --out (a new or empty folder)")
         if writer:
             tmp = fp_path.with_name(f"{file}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(fingerprint, indent=2) + "\n")
+            tmp.write_text(json.dumps({**MARK, **fingerprint}, indent=2) + "\n")
             os.replace(tmp, fp_path)
+            for p in leftovers:  # an interrupted claim's description: this one replaces it
+                if p.name != LOCK:
+                    p.unlink(missing_ok=True)
     return False
 
 

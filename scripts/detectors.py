@@ -200,7 +200,8 @@ def run(args, command: str) -> Path:
         skip=sorted(args.skip), n_neighbors=args.n_neighbors, samia_samples=args.samia_samples,
         batch_size=args.batch_size, tokens_per_batch=runner.default_tokens_per_batch(), dtype=loaded.dtype,
         recall_prefixes=rc.prefix_digest(prefixes))
-    with rundir.claim(out, fingerprint, overwrite=args.overwrite) as resume:
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite, inputs=[args.model, args.ref_model, args.eval,
+                      args.header, *data_files, loaded.source, *loaded.files, *(ref.files if ref else ())]) as resume:
         if resume:
             print(f"resuming the run in {out}", file=sys.stderr, flush=True)
         table_path = out / "freq_table.npz"
@@ -460,7 +461,8 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--n-bootstrap", type=entry.positive_int, default=1000)
     ap.add_argument("--out", type=entry.out_dir, help="output folder (the same command again resumes the run)")
     ap.add_argument("--overwrite", action="store_true",
-                    help="empty an --out that holds a run with other options instead of refusing it")
+                    help="replace the run in --out when it holds one with other options instead of refusing it (never "
+                         "a folder holding an input, one inside a run or a folder of anything else)")
     ap.add_argument("--md", type=entry.out_file, help="also write the report there (once all of it is computed)")
     ap.add_argument("--header", type=entry.input_file, help="a markdown file put before the sections")
     ap.add_argument("--no-progress", action="store_true")

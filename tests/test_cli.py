@@ -1,6 +1,7 @@
 """`mia-jax eval` / `score` end to end on a tiny model, and one clear message for each bad input."""
 import csv
 import json
+import os
 import re
 import shutil
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ctrl_c_at_batch
+from helpers import assert_clean_error, ctrl_c_at_batch
 from sklearn.metrics import roc_auc_score
 
 from mia_jax import batching, blind, metrics, models
@@ -250,3 +251,82 @@ def test_wikimia_concat_needs_a_window(tiny_llama_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "add --window" in err[0]
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- --overwrite replaces a run, nothing else
+
+
+def _state(folder: Path) -> dict:
+    """Every entry under ``folder`` and the folder itself: its bytes (a file), target (a link) or None (a folder),
+    with its mtime: what 'nothing changed' is checked against."""
+    return {str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else None,
+                                         p.lstat().st_mtime_ns) for p in [folder, *sorted(folder.rglob("*"))]}
+
+
+def _eval(model, data, out, *more) -> list[str]:
+    return ["eval", "--model", str(model), "--data", str(data), "--methods", "loss", "--out", str(out),
+            "--n-bootstrap", "20", "--no-progress", *more]
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_llama_dir, labeled, tmp_path_factory):
+    """A finished eval run (loss), copied by the tests that change it."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main(_eval(tiny_llama_dir, labeled, out)) == 0
+    return out
+
+
+def test_overwrite_refuses_a_folder_of_data_holding_the_input(tiny_llama_dir, labeled, tmp_path, capsys):
+    """The reported loss: --data DIR/s48.jsonl --out DIR --overwrite emptied DIR. Now exit 2, one line, every file
+    as it was (bytes and mtimes)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    shutil.copy(labeled, folder / "s48.jsonl")
+    (folder / "s64.jsonl").write_bytes(labeled.read_bytes())
+    before = _state(folder)
+    rc = main(_eval(tiny_llama_dir, folder / "s48.jsonl", folder, "--overwrite"))
+    assert_clean_error(rc, capsys.readouterr().err, f"--overwrite: {folder} holds {folder / 's48.jsonl'}",
+                       "an input of this run", "nothing was removed")
+    assert _state(folder) == before
+
+
+def test_overwrite_refuses_a_folder_that_holds_no_run(tiny_llama_dir, labeled, tmp_path, capsys):
+    """A model folder (its config.json is no run description) and a folder of notes: refused untouched."""
+    model = tmp_path / "other_model"
+    shutil.copytree(tiny_llama_dir, model)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine\n")
+    for folder in (model, notes):
+        before = _state(folder)
+        rc = main(_eval(tiny_llama_dir, labeled, folder, "--overwrite"))
+        assert_clean_error(rc, capsys.readouterr().err, f"--overwrite: {folder} holds no run of mia_jax")
+        assert _state(folder) == before
+
+
+def test_overwrite_refuses_a_folder_inside_a_run(tiny_llama_dir, labeled, finished, tmp_path, capsys):
+    """RUN/passes (no run of its own) and RUN/sub (a run, but inside another): refused, the run untouched."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    shutil.copytree(finished, run / "sub")
+    before = _state(run)
+    for folder in (run / "passes", run / "sub"):
+        rc = main(_eval(tiny_llama_dir, labeled, folder, "--overwrite"))
+        assert_clean_error(rc, capsys.readouterr().err, f"--overwrite: {folder} is inside the run in {run}")
+        assert _state(run) == before
+    assert (run / "passes" / "main.jsonl").read_bytes() == (finished / "passes" / "main.jsonl").read_bytes()
+
+
+def test_overwrite_replaces_a_finished_run(tiny_llama_dir, labeled, finished, tmp_path):
+    """A finished run (with a file of its own added) is replaced by the new one: the same files, byte for byte in
+    its records, as the same command into a new folder."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "old_notes.txt").write_text("from the old run\n")
+    assert main(_eval(tiny_llama_dir, labeled, run, "--methods", "zlib", "--overwrite")) == 0
+    assert main(_eval(tiny_llama_dir, labeled, tmp_path / "fresh", "--methods", "zlib")) == 0
+    names = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    assert names == sorted(str(p.relative_to(tmp_path / "fresh")) for p in (tmp_path / "fresh").rglob("*"))
+    assert list(json.loads((run / "summary.json").read_text())) == ["zlib"]
+    for name in ("results.jsonl", "passes/main.jsonl"):
+        assert (run / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes(), name

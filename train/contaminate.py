@@ -49,7 +49,9 @@ def build_parser() -> entry.ArgumentParser:
     p.add_argument("--out", required=True, type=entry.out_dir,
                    help="output folder (an interrupted run in it resumes)")
     p.add_argument("--ablation", choices=list(ABLATIONS), help="run a sweep instead of a single run")
-    p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run or sweep in --out (a folder of another run of this toolkit; never one "
+                        "holding an input, one inside a run or a folder of anything else)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--mesh", metavar="SPEC",
                    help="train and score on a device mesh, as `mia-jax --mesh`: comma-separated axis=size over data, "
@@ -100,7 +102,8 @@ def run(args) -> Path:
     fingerprint = {"ablation": args.ablation, "config": experiment.comparable(cfg)}
     if args.ablation:
         fingerprint["sweep"] = dataclasses.asdict(cfg.ablation)
-    with rundir.claim(out, fingerprint, overwrite=args.overwrite, hint=experiment.HINT):
+    inputs = [args.config, cfg.model.path, *cfg.corpus.background, cfg.corpus.data_dir, cfg.corpus.news.path]
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite, inputs=inputs, hint=experiment.HINT):
         enable_compilation_cache()
         return _sweep(args, cfg, methods, out)
 

@@ -52,7 +52,9 @@ def build_parser() -> entry.ArgumentParser:
                    help="the training texts (JSONL / CSV / Parquet)")
     options.text(p, "--texts")
     p.add_argument("--out", required=True, type=entry.out_dir, help="output folder (an interrupted run in it resumes)")
-    p.add_argument("--overwrite", action="store_true", help="empty --out first and start afresh")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out (a folder of another run of this toolkit; never one holding an "
+                        "input, one inside a run or a folder of anything else)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--distributed", action="store_true",
                    help="multi-host: call jax.distributed.initialize() first (also when $MIA_JAX_DISTRIBUTED=1; see "
@@ -63,9 +65,11 @@ def build_parser() -> entry.ArgumentParser:
 
 
 def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, progress: bool = True,
-             overwrite: bool = False, texts_name: str = "texts", on_step=None) -> dict:
+             overwrite: bool = False, texts_name: str = "texts", on_step=None, inputs=()) -> dict:
     """Train ``model`` on ``texts`` with the ``train.*`` ``overrides``; ``on_step(step)`` is called after each step
-    (and its checkpoint, if any). Returns OUT/train.json's content."""
+    (and its checkpoint, if any). ``overwrite``: replace the run in ``out`` (``rundir.claim``: refused for a folder
+    that is no run, is inside one, or holds the model or one of ``inputs``, the files the texts were read from).
+    Returns OUT/train.json's content."""
     from train.experiment import check_seq_len, model_context, train_and_export  # ~0.15 s (runner): only to train
 
     bad = [o for o in overrides if not o.startswith(ALLOWED)]
@@ -87,7 +91,7 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
     packing = pack_stream(texts, loaded.tokenizer, cfg.train.seq_len, sep)  # refused before the claim if too short
     kept = {k: v for k, v in vars(cfg.train).items() if k not in NOT_IN_FINGERPRINT and (k, v) != ("sampler", "numpy")}
     fp = {"model_files": loaded.files, "data": packing.sha256, "train": json.loads(json.dumps(kept))}
-    with rundir.claim(out, fp, overwrite=overwrite,
+    with rundir.claim(out, fp, overwrite=overwrite, inputs=[*inputs, model, source, *loaded.files],
                       hint="use another --out, the original command, or --overwrite to start afresh"):
         data = packed_records(out / "train" / "data", texts, loaded.tokenizer, cfg.train.seq_len, sep, packing.sha256)
         info = train_and_export(loaded, data, cfg.train, sep, out, on_step=on_step)
@@ -105,7 +109,7 @@ def _main(argv) -> int:
     sharding.initialize_distributed(args.distributed)  # before anything touches a device
     ds = load_records(str(args.texts), args.text_field, None, encoding=args.encoding)
     finetune(args.model, list(ds.texts), args.out, args.overrides, progress=not args.no_progress,
-             overwrite=args.overwrite, texts_name=str(args.texts))
+             overwrite=args.overwrite, texts_name=str(args.texts), inputs=[args.texts, *ds.files])
     return 0
 
 

@@ -95,7 +95,8 @@ def run_audit(args) -> BooksResult:
     loaded = models.load(args.model, dtype=args.dtype, allow_download=args.allow_download)
     fingerprint = audit_fingerprint(args, loaded, files, methods, rate_method)
     # the folder is this audit's (or refused untouched); each scoring run is claimed on its own inside it
-    with rundir.claim(out, fingerprint, overwrite=args.overwrite), contextlib.ExitStack() as stack:
+    inputs = [args.books, args.validation, args.data_dir, args.model, loaded.source, *loaded.files, *files]
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite, inputs=inputs), contextlib.ExitStack() as stack:
         for line in skipped:  # once the folder is ours: a refusal stays one line
             print(line, file=sys.stderr)
         run_dirs, resume = _claim_runs(args, stack, out, loaded, {"books": p, "validation": vp}, files, methods)

@@ -37,7 +37,8 @@ def model_options(p, runs: str) -> None:
     p.add_argument("--allow-download", action="store_true",
                    help="let a model that is not a local path be fetched from the Hugging Face Hub")
     p.add_argument("--overwrite", action="store_true",
-                   help=f"empty --out first (even a folder of another run) and rescore {runs} afresh")
+                   help=f"replace the run in --out (even a run of another command) and rescore {runs} afresh; a "
+                        "folder that holds an input of this run, lies inside another run or holds no run is refused")
     p.add_argument("--no-progress", action="store_true")
 
 

@@ -112,7 +112,10 @@ def run_audit(args) -> UnlearningResult:
     embedder = SentenceEncoder(args.embed_model, args.dtype) if args.embed_model else None
     fingerprint = audit_fingerprint(args, loaded, embedder, ds.files, qa_files=qa_files)
     # the folder is this audit's (or refused untouched); each model's scoring run is claimed on its own inside it
-    with rundir.claim(out, fingerprint, overwrite=args.overwrite), contextlib.ExitStack() as stack:
+    inputs = [args.texts, args.qa, args.data_dir, args.original, args.unlearned, args.embed_model, *ds.files,
+              *(qa_files or ()), *(f for m in loaded.values() for f in (m.source, *m.files)),
+              *(embedder.files if embedder else ())]
+    with rundir.claim(out, fingerprint, overwrite=args.overwrite, inputs=inputs), contextlib.ExitStack() as stack:
         run_dirs, resume = _claim_runs(args, stack, out, loaded, [c.text for c in chunks], ds.files)
         res = audit_unlearning(loaded["original"], loaded["unlearned"], ds.texts, cfg, qa=qa, embedder=embedder,
                                run_dirs=run_dirs, resume=resume, progress=not args.no_progress)

@@ -133,7 +133,9 @@ def run(args) -> Result:
                 for side in sides if side not in paths}
     out = entry.check_out(args.out)
     # the folder is this command's (or refused untouched); each set's scoring run is claimed on its own inside it
-    with rundir.claim(out, _fingerprint(args, methods, paths, datasets), overwrite=args.overwrite):
+    inputs = [args.suspect, args.validation, args.suspect_scores, args.validation_scores, *paths.values(),
+              args.data_dir, args.model, args.ref_model, *(f for ds in datasets.values() for f in ds.files)]
+    with rundir.claim(out, _fingerprint(args, methods, paths, datasets), overwrite=args.overwrite, inputs=inputs):
         box: dict = {}
         for side, ds in datasets.items():
             paths[side] = _score(args, side, ds, methods, box)

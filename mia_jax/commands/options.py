@@ -86,7 +86,8 @@ def run_folder(p: argparse.ArgumentParser, *, out_help: str, required: bool = Fa
     what starts afresh in the emptied folder) and ``--no-progress`` on ``p``."""
     p.add_argument("--out", required=required, type=entry.out_dir, help=out_help)
     p.add_argument("--overwrite", action="store_true",
-                   help=f"empty --out first (even a folder of another run) and {redo} afresh")
+                   help=f"replace the run in --out (even a run of another command) and {redo} afresh; a folder "
+                        "that holds an input of this run, lies inside another run or holds no run is refused")
     no_progress(p)
 
 

@@ -189,8 +189,11 @@ def run(args, labeled: bool) -> Path:
     generator = neighbor_generator(args, loaded) if "neighbor" in methods else None
     res = resources.build(args, methods, ds.texts if ds.texts is not None else [], loaded)
     out = entry.check_out(args.out or f"runs/{ds.name}-{loaded.name}")
+    inputs = [args.data, getattr(args, "data_dir", None), args.model, getattr(args, "tokenizer", None),
+              args.ref_model, args.neighbor_mlm, loaded.source, *loaded.files, *(ref.files if ref else ()), *ds.files,
+              *res.files]  # what --overwrite must never delete
     with rundir.claim(out, fingerprint(args, labeled, ds, loaded, ref, generator, methods, mesh, res),
-                      overwrite=args.overwrite) as resume:
+                      overwrite=args.overwrite, inputs=inputs) as resume:
         if resume:
             print(f"resuming the run in {out}", file=sys.stderr)
         if args.data and ds.texts is not None and len(ds) > args.stream_window:  # after the checks: never 2 lines
