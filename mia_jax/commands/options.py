@@ -50,7 +50,9 @@ def data(p: argparse.ArgumentParser, *, labeled: bool) -> None:
     if labeled:
         p.add_argument("--label-field", default="label", help="the field holding each text's label: 1 = member, "
                                                                "0 = non-member (default: label)")
-    p.add_argument("--limit", type=entry.positive_int, help="score only the first N texts")
+    p.add_argument("--limit", type=entry.positive_int,
+                   help="score only N texts: of labeled data a seeded sample stratified by label (both classes in "
+                        "their shares, in file order), of unlabeled data the first N")
 
 
 def data_dir(p: argparse.ArgumentParser) -> None:

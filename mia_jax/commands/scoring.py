@@ -14,7 +14,7 @@ from mia_jax import benchmarks, blind, compilation, data, entry, resources, rund
 from mia_jax.batching import TOKENS_PER_BATCH, check_tokens_per_batch
 from mia_jax.commands import options, scoring_report
 from mia_jax.errors import UserError
-from mia_jax.data import stream
+from mia_jax.data import sample, stream
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods, is_multi_pass
 
 STREAM_WINDOW = 4096  # texts per shard of a streamed run (--stream-window)
@@ -89,17 +89,20 @@ NOT_IN_FINGERPRINT = {
 
 
 def load_data(args, labeled: bool):
-    """The ``mia_jax.data.Dataset`` the arguments name (--data, --benchmark), cut to --limit texts."""
+    """The ``mia_jax.data.Dataset`` the arguments name (--data, --benchmark), cut to --limit texts
+    (``data.sample.limit_rows``: labeled data keeps both classes; how, said on stderr)."""
     if labeled and not args.data:
         ds = benchmarks.load(args.benchmark or benchmarks.DEFAULT, args)
     else:
         extra = (args.member_from_field,) if args.window is not None else ()
         ds = data.load(args.data, args.data_dir, args.text_field, args.label_field if labeled else None,
                        encoding=args.encoding, extra=extra)
-    if args.limit is not None:
-        ds.texts = ds.texts[: args.limit]
-        ds.labels = ds.labels[: args.limit] if ds.labels is not None else None
-        ds.extra = {k: v[: args.limit] for k, v in ds.extra.items()}
+    rows = sample.limit_rows(ds.labels, len(ds.texts), args.limit)
+    if rows is not None:
+        print(f"note: {sample.describe_limit(ds.labels, args.limit, len(ds.texts))}", file=sys.stderr)
+        ds.texts = [ds.texts[i] for i in rows]
+        ds.labels = [ds.labels[i] for i in rows] if ds.labels is not None else None
+        ds.extra = {k: [v[i] for i in rows] for k, v in ds.extra.items()}
     return ds
 
 
@@ -112,6 +115,9 @@ def open_stream(args, labeled: bool, methods) -> stream.StreamDataset | data.Dat
         return None
     texts = stream.TextStream(args.data, args.text_field, args.label_field if labeled else None,
                               encoding=args.encoding, limit=args.limit, data_dir=getattr(args, "data_dir", None))
+    note = texts.apply_limit()
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     scan = texts.scan(keep=args.stream_window)
     return stream.StreamDataset(texts, scan, args.stream_window) if scan.texts is None else texts.dataset(scan)
 
