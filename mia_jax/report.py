@@ -137,7 +137,8 @@ def na_note(summary: dict[str, dict], key: str = "auroc") -> str | None:
     why: dict[str, list[str]] = {}
     for method, r in summary.items():
         if r.get(key) is None:
-            why.setdefault(r.get("note") or "no value", []).append(str(method))
+            reason = (r.get("note") or "no value").removeprefix("n/a: ")
+            why.setdefault(reason, []).append(str(method))
     return " ".join(f"n/a ({', '.join(ms)}): {reason.rstrip('.')}." for reason, ms in why.items()) or None
 
 

@@ -1,5 +1,6 @@
-"""``--limit N`` keeps both classes of labeled data (a seeded sample stratified by label, in file order) on the
+"""``--limit N`` keeps both classes of labeled data (a seeded sample balanced by label, in file order) on the
 in-memory and the streamed paths alike, the first N of unlabeled data; and every n/a cell of a summary says why."""
+import doctest
 import json
 import random
 
@@ -8,7 +9,9 @@ import pytest
 
 from mia_jax.cli import main
 from mia_jax.data import stream
-from mia_jax.data.sample import LIMIT_SEED, limit_rows, stratified_sample
+from mia_jax import report
+from mia_jax.data import sample
+from mia_jax.data.sample import LIMIT_SEED, balanced_sample, limit_rows
 
 WORDS = "the river city old stone bridge north market winter light paper garden music station".split()
 
@@ -24,20 +27,26 @@ def sorted_file(tmp_path_factory):
     return path, recs
 
 
-def test_stratified_sample_keeps_each_share_and_is_seeded():
+def test_the_sample_is_balanced_seeded_and_in_file_order():
     labels = [1] * 60 + [0] * 40
     rows = limit_rows(labels, 100, 40)
-    assert np.array_equal(rows, stratified_sample(labels, 40, seed=LIMIT_SEED)) and np.all(np.diff(rows) > 0)
-    assert (np.asarray(labels)[rows] == 1).sum() == 24 and len(rows) == 40
+    assert np.array_equal(rows, balanced_sample(labels, 40, seed=LIMIT_SEED)) and np.all(np.diff(rows) > 0)
+    assert (np.asarray(labels)[rows] == 1).sum() == 20 and len(rows) == 40
+    assert not np.array_equal(rows, balanced_sample(labels, 40, seed=LIMIT_SEED + 1))
+    short = [1] * 1000 + [0] * 7  # a class with fewer than its half: all of it, the other class the rest
+    assert (np.asarray(short)[limit_rows(short, 1007, 40)] == 0).sum() == 7
+    assert len(limit_rows(short, 1007, 40)) == 40
     assert limit_rows(None, 100, 40).tolist() == list(range(40))  # unlabeled: the first N
     assert limit_rows(labels, 100, 100) is None and limit_rows(labels, 100, None) is None
+    for module in (sample, report):
+        assert doctest.testmod(module).failed == 0
 
 
 def test_a_stream_reads_only_the_kept_rows_from_any_window(sorted_file):
     path, recs = sorted_file
     s = stream.TextStream(path, limit=40)
     note = s.apply_limit()
-    assert "stratified by label" in note and "40 of 100" in note
+    assert "balanced by label (20 members, 20 non-members)" in note and "40 of 100" in note
     want = [recs[i]["text"] for i in s.keep]
     got = [t for _, texts, _ in s.windows(16) for t in texts]
     assert got == want
@@ -47,11 +56,11 @@ def test_a_stream_reads_only_the_kept_rows_from_any_window(sorted_file):
 
 
 def test_limit_on_a_file_sorted_by_label_keeps_both_classes(sorted_file, tiny_llama_dir, tmp_path, capsys):
-    """Before, --limit 40 took the first 40 texts, all members: no metric at all. Now 24 members and 16
+    """Before, --limit 40 took the first 40 texts, all members: no metric at all. Now 20 members and 20
     non-members: the records of the held and of the streamed run equal those of a file of just the sampled rows,
     and the metrics are computed."""
     path, recs = sorted_file
-    keep = stratified_sample([r["label"] for r in recs], 40, seed=0)
+    keep = balanced_sample([r["label"] for r in recs], 40, seed=0)
     kept = tmp_path / "kept.jsonl"
     kept.write_text("".join(json.dumps(recs[i]) + "\n" for i in keep))
     common = ["--model", str(tiny_llama_dir), "--methods", "loss", "--n-bootstrap", "10", "--no-blind", "--no-progress"]
@@ -62,12 +71,12 @@ def test_limit_on_a_file_sorted_by_label_keeps_both_classes(sorted_file, tiny_ll
         assert main(["eval", *common, *extra, "--out", str(out)]) == 0
         err = capsys.readouterr().err
         if name != "kept":
-            assert ("note: --limit 40: a seeded sample (seed 0) of 40 of 100 texts, stratified by label, in file "
-                    "order") in err
+            assert ("note: --limit 40: a seeded sample (seed 0) of 40 of 100 texts, balanced by label (20 members, "
+                    "20 non-members), in file order") in err
         assert (out / "passes" / "main" / "index.json").exists() == (name == "streamed")  # the path taken
         runs[name] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
         assert json.loads((out / "summary.json").read_text())["loss"]["auroc"] is not None
-    assert sum(r["label"] for r in runs["kept"]) == 24 and len(runs["kept"]) == 40
+    assert sum(r["label"] for r in runs["kept"]) == 20 and len(runs["kept"]) == 40
     for name in ("held", "streamed"):
         assert [(r["label"], r["n_tokens"]) for r in runs[name]] == [(r["label"], r["n_tokens"]) for r in runs["kept"]]
         np.testing.assert_allclose([r["scores"]["loss"] for r in runs[name]],

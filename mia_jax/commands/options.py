@@ -51,8 +51,8 @@ def data(p: argparse.ArgumentParser, *, labeled: bool) -> None:
         p.add_argument("--label-field", default="label", help="the field holding each text's label: 1 = member, "
                                                                "0 = non-member (default: label)")
     p.add_argument("--limit", type=entry.positive_int,
-                   help="score only N texts: of labeled data a seeded sample stratified by label (both classes in "
-                        "their shares, in file order), of unlabeled data the first N")
+                   help="score only N texts: of labeled data a seeded sample balanced by label (N/2 of each class "
+                        "where it has them, in file order), of unlabeled data the first N")
 
 
 def data_dir(p: argparse.ArgumentParser) -> None:
