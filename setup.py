@@ -23,6 +23,7 @@ setup(
         "tokenizers==0.23.3",
         "gguf==0.19.0",
         "pyyaml==6.0.3",
+        "pydantic==2.14.4",  # the contamination config (train/config.py)
         "tqdm==4.70.1",
         "matplotlib==3.11.2",
         "rouge-score==0.1.2",

@@ -1,6 +1,7 @@
 """Continued pretraining (Optax) and the controlled contamination experiments of Shi et al. 2023, section 6.
 
-    config.py        the experiment config (dataclasses, checks); config_parse.py reads YAML and overrides into it
+    config.py        the experiment config (pydantic dataclasses, Literal choices, checks); config_parse.py reads
+                     the YAML file and key=value overrides and says pydantic's errors in one line
     sources.py       the data files: downstream datasets and their templates, background text, normalisation
     overlap.py       13-gram isolation of the candidates and the corpus's overlap check
     split.py         members / non-members (stratified, length-matched) and occurrence counts
