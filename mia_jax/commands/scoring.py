@@ -99,7 +99,7 @@ def load_data(args, labeled: bool):
                        encoding=args.encoding, extra=extra)
     rows = sample.limit_rows(ds.labels, len(ds.texts), args.limit)
     if rows is not None:
-        print(f"note: {sample.describe_limit(ds.labels, args.limit, len(ds.texts))}", file=sys.stderr)
+        ds.limit_note = sample.describe_limit(ds.labels, args.limit, len(ds.texts))  # said once the run is claimed
         ds.texts = [ds.texts[i] for i in rows]
         ds.labels = [ds.labels[i] for i in rows] if ds.labels is not None else None
         ds.extra = {k: [v[i] for i in rows] for k, v in ds.extra.items()}
@@ -116,10 +116,10 @@ def open_stream(args, labeled: bool, methods) -> stream.StreamDataset | data.Dat
     texts = stream.TextStream(args.data, args.text_field, args.label_field if labeled else None,
                               encoding=args.encoding, limit=args.limit, data_dir=getattr(args, "data_dir", None))
     note = texts.apply_limit()
-    if note:
-        print(f"note: {note}", file=sys.stderr)
     scan = texts.scan(keep=args.stream_window)
-    return stream.StreamDataset(texts, scan, args.stream_window) if scan.texts is None else texts.dataset(scan)
+    ds = stream.StreamDataset(texts, scan, args.stream_window) if scan.texts is None else texts.dataset(scan)
+    ds.limit_note = note  # said once the run is claimed
+    return ds
 
 
 def held_because(args, methods) -> str:
@@ -202,6 +202,8 @@ def run(args, labeled: bool) -> Path:
                       overwrite=args.overwrite, inputs=inputs) as resume:
         if resume:
             print(f"resuming the run in {out}", file=sys.stderr)
+        if getattr(ds, "limit_note", ""):  # after the checks: an error is never a second line
+            print(f"note: {ds.limit_note}", file=sys.stderr)
         if args.data and ds.texts is not None and len(ds) > args.stream_window:  # after the checks: never 2 lines
             print(f"note: {len(ds)} texts held in memory, not streamed (--stream-window {args.stream_window}): "
                   f"{held_because(args, methods)} take the in-memory path", file=sys.stderr)
