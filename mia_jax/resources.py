@@ -11,6 +11,8 @@ passes, ``score_options`` for every scoring call) and the entries of the run's f
 - ``samia``: ``samia`` / ``samia_zlib``: the sampling options (``--samia-samples``, ``--samia-seed``; the rest at
   the authors' defaults, ``mia_jax.samia``).
 - ``freq_table``: every method whose scorer reads a ``freq_table`` (``dc_pdd``): ``--freq-table``.
+- ``acmia``: every method whose scorer reads ACMIA's temperature (``acmia_ac``, ``acmia_derivac``, ``acmia_normac``):
+  ``--acmia-temperature`` (``scorers.acmia``).
 
 A new method with an option adds its entry here (:class:`Need`: options, builder, fingerprint entries); :func:`build`
 runs every entry in order.
@@ -26,7 +28,7 @@ from mia_jax import data, entry, freq
 from mia_jax.audits import windowed
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
-from mia_jax.scorers import parse_method, recall
+from mia_jax.scorers import acmia, parse_method, recall
 from mia_jax.scorers.base import check_resources
 
 RECALL_METHODS = ("recall", "con_recall")
@@ -154,6 +156,29 @@ def build_freq(args, methods: Sequence[str], texts: Sequence[str], loaded, out: 
     out.files[str(Path(args.freq_table).resolve())] = sha256(args.freq_table)
 
 
+def acmia_options(p: argparse.ArgumentParser) -> None:
+    """``--acmia-temperature`` on ``p``."""
+    p.add_argument("--acmia-temperature", metavar="T", type=entry.positive_float,
+                   help="the temperature of 'acmia_ac', 'acmia_derivac' and 'acmia_normac' (default: "
+                        f"{acmia.DEFAULT_TEMPERATURE:g}, untuned; the authors keep the best of 2^(0.1 j), j = -25..25, "
+                        "on the evaluated labels)")
+
+
+def build_acmia(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """ACMIA's temperature (``out.resources["acmia_temperature"]``, its value in the fingerprint) for the methods
+    whose scorer reads it; the option given for none of them is refused."""
+    wants = any(acmia.RESOURCE in getattr(parse_method(m)[0], "resources", ()) for m in methods)
+    if args.acmia_temperature is not None and not wants:
+        raise UserError("--acmia-temperature is given but no method among --methods uses it (acmia_ac, "
+                        "acmia_derivac, acmia_normac)")
+    if not wants:
+        return
+    t = acmia.DEFAULT_TEMPERATURE if args.acmia_temperature is None else args.acmia_temperature
+    acmia.temperatures(t)  # checked before anything is scored
+    out.resources[acmia.RESOURCE] = t
+    out.fingerprint[acmia.RESOURCE] = t
+
+
 _REPORT_ONLY = "report only: the flags are recomputed from the records at the end of every run"
 
 # in the order their options are listed and their entries enter the fingerprint
@@ -172,6 +197,8 @@ NEEDS: dict[str, Need] = {n.name: n for n in (
         "samia_seed": "in the fingerprint's samia options"}),
     Need("freq_table", freq_options, build_freq, ("freq_table",), {
         "freq_table": "a path: the table is fingerprinted by its content's SHA-256 (freq_table)"}),
+    Need("acmia", acmia_options, build_acmia, (acmia.RESOURCE,), {
+        "acmia_temperature": "in the fingerprint (acmia_temperature), the default too"}),
 )}
 
 

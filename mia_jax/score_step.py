@@ -11,7 +11,8 @@ Inside one ``jax.jit`` (named ``score_step``, so ``compilation.CompileCount("sco
    text, attention never crosses a text boundary), in the parameters' dtype (bfloat16 on accelerators);
 2. the float32 statistics of every slot's prediction of its target, vocabulary-chunked
    (``stats.token_stats_from_hidden``; with a mesh, ``token_stats_from_hidden_sharded``: the vocabulary split over
-   the model axis);
+   the model axis); with a method that reads tempered statistics (ACMIA's: ``scorers.temperature_resource``), the
+   same scan also makes ``TemperedStats`` at the temperatures of that resource's array in the batch, and only then;
 3. each text's statistics gathered out of its row into ``[rows, segments, length]`` (its first prediction at
    column 0, as if the text had been scored alone: the formulas that read positions, e.g. CAMIA's first 200
    tokens or Gap-K%'s consecutive windows, see the same layout);
@@ -31,8 +32,9 @@ from flax import nnx
 
 from mia_jax import sharding as shd
 from mia_jax.batching import real_vocab_size
-from mia_jax.scorers import device_scores
-from mia_jax.stats import TokenStats, default_chunk, token_stats_from_hidden, token_stats_from_hidden_sharded
+from mia_jax.scorers import device_scores, temperature_resource
+from mia_jax.stats import (TemperedStats, TokenStats, default_chunk, token_stats_from_hidden,
+                           token_stats_from_hidden_sharded)
 
 
 def gather_segments(x, starts, spans):
@@ -46,6 +48,14 @@ def gather_segments(x, starts, spans):
     return jnp.where(valid, out, jnp.zeros((), x.dtype)), valid
 
 
+def gather_tempered(tempered: TemperedStats, starts, spans) -> TemperedStats:
+    """``gather_segments`` of each ``[rows, T, K]`` tempered statistic, per temperature: ``[rows, segments, T, K]``."""
+    def one(x):
+        return gather_segments(x, starts, spans)[0]
+
+    return TemperedStats(*(jax.vmap(one, in_axes=-1, out_axes=-1)(x) for x in tempered))
+
+
 def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int | None = None, mesh=None,
                     tokens: bool = False):
     """The jitted ``step(state, batch)`` of a scoring pass (see the module docstring); ``methods`` single-pass;
@@ -53,18 +63,25 @@ def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int | None = 
     graphdef, chunk_size = nnx.split(loaded.model)[0], chunk_size or default_chunk()
     vocab = real_vocab_size(loaded)
     methods = tuple(methods)
+    tempered_by = temperature_resource(methods)  # None: no tempered statistics are computed
 
     def score_step(state, batch):
         model = nnx.merge(graphdef, state if mesh is None else shd.gathered_for_lookup(state, mesh))
         starts, spans = batch["starts"], batch["spans"]
-        stats = _token_stats(model, batch["ids"], vocab, chunk_size, mesh, batch["segment_ids"], batch["targets"])
+        temperatures = None if tempered_by is None else batch["resources"][tempered_by]
+        stats = _token_stats(model, batch["ids"], vocab, chunk_size, mesh, batch["segment_ids"], batch["targets"],
+                             temperatures)
+        stats, tempered = (stats, None) if temperatures is None else stats
         rows, segments = starts.shape
         per_text = TokenStats(*(gather_segments(x, starts, spans)[0] for x in stats))
         targets, _ = gather_segments(batch["targets"], starts, spans)
         mask, _ = gather_segments(batch["mask"], starts, spans)
         flat = lambda x: x.reshape(rows * segments, *x.shape[2:])  # noqa: E731
+        if tempered is not None:
+            tempered = TemperedStats(*map(flat, gather_tempered(tempered, starts, spans)))
         scores = device_scores(TokenStats(*map(flat, per_text)), flat(mask), methods, ids=flat(targets),
-                               zlib_bytes=flat(batch["zlib_bytes"]), resources=batch.get("resources"))
+                               zlib_bytes=flat(batch["zlib_bytes"]), resources=batch.get("resources"),
+                               tempered=tempered)
         # NaN or infinite logits leave a NaN or an infinity in the distribution's mean or variance (a real -inf logit
         # is a zero-probability token, finite in both): counted per text, and the runner nulls its every score
         broken = mask & ~(jnp.isfinite(per_text.mu) & jnp.isfinite(per_text.var) & ~jnp.isnan(per_text.logprob))
@@ -97,20 +114,23 @@ def shared_score_step(loaded, methods: Sequence[str], chunk_size: int | None = N
 # ----------------------------------------------------------------------------- statistics alone (no scores)
 
 
-def _token_stats(model, ids, vocab: int, chunk_size: int, mesh=None, segment_ids=None, targets=None) -> TokenStats:
+def _token_stats(model, ids, vocab: int, chunk_size: int, mesh=None, segment_ids=None, targets=None,
+                 temperatures=None):
     """The forward over ``ids`` [B, T] and the float32 statistics of its predictions: of ``targets`` [B, T] (slot i
     predicts ``targets[:, i]``), or without them of the next slot's token (T - 1 predictions). On a mesh: hidden
-    states batch-sharded, the vocabulary split over the model axis."""
+    states batch-sharded, the vocabulary split over the model axis. With ``temperatures`` [K]: (``TokenStats``,
+    ``TemperedStats``) from the same scan."""
     hidden = model.hidden_states(ids, segment_ids=segment_ids)
     if mesh is not None:  # before any slicing: XLA then keeps every op after it on each device's own rows
         hidden = jax.lax.with_sharding_constraint(hidden, shd.batch_sharding(mesh, 3))
     if targets is None:
         hidden, targets = hidden[:, :-1], ids[:, 1:]
     if mesh is None:
-        return token_stats_from_hidden(hidden, model.unembedding(), targets, vocab_size=vocab, chunk_size=chunk_size)
+        return token_stats_from_hidden(hidden, model.unembedding(), targets, vocab_size=vocab, chunk_size=chunk_size,
+                                       temperatures=temperatures)
     return token_stats_from_hidden_sharded(hidden, model.unembedding(), targets, mesh=mesh,
                                            vocab_size=vocab, chunk_size=chunk_size, vocab_axis=shd.VOCAB_AXIS,
-                                           batch_axes=shd.BATCH_AXES)
+                                           batch_axes=shd.BATCH_AXES, temperatures=temperatures)
 
 
 def make_stats_fn(loaded, chunk_size: int | None = None, mesh=None):

@@ -25,6 +25,24 @@ def ref_token_arrays(logits, targets, vocab_size=None):
     return lp, mu, sigma, ent, rank
 
 
+def ref_tempered(logits, targets, temperatures, vocab_size=None):
+    """Per-token (log p_T(y), E_{p_T} log p_T, Var_{p_T} log p_T) [..., K] of softmax(x / T), in float64."""
+    x = np.asarray(logits, np.float64)
+    if vocab_size is not None:
+        x = x[..., :vocab_size]
+    out = []
+    for t in np.asarray(temperatures, np.float64):
+        z = x / t
+        with np.errstate(invalid="ignore", divide="ignore"):  # p log p of a -inf logit: 0 * -inf, replaced by 0
+            top = np.max(z, -1, keepdims=True)
+            logp = z - (np.log(np.exp(z - top).sum(-1, keepdims=True)) + top)
+            p = np.exp(logp)
+            mu = np.where(p > 0, p * logp, 0.0).sum(-1)
+            var = np.where(p > 0, p * (logp - mu[..., None]) ** 2, 0.0).sum(-1)
+        out.append((np.take_along_axis(logp, targets[..., None], -1)[..., 0], mu, var))
+    return tuple(np.stack([o[i] for o in out], -1) for i in range(3))
+
+
 def count(k, n: int) -> int:
     """max(1, floor(k n)), k the decimal it prints as."""
     f = Fraction(repr(float(k)))
@@ -77,6 +95,24 @@ def _dc_pdd(r, freq, a=0.01):
     return mean(alphas)
 
 
+def _acmia(r, e, variant):
+    """ACMIA (scorers.acmia's docstring) over the first occurrence of each id, temperatures e = [T, T * 2^0.1]."""
+    t = e["temperatures"][0]
+    seen, terms = set(), []
+    for j, i in enumerate(r["ids"]):
+        if int(i) in seen:
+            continue
+        seen.add(int(i))
+        lt = r["logprob_t"][j]
+        if variant == "ac":
+            terms.append(-math.inf if lt[0] == -math.inf else (1.0 if t < 1 else -1.0) * (lt[0] - r["logprob"][j]))
+        elif variant == "derivac":
+            terms.append(-math.inf if lt[0] == -math.inf else lt[0] - lt[1])
+        else:
+            terms.append((lt[0] - r["mu_t"][j][0]) / math.sqrt(r["var_t"][j][0]))
+    return mean(terms)
+
+
 # base name -> f(row, k, extra): row = {statistic: float64 values over the scored tokens, "ids": ...}
 REFERENCES = {
     "loss": lambda r, k, e: mean(r["logprob"]),
@@ -99,19 +135,24 @@ REFERENCES = {
     "camia_calibrated": lambda r, k, e: (mean(r["logprob"]) / (len(set(r["ids"].tolist())) / len(r["ids"]))
                                          if len(r["ids"]) else math.nan),
     "dc_pdd": lambda r, k, e: _dc_pdd(r, e["freq"]),
+    **{f"acmia_{v}": (lambda r, k, e, v=v: _acmia(r, e, v)) for v in ("ac", "derivac", "normac")},
 }
 
 
-def method_references(stats, mask, methods, *, ids=None, zlib_bytes=None, freq=None) -> dict:
-    """{method: float64 [B]} from the references, per row over its scored tokens in order."""
+def method_references(stats, mask, methods, *, ids=None, zlib_bytes=None, freq=None, tempered=None,
+                      temperatures=None) -> dict:
+    """{method: float64 [B]} from the references, per row over its scored tokens in order (``tempered``: the
+    TemperedStats [B, T, K] at ``temperatures`` [K])."""
     mask = np.asarray(mask, bool)
     fields = {name: np.asarray(x, np.float64) for name, x in stats._asdict().items()}
+    fields.update({name: np.asarray(x, np.float64) for name, x in (tempered._asdict() if tempered else {}).items()})
     out = {m: np.full(mask.shape[0], np.nan) for m in methods}
     for b in range(mask.shape[0]):
         row = {name: x[b][mask[b]] for name, x in fields.items()}
         row["ids"] = np.asarray(ids)[b][mask[b]] if ids is not None else None
         extra = {"zlib_bytes": None if zlib_bytes is None else float(zlib_bytes[b]),
-                 "freq": None if freq is None else np.asarray(freq, np.float64)}
+                 "freq": None if freq is None else np.asarray(freq, np.float64),
+                 "temperatures": None if temperatures is None else np.asarray(temperatures, np.float64)}
         for m in methods:
             base, _, k = m.partition("@")
             with np.errstate(all="ignore"):
@@ -143,7 +184,8 @@ def scores_x64(stats, mask, methods, **kwargs) -> dict:
     with jax.enable_x64(True):
         s = type(stats)(*(jnp.asarray(np.asarray(x, np.float64)) for x in stats))
         kw = {key: (None if v is None else {r: jnp.asarray(np.asarray(a, np.float64)) for r, a in v.items()}
-                    if key == "resources" else jnp.asarray(np.asarray(v)))
+                    if key == "resources" else type(v)(*(jnp.asarray(np.asarray(x, np.float64)) for x in v))
+                    if key == "tempered" else jnp.asarray(np.asarray(v)))
               for key, v in kwargs.items()}
         out = device_scores(s, jnp.asarray(np.asarray(mask, bool)), methods, **kw)
         assert all(v.dtype == jnp.float64 for v in out.values()), {m: v.dtype for m, v in out.items()}

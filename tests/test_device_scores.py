@@ -21,9 +21,10 @@ from mia_jax import device_scores, scorers, scores_from_logits
 from mia_jax.errors import UserError
 from mia_jax.freq import FreqTable
 from mia_jax.scorers import REGISTRY, expand_methods, k_count, requirements, resource_arrays, zlib_bytes
-from mia_jax.stats import TokenStats, token_stats
+from mia_jax.stats import TemperedStats, TokenStats, token_stats
 
 METHODS = tuple(expand_methods(sorted(REGISTRY), [0.2, 0.7]))
+TEMPERATURES = scorers.acmia.temperatures(0.5)  # ACMIA's [T, T * 2^0.1] (T >= 1 and the kernel: test_acmia.py)
 LENGTHS = [0, 1, 2, 3, 4, 7, 20, 90]  # n = 90, k = 0.7 -> 63 tokens exactly (int(90 * 0.7) = 62)
 V = 40
 
@@ -52,15 +53,33 @@ def random_batch(seed=0, lengths=LENGTHS, T=96, minus_inf=True):
     return stats, mask, texts, ids, freq
 
 
+def random_tempered(stats, mask, seed=0):
+    """TemperedStats [B, T, 2] beside ``random_batch``'s statistics: a real -inf log-prob is -inf at every
+    temperature; padding holds garbage (NaN, inf, 0)."""
+    rng = np.random.default_rng(seed + 100)
+    shape = (*mask.shape, len(TEMPERATURES))
+    lp, mu, var = -rng.gamma(2.0, 1.5, shape), -rng.gamma(2.0, 1.5, shape), rng.gamma(2.0, 1.0, shape) + 0.05
+    lp[(np.asarray(stats.logprob) == -np.inf) & mask] = -np.inf
+    pad = ~np.broadcast_to(np.asarray(mask, bool)[..., None], shape)
+    garbage = rng.choice([np.nan, np.inf, -np.inf, 0.0], size=shape)
+    return TemperedStats(*(np.where(pad, garbage, x).astype(np.float32) for x in (lp, mu, var)))
+
+
 def inputs(texts, ids, freq):
     return dict(ids=ids, zlib_bytes=np.array([zlib_bytes(t) for t in texts], np.float64), freq=freq)
+
+
+def resources_of(freq):
+    """Every resource the registered methods read, as arrays."""
+    return {"freq_table": jnp.asarray(freq, jnp.float32), "acmia_temperature": jnp.asarray(TEMPERATURES)}
 
 
 def jitted(stats, mask, texts, ids, freq, methods=METHODS):
     zb = jnp.asarray([zlib_bytes(t) for t in texts], jnp.float32)
     fn = jax.jit(device_scores, static_argnames="methods")
     return fn(TokenStats(*map(jnp.asarray, stats)), jnp.asarray(mask), methods=methods, ids=jnp.asarray(ids),
-              zlib_bytes=zb, resources={"freq_table": jnp.asarray(freq, jnp.float32)})
+              zlib_bytes=zb, resources=resources_of(freq),
+              tempered=TemperedStats(*map(jnp.asarray, random_tempered(stats, mask))))
 
 
 def test_every_registered_scorer_has_a_reference_and_is_the_public_function():
@@ -76,7 +95,8 @@ def test_every_registered_scorer_has_a_reference_and_is_the_public_function():
 def test_float32_formulas_equal_the_float64_reference(seed):
     stats, mask, texts, ids, freq = random_batch(seed)
     extra = inputs(texts, ids, freq)
-    want = method_references(stats, mask, METHODS, **extra)
+    want = method_references(stats, mask, METHODS, **extra, tempered=random_tempered(stats, mask),
+                             temperatures=TEMPERATURES)
     got = jitted(stats, mask, texts, ids, freq)
     for m in METHODS:
         g = np.asarray(got[m], np.float64)
@@ -90,8 +110,10 @@ def test_float32_formulas_equal_the_float64_reference(seed):
 def test_float64_under_x64_equals_the_reference_to_rounding(seed):
     stats, mask, texts, ids, freq = random_batch(seed)
     extra = inputs(texts, ids, freq)
-    want = method_references(stats, mask, METHODS, **extra)
-    got = scores_x64(stats, mask, METHODS, ids=ids, zlib_bytes=extra["zlib_bytes"], resources={"freq_table": freq})
+    tempered = random_tempered(stats, mask)
+    want = method_references(stats, mask, METHODS, **extra, tempered=tempered, temperatures=TEMPERATURES)
+    got = scores_x64(stats, mask, METHODS, ids=ids, zlib_bytes=extra["zlib_bytes"], tempered=tempered,
+                     resources={"freq_table": freq, "acmia_temperature": TEMPERATURES})
     for m in METHODS:
         np.testing.assert_allclose(got[m], want[m], rtol=1e-11, atol=1e-13, equal_nan=True, err_msg=m)
 
@@ -134,7 +156,8 @@ def test_gradients_are_finite_and_zero_outside_the_mask():
     stats, mask, texts, ids, freq = random_batch(6, lengths=[5, 12, 0, 2], T=16, minus_inf=False)
     s = TokenStats(*map(jnp.asarray, stats))
     zb = jnp.asarray([zlib_bytes(t) for t in texts], jnp.float32)
-    extra = dict(ids=jnp.asarray(ids), zlib_bytes=zb, resources={"freq_table": jnp.asarray(freq, jnp.float32)})
+    extra = dict(ids=jnp.asarray(ids), zlib_bytes=zb, resources=resources_of(freq),
+                 tempered=TemperedStats(*map(jnp.asarray, random_tempered(stats, mask))))
     for m in METHODS:
         for field in ("logprob", "mu", "var", "max_logprob"):
             g = jax.grad(lambda x: jnp.nansum(device_scores(s._replace(**{field: x}), mask, (m,), **extra)[m]))(
@@ -259,7 +282,7 @@ def test_scores_from_logits_is_device_scores_on_hand_shifted_stats(side):
     assert set(scores_from_logits(logits, ids, real)) == set(scorers.LOGIT_METHODS)
 
 
-DOCTESTED = ("reduce", "min_k", "likelihood", "pac", "camia", "dcpdd", "dispatch")
+DOCTESTED = ("reduce", "min_k", "likelihood", "pac", "camia", "dcpdd", "acmia", "dispatch")
 
 
 @pytest.mark.parametrize("module", DOCTESTED)
@@ -276,10 +299,10 @@ SHARDED = r"""
 import jax, jax.numpy as jnp, numpy as np, sys
 sys.path.insert(0, sys.argv[1])
 from jax.sharding import NamedSharding, PartitionSpec as P
-from test_device_scores import METHODS, random_batch, inputs
+from test_device_scores import METHODS, TEMPERATURES, random_batch, random_tempered, inputs, resources_of
 from reference import method_references
 from mia_jax import device_scores
-from mia_jax.stats import TokenStats
+from mia_jax.stats import TemperedStats, TokenStats
 assert jax.device_count() == 8
 stats, mask, texts, ids, freq = random_batch(3, lengths=[0, 1, 2, 3, 5, 20, 40, 90])
 extra = inputs(texts, ids, freq)
@@ -288,10 +311,12 @@ rows, one = NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P("data"))
 s = TokenStats(*(jax.device_put(jnp.asarray(x), rows) for x in stats))
 m, i = jax.device_put(jnp.asarray(mask), rows), jax.device_put(jnp.asarray(ids), rows)
 zb = jax.device_put(jnp.asarray(extra["zlib_bytes"], jnp.float32), one)
+tempered = random_tempered(stats, mask)
+t = TemperedStats(*(jax.device_put(jnp.asarray(x), NamedSharding(mesh, P("data", None, None))) for x in tempered))
 assert len(s.logprob.sharding.device_set) == 8 and s.logprob.addressable_shards[0].data.shape == (1, 96)
 out = jax.jit(device_scores, static_argnames="methods")(s, m, methods=METHODS, ids=i, zlib_bytes=zb,
-                                                        resources={"freq_table": jnp.asarray(freq, jnp.float32)})
-want = method_references(stats, mask, METHODS, **extra)
+                                                        resources=resources_of(freq), tempered=t)
+want = method_references(stats, mask, METHODS, **extra, tempered=tempered, temperatures=TEMPERATURES)
 for k in METHODS:
     assert len(out[k].sharding.device_set) == 8, k
     np.testing.assert_allclose(np.asarray(out[k], np.float64), want[k], rtol=2e-5, atol=2e-6, equal_nan=True)

@@ -6,7 +6,8 @@ from reference import count, ref_token_arrays, reference_scores
 
 from mia_jax.errors import UserError
 from mia_jax.freq import FreqTable
-from mia_jax.scorers import REGISTRY, TokenBatch, expand_methods, k_count, parse_method, score_batch
+from mia_jax.scorers import (REGISTRY, TokenBatch, expand_methods, k_count, parse_method, resource_arrays,
+                            score_batch)
 from mia_jax.stats import token_stats
 
 TEXTS = ["alpha beta gamma", "the quick brown fox jumps", "x", "lorem ipsum dolor sit amet, consectetur"]
@@ -72,13 +73,16 @@ def test_every_scorer_is_oriented_higher_is_member():
     onehot = np.eye(v)[targets]
     logits[0] += 6.0 * onehot[0]  # member: targets strongly predicted
     logits[1] -= 2.0 * onehot[1]  # non-member: targets unlikely
-    stats = token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets))
     texts = ["same text", "same text"]
     methods = expand_methods(list(REGISTRY), [0.2, 0.5])  # every single-pass scorer
     table = FreqTable(np.arange(v) % 7, "any")  # dc_pdd: any corpus counts; it reads the target ids
-    got = score_batch(TokenBatch(stats, np.ones((2, t), bool), texts, targets, {"freq_table": table}), methods)
-    for m in methods:
-        assert got[m][0] > got[m][1], m
+    for temperature in (0.5, 2.0):  # ACMIA's AC changes sides at T = 1
+        res = {"freq_table": table, "acmia_temperature": temperature}
+        stats, tempered = token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets),
+                                      temperatures=resource_arrays(methods, res)["acmia_temperature"])
+        got = score_batch(TokenBatch(stats, np.ones((2, t), bool), texts, targets, res, tempered), methods)
+        for m in methods:
+            assert got[m][0] > got[m][1], (m, temperature)
 
 
 def test_k_count_is_exact():

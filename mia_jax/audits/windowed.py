@@ -24,11 +24,13 @@ from mia_jax.batching import encode
 from mia_jax.blind import NAME as BLIND_NAME
 from mia_jax.errors import UserError
 from mia_jax.scorers import TokenBatch, is_multi_pass, score_batch
+from mia_jax.scorers.base import single_pass
 from mia_jax.stats import TokenStats
 
 
 def check_window(window: int, methods: Sequence[str], max_length: int) -> None:
-    """Refuse a window that cannot be scored: below 1, wider than the model's context, or a multi-pass method."""
+    """Refuse a window that cannot be scored: below 1, wider than the model's context, a multi-pass method, or one
+    that reads tempered statistics (ACMIA's: the per-token statistics kept for the windows are ``TokenStats`` only)."""
     if window < 1:
         raise UserError(f"--window must be at least 1 token, got {window}")
     if window > max_length - 1:
@@ -38,6 +40,10 @@ def check_window(window: int, methods: Sequence[str], max_length: int) -> None:
     if multi:
         raise UserError(f"--window scores single-pass methods only (one forward pass per text); drop "
                         f"{', '.join(multi)}")
+    tempered = [m for m in methods if single_pass(m)[0].temperature_resource is not None]
+    if tempered:
+        raise UserError(f"--window does not score {', '.join(tempered)} (their tempered statistics are not kept per "
+                        "token); score them in a run without --window")
 
 
 def split_windows(batch: TokenBatch, window: int, decode: Callable[[list[int]], str] | None = None):

@@ -5,7 +5,7 @@ arrays with keyword-only options, in the style of optax's losses, e.g. ``min_k(l
 ``min_k_pp(logprob, mu, var, mask, *, k=0.2)``, ``zlib(logprob, mask, *, zlib_bytes)``, ``dc_pdd(logprob, ids,
 mask, *, freq)``: each name here is that function (the family modules are ``scorers.likelihood``, ``scorers.min_k``
 (reach it as ``sys.modules["mia_jax.scorers.min_k"]`` or ``from mia_jax.scorers.min_k import ...``: the attribute
-``scorers.min_k`` is the function), ``scorers.pac``, ``scorers.camia``, ``scorers.dcpdd``).
+``scorers.min_k`` is the function), ``scorers.pac``, ``scorers.camia``, ``scorers.dcpdd``, ``scorers.acmia``).
 
 A method name is a registered base name, optionally with a fraction: ``min_k@0.2``. ``device_scores(stats, mask,
 methods)`` computes methods by name (inside jit / vmap / grad), ``scores_from_logits`` from logits, ``score_batch``
@@ -17,8 +17,9 @@ second pass.
 from __future__ import annotations
 
 from mia_jax.scorers.base import (MULTI_PASS, REGISTRY, RESOURCES, MultiPassMethod, Requirements, Resource, Scorer,
-                                  TokenBatch, expand_methods, is_multi_pass, lookup, parse_method, requirements)
-from mia_jax.scorers import (camia, dcpdd, gradient, likelihood, multipass, pac,  # noqa: F401 (registers)
+                                  TokenBatch, expand_methods, is_multi_pass, lookup, parse_method, requirements,
+                                  temperature_resource)
+from mia_jax.scorers import (acmia, camia, dcpdd, gradient, likelihood, multipass, pac,  # noqa: F401 (registers)
                              recall, sampling)
 from mia_jax.scorers import min_k as _min_k_module  # noqa: F401 (registers; the name min_k is the function below)
 from mia_jax.scorers.dispatch import (LOGIT_METHODS, check_ids, device_scores, resource_arrays, score_batch,
@@ -31,6 +32,7 @@ from mia_jax.scorers.pac import polarized
 from mia_jax.scorers.camia import (camia_calibrated, camia_count_1, camia_count_2, camia_count_3, camia_count_pre,
                                    camia_ll_tail, camia_loss_200, camia_loss_300, camia_slope)
 from mia_jax.scorers.dcpdd import dc_pdd, first_occurrence
+from mia_jax.scorers.acmia import acmia_ac, acmia_derivac, acmia_normac
 
 DEFAULT_METHODS = ("loss", "ppl", "zlib", "min_k", "min_k_pp", "max_k", "entropy", "rank")
 DEFAULT_K = (0.2,)
@@ -43,4 +45,5 @@ __all__ = [
     "loss", "ppl", "zlib", "entropy", "rank", "min_k", "max_k", "min_k_pp", "min_k_pp_mu", "min_k_pp_sigma", "gap_k",
     "polarized", "camia_slope", "camia_count_1", "camia_count_2", "camia_count_3", "camia_count_pre",
     "camia_loss_200", "camia_loss_300", "camia_ll_tail", "camia_calibrated", "dc_pdd",
+    "acmia_ac", "acmia_derivac", "acmia_normac", "temperature_resource",
 ]

@@ -10,18 +10,21 @@ import numpy as np
 
 from mia_jax import checks
 from mia_jax.errors import UserError
-from mia_jax.stats import TokenStats
+from mia_jax.stats import TemperedStats, TokenStats
 
-# what a formula's positional parameters may be named: the fields of ``TokenStats``, the mask of the scored tokens,
-# and the target token ids; ``device_scores`` passes each by name
-ARRAYS = (*TokenStats._fields, "mask", "ids")
+# what a formula's positional parameters may be named: the fields of ``TokenStats``, those of ``TemperedStats`` (the
+# statistics at the temperatures of the resource it reads as ``temperatures``), the mask of the scored tokens, and
+# the target token ids; ``device_scores`` passes each by name
+ARRAYS = (*TokenStats._fields, *TemperedStats._fields, "mask", "ids")
+TEMPERATURES = "temperatures"  # the keyword of the resource whose array holds the kernel's temperatures
 
 
 @dataclass
 class TokenBatch:
     """One batch on the host, for ``score_batch``: per-token statistics ``[B, T]``, the mask of the scored tokens,
-    the texts (``zlib`` reads their compressed length), the target ids (``[B, T]``, None when the caller has none)
-    and the resources (``Scorer.resources`` names them, e.g. ``freq_table``). A container only: the formulas are
+    the texts (``zlib`` reads their compressed length), the target ids (``[B, T]``, None when the caller has none),
+    the resources (``Scorer.resources`` names them, e.g. ``freq_table``) and the tempered statistics ``[B, T, K]``
+    (``stats.token_stats(..., temperatures=)``; None when no method reads them). A container only: the formulas are
     the registered ``jax.numpy`` functions."""
 
     stats: TokenStats
@@ -29,9 +32,12 @@ class TokenBatch:
     texts: Sequence[str] | None = None
     ids: np.ndarray | None = None
     resources: Mapping[str, Any] = field(default_factory=dict)
+    tempered: TemperedStats | None = None
 
     def __post_init__(self):
         self.stats = TokenStats(*(np.asarray(x) for x in self.stats))
+        if self.tempered is not None:
+            self.tempered = TemperedStats(*(np.asarray(x) for x in self.tempered))
         self.mask = np.asarray(self.mask, bool)
         if self.mask.shape != self.stats.logprob.shape:
             raise UserError(f"mask shape {self.mask.shape} != statistics shape {self.stats.logprob.shape}")
@@ -61,6 +67,14 @@ class Scorer:
     arrays: tuple[str, ...] = ("logprob", "mask")
     resource_keywords: tuple[str, ...] = ()
 
+    @property
+    def temperature_resource(self) -> str | None:
+        """The resource whose array is the temperatures of the ``TemperedStats`` this formula reads (its keyword
+        ``temperatures``), or None when it reads none."""
+        if not set(self.arrays) & set(TemperedStats._fields):
+            return None
+        return self.resources[self.resource_keywords.index(TEMPERATURES)]
+
 
 @dataclass(frozen=True)
 class MultiPassMethod:
@@ -89,12 +103,13 @@ class Resource:
     """What a scorer reads besides the model, by name. ``hint``: how to make one (the message when it is missing);
     ``to_array(value)``: what a caller holds (e.g. a ``FreqTable``) -> the validated array the formula reads
     (UserError when it cannot be); ``check_ids(ids, mask, array)``: a host check of concrete target ids against the
-    array (UserError), or None."""
+    array (UserError), or None; ``default``: the value taken when a caller gives none (None: it must be given)."""
 
     name: str
     hint: str
     to_array: Callable[[Any], np.ndarray]
     check_ids: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
+    default: Any = None
 
 
 REGISTRY: dict[str, Scorer] = {}  # single-pass scorers
@@ -115,7 +130,8 @@ def register(name: str, *, resources: Mapping[str, str] | Sequence[str] = ()):
     """Register a single-pass formula under ``name``. What it reads comes from its signature: positional parameters
     named from ``ARRAYS``; keyword-only ``k`` (the method takes a fraction), ``zlib_bytes`` (each text's compressed
     length) and one keyword per resource (``resources``: {resource name: keyword}, or names that are their own
-    keywords); any other keyword-only parameter keeps its default."""
+    keywords); any other keyword-only parameter keeps its default. A formula reading ``TemperedStats`` fields takes
+    the array of their temperatures as the resource keyword ``temperatures`` (the kernel computes them there)."""
     keywords = dict(resources) if isinstance(resources, Mapping) else {r: r for r in resources}
 
     def deco(fn):
@@ -127,9 +143,11 @@ def register(name: str, *, resources: Mapping[str, str] | Sequence[str] = ()):
         unknown = [a for a in arrays if a not in ARRAYS]
         given = ("k", "zlib_bytes", *keywords.values())  # what device_scores passes
         unset = [o for o, p in options.items() if p.default is p.empty and o not in given]
-        if unknown or unset or not set(keywords.values()) <= set(options):
+        tempered = bool(set(arrays) & set(TemperedStats._fields)) and TEMPERATURES not in keywords.values()
+        if unknown or unset or not set(keywords.values()) <= set(options) or tempered:
             raise UserError(f"scorer {name!r}: positional parameters must be among {ARRAYS} (got {unknown}), other "
-                             f"keyword-only ones need a default (got {unset}), resources {keywords} need keywords")
+                             f"keyword-only ones need a default (got {unset}), resources {keywords} need keywords, "
+                             f"tempered statistics the resource keyword {TEMPERATURES!r}")
         REGISTRY[name] = Scorer(name, fn, "k" in options, "zlib_bytes" in options, doc, "ids" in arrays,
                                 tuple(keywords), arrays, tuple(keywords.values()))
         return fn
@@ -153,7 +171,7 @@ def check_resources(methods: Sequence[str], resources: Mapping[str, Any] | None)
     for method in methods:
         scorer, _ = parse_method(method)
         for r in getattr(scorer, "resources", ()):
-            if not resources or resources.get(r) is None:
+            if (not resources or resources.get(r) is None) and (r not in RESOURCES or RESOURCES[r].default is None):
                 hint = RESOURCES[r].hint if r in RESOURCES else "none was given"
                 raise UserError(f"method {method!r} needs a {r}: {hint}")
 
@@ -176,6 +194,16 @@ def requirements(methods: Sequence[str]) -> Requirements:
     scorers = [single_pass(m)[0] for m in methods]
     return Requirements(any(s.needs_ids for s in scorers), any(s.needs_text for s in scorers),
                         tuple(dict.fromkeys(r for s in scorers for r in s.resources)))
+
+
+def temperature_resource(methods: Sequence[str]) -> str | None:
+    """The resource holding the kernel's temperatures for the single-pass ``methods`` (``Scorer.temperature_resource``),
+    None when none reads tempered statistics; methods asking for different ones: UserError (one set per pass)."""
+    names = {single_pass(m)[0].temperature_resource for m in methods} - {None}
+    if len(names) > 1:
+        raise UserError(f"methods {list(methods)} read tempered statistics at the temperatures of different resources "
+                        f"({', '.join(sorted(names))}); score them in separate passes")
+    return names.pop() if names else None
 
 
 def _check_unique(name: str) -> None:

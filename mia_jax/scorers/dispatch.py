@@ -5,7 +5,10 @@ holds -> the arrays the formulas read).
 
 Which methods need what: ``requirements(methods)`` (and ``REGISTRY[name].needs_ids`` / ``.needs_text`` /
 ``.resources``): the target ``ids``, each text's ``zlib_bytes`` (``scorers.zlib_bytes(text)``), resources by name
-(``freq_table`` for ``dc_pdd``). A missing one, a multi-pass or unknown method, or mismatched shapes: UserError.
+(``freq_table`` for ``dc_pdd``; a resource with a default, e.g. ACMIA's ``acmia_temperature``, may be left out), the
+``tempered`` statistics at the temperatures of the resource ``temperature_resource(methods)`` (ACMIA's methods:
+``stats.token_stats(..., temperatures=resource_arrays(methods, resources)[that resource])``). A missing one, a
+multi-pass or unknown method, or mismatched shapes: UserError.
 """
 from __future__ import annotations
 
@@ -18,9 +21,10 @@ import numpy as np
 
 from mia_jax import checks
 from mia_jax.errors import UserError
-from mia_jax.scorers.base import RESOURCES, Scorer, TokenBatch, check_resources, requirements, single_pass
+from mia_jax.scorers.base import (RESOURCES, Scorer, TokenBatch, check_resources, requirements, single_pass,
+                                  temperature_resource)
 from mia_jax.scorers.likelihood import zlib_bytes as text_zlib_bytes
-from mia_jax.stats import DEFAULT_CHUNK, TokenStats, token_stats
+from mia_jax.stats import DEFAULT_CHUNK, TemperedStats, TokenStats, token_stats
 
 # scores_from_logits' default: the default methods that need nothing but the logits
 LOGIT_METHODS = ("loss", "ppl", "min_k@0.2", "min_k_pp@0.2", "max_k@0.2", "entropy", "rank")
@@ -32,7 +36,13 @@ def resource_arrays(methods: Sequence[str], resources: Mapping[str, Any] | None)
     Validated on the host (UserError: a missing or malformed resource); pass the result as ``device_scores(...,
     resources=)``, e.g. into one's own jitted step. Resources no method reads are left out."""
     check_resources(methods, resources)
-    return {r: RESOURCES[r].to_array(resources[r]) for r in requirements(methods).resources}
+    return {r: RESOURCES[r].to_array(_given(resources, r)) for r in requirements(methods).resources}
+
+
+def _given(resources: Mapping[str, Any] | None, r: str):
+    """The caller's value of resource ``r``, else its default (None when it has none)."""
+    value = (resources or {}).get(r)
+    return RESOURCES[r].default if value is None and r in RESOURCES else value
 
 
 def check_ids(methods: Sequence[str], ids, mask, arrays: Mapping[str, Any]) -> None:
@@ -50,7 +60,34 @@ def check_ids(methods: Sequence[str], ids, mask, arrays: Mapping[str, Any]) -> N
                 RESOURCES[r].check_ids(ids, mask, table)
 
 
-def _prepare(stats, mask, methods, ids, zlib_bytes, resources):
+def _arrays(methods, resources) -> dict:
+    """{resource: array} of what ``methods`` read: an array as given (e.g. traced), anything else converted on the
+    host (``Resource.to_array``), a missing one its default (none: UserError saying how to make it)."""
+    arrays = {}
+    for r in requirements(methods).resources:
+        value = _given(resources, r)
+        if value is None:
+            check_resources(methods, resources)  # says how to make it
+        arrays[r] = value if isinstance(value, (np.ndarray, jax.Array)) else RESOURCES[r].to_array(value)
+    return arrays
+
+
+def _check_tempered(parsed, tempered, shape, arrays, temperatures: str | None) -> None:
+    """The ``tempered`` statistics: given when a method reads them, ``[*shape, K]`` floats, K the temperatures'."""
+    if temperatures is None:
+        return
+    if tempered is None:
+        names = [m for m, s, _ in parsed if s.temperature_resource]
+        raise UserError(f"{', '.join(names)} need tempered=: the statistics at the temperatures of "
+                        f"{temperatures!r}, stats.token_stats(..., temperatures=resource_arrays(methods, "
+                        f"resources)[{temperatures!r}]) returns them with the TokenStats")
+    k = jnp.shape(arrays[temperatures])[-1:]
+    for name, x in TemperedStats(*tempered)._asdict().items():
+        checks.shape(f"tempered.{name}", x, (*shape, *k))
+        checks.floating(f"tempered.{name}", x)
+
+
+def _prepare(stats, mask, methods, ids, zlib_bytes, resources, tempered=None):
     """The parsed methods and the resource arrays, every argument checked (UserError)."""
     need = requirements(methods)
     parsed = [(m, *single_pass(m)) for m in methods]
@@ -72,14 +109,10 @@ def _prepare(stats, mask, methods, ids, zlib_bytes, resources):
             raise UserError("'zlib' needs zlib_bytes=: each text's zlib-compressed length in bytes, float "
                             f"{list(shape[:-1])} (mia_jax.scorers.zlib_bytes(text))")
         checks.shape("zlib_bytes", zlib_bytes, shape[:-1])
-    arrays = {}
-    for r in need.resources:
-        value = (resources or {}).get(r)
-        if value is None:
-            check_resources(methods, resources)  # says how to make it
-        arrays[r] = value if isinstance(value, (np.ndarray, jax.Array)) else RESOURCES[r].to_array(value)
+    arrays = _arrays(methods, resources)
     if need.ids and need.resources:
         check_ids(methods, ids, mask, arrays)
+    _check_tempered(parsed, tempered, shape, arrays, temperature_resource(methods))
     return parsed, arrays
 
 
@@ -93,12 +126,14 @@ def _call(scorer: Scorer, k, inputs: dict, zlib_bytes, arrays: dict):
 
 
 def device_scores(stats: TokenStats, mask, methods: Sequence[str], *, ids=None, zlib_bytes=None,
-                  resources: Mapping[str, Any] | None = None) -> dict[str, jax.Array]:
+                  resources: Mapping[str, Any] | None = None, tempered: TemperedStats | None = None
+                  ) -> dict[str, jax.Array]:
     """{method: float32 [...]} for single-pass ``methods`` (registry names, ``min_k@0.2``; a tuple or a list) from
     ``TokenStats`` (``[..., T]`` arrays: ``stats.token_stats`` of the shifted logits) and a bool ``mask`` of the
     scored tokens; NaN for a row without one. ``ids``: the target ids ``[..., T]`` (``dc_pdd``,
     ``camia_calibrated``); ``zlib_bytes``: each text's compressed length ``[...]`` (``zlib``); ``resources``:
-    {name: array} (``resource_arrays``; a ``FreqTable`` is also taken, converted on the host).
+    {name: array} (``resource_arrays``; a ``FreqTable`` is also taken, converted on the host); ``tempered``: the
+    ``TemperedStats`` ``[..., T, K]`` of the ACMIA methods (the module docstring says how to make them).
 
     Pure ``jax.numpy``: call it inside ``jax.jit`` (methods are Python constants there), ``jax.vmap``,
     ``jax.grad``, on sharded arrays. float32 for float32 or bfloat16 statistics; float64 stays float64 under
@@ -114,9 +149,10 @@ def device_scores(stats: TokenStats, mask, methods: Sequence[str], *, ids=None, 
     {'loss': -0.1672, 'min_k@0.5': -0.2395}
     """
     stats = TokenStats(*stats)
-    parsed, arrays = _prepare(stats, mask, methods, ids, zlib_bytes, resources)
+    parsed, arrays = _prepare(stats, mask, methods, ids, zlib_bytes, resources, tempered)
     mask = jnp.asarray(mask, bool)
-    inputs = {**stats._asdict(), "mask": mask, "ids": ids}
+    inputs = {**stats._asdict(), **(TemperedStats(*tempered)._asdict() if tempered is not None else {}),
+              "mask": mask, "ids": ids}
     # a NaN statistic of a scored token (a NaN logit: stats.token_stats) makes the text's every score NaN, whatever
     # the formula does with it (a sort would move it past the k lowest, a max would skip it)
     broken = jnp.any(mask & jnp.isnan(stats.logprob), axis=-1)
@@ -149,15 +185,19 @@ def scores_from_logits(logits, ids, attention_mask, *, methods: Sequence[str] = 
     checks.token_ids("ids", ids, vocab_size or jnp.shape(logits)[-1], where=attention_mask)
     logits, ids, am = jnp.asarray(logits), jnp.asarray(ids), jnp.asarray(attention_mask).astype(bool)
     targets = ids[..., 1:]
-    stats = token_stats(logits[..., :-1, :], targets, vocab_size=vocab_size, chunk_size=chunk_size)
+    arrays = _arrays(methods, resources)
+    temperatures = temperature_resource(methods)
+    stats = token_stats(logits[..., :-1, :], targets, vocab_size=vocab_size, chunk_size=chunk_size,
+                        temperatures=None if temperatures is None else arrays[temperatures])
+    stats, tempered = stats if temperatures is not None else (stats, None)
     return device_scores(stats, am[..., 1:] & am[..., :-1], methods, ids=targets, zlib_bytes=zlib_bytes,
-                         resources=resources)
+                         resources={**(resources or {}), **arrays}, tempered=tempered)
 
 
 @lru_cache(maxsize=64)
 def _jitted(methods: tuple[str, ...]):
-    return jax.jit(lambda stats, mask, ids, zb, res: device_scores(stats, mask, methods, ids=ids, zlib_bytes=zb,
-                                                                   resources=res))
+    return jax.jit(lambda stats, mask, ids, zb, res, tempered: device_scores(
+        stats, mask, methods, ids=ids, zlib_bytes=zb, resources=res, tempered=tempered))
 
 
 def _pad_rows(x, rows: int, fill=0):
@@ -172,7 +212,8 @@ def score_batch(batch: TokenBatch, methods: Sequence[str]) -> dict[str, np.ndarr
     """All requested methods for one host batch: {method: float64 [B]} (NaN for rows without tokens), from
     ``device_scores`` jitted once per method tuple (float32; the rows padded to a power of two, so batches of
     varying size compile a few programs). ``zlib`` reads ``batch.texts``, ``dc_pdd`` and ``camia_calibrated``
-    ``batch.ids``, ``dc_pdd`` ``batch.resources["freq_table"]`` (ids checked against it)."""
+    ``batch.ids``, ``dc_pdd`` ``batch.resources["freq_table"]`` (ids checked against it), the ACMIA methods
+    ``batch.tempered``."""
     methods = tuple(methods)
     need = requirements(methods)
     if need.zlib_bytes and batch.texts is None:
@@ -188,6 +229,12 @@ def score_batch(batch: TokenBatch, methods: Sequence[str]) -> dict[str, np.ndarr
     n = len(batch.mask)
     rows = 1 << max(n - 1, 0).bit_length()
     stats = TokenStats(*(_pad_rows(x, rows) for x in batch.stats))
+    tempered = None
+    if temperature_resource(methods) is not None:
+        if batch.tempered is None:
+            raise UserError(f"{', '.join(m for m in methods if single_pass(m)[0].temperature_resource)} need the "
+                            "tempered statistics (TokenBatch.tempered: stats.token_stats(..., temperatures=))")
+        tempered = TemperedStats(*(_pad_rows(x, rows) for x in batch.tempered))
     out = _jitted(methods)(stats, _pad_rows(batch.mask, rows, False), _pad_rows(ids, rows), _pad_rows(zb, rows, 1),
-                           arrays)
+                           arrays, tempered)
     return {m: np.asarray(v, np.float64)[:n] for m, v in out.items()}
