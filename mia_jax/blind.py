@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from mia_jax.errors import UserError
+from mia_jax.rounding import fmt
 
 NAME = "blind_bow"
 WARN_AUROC = 0.6
@@ -88,7 +89,7 @@ def blind_bow_scores(texts: Sequence[str], labels: Sequence[int], *, folds: int 
 def warning(auroc: float | None) -> str | None:
     """The warning printed when the blind baseline's ``auroc`` exceeds ``WARN_AUROC``, else None."""
     if auroc is not None and auroc > WARN_AUROC:
-        return (f"WARNING: a model-free bag-of-words classifier reaches AUROC {auroc:.3f} > {WARN_AUROC} on this "
+        return (f"WARNING: a model-free bag-of-words classifier reaches AUROC {fmt(auroc)} > {WARN_AUROC} on this "
                 "benchmark: members and non-members differ in distribution, so detector AUROCs here overstate "
                 "the membership signal (Das et al. 2024).")
     return None
