@@ -15,7 +15,7 @@ from mia_jax.batching import TOKENS_PER_BATCH, check_tokens_per_batch
 from mia_jax.commands import options, scoring_report
 from mia_jax.errors import UserError
 from mia_jax.data import sample, stream
-from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods, is_multi_pass
+from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods, is_multi_pass, known_methods
 
 STREAM_WINDOW = 4096  # texts per shard of a streamed run (--stream-window)
 
@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser, labeled: bool) -> None:
     options.data(p, labeled=labeled)
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
                    help="scorers; a bare min_k / max_k / min_k_pp expands to one method per --k "
-                        f"(default: {' '.join(DEFAULT_METHODS)})")
+                        f"(default: {' '.join(DEFAULT_METHODS)}); registered: {known_methods()}")
     p.add_argument("--k", nargs="+", type=entry.fraction, default=list(DEFAULT_K), help="fractions for Min-K%% methods")
     p.add_argument("--tokens-per-batch", type=entry.positive_int,
                    help="token slots of one scoring step: texts are packed into rows of this budget (default: "

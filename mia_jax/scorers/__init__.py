@@ -17,8 +17,8 @@ second pass.
 from __future__ import annotations
 
 from mia_jax.scorers.base import (MULTI_PASS, REGISTRY, RESOURCES, MultiPassMethod, Requirements, Resource, Scorer,
-                                  TokenBatch, expand_methods, is_multi_pass, lookup, parse_method, requirements,
-                                  temperature_resource)
+                                  TokenBatch, expand_methods, is_multi_pass, known_methods, lookup, parse_method,
+                                  requirements, temperature_resource)
 from mia_jax.scorers import (acmia, camia, dcpdd, gradient, likelihood, multipass, pac,  # noqa: F401 (registers)
                              recall, sampling)
 from mia_jax.scorers import min_k as _min_k_module  # noqa: F401 (registers; the name min_k is the function below)
@@ -39,7 +39,8 @@ DEFAULT_K = (0.2,)
 
 __all__ = [
     "REGISTRY", "MULTI_PASS", "RESOURCES", "Scorer", "MultiPassMethod", "Resource", "Requirements", "TokenBatch",
-    "expand_methods", "is_multi_pass", "lookup", "parse_method", "requirements", "DEFAULT_METHODS", "DEFAULT_K",
+    "expand_methods", "is_multi_pass", "known_methods", "lookup", "parse_method", "requirements", "DEFAULT_METHODS",
+    "DEFAULT_K",
     "LOGIT_METHODS", "device_scores", "scores_from_logits", "resource_arrays", "check_ids", "score_batch",
     "k_count", "lowest_k_mean", "masked_mean", "first_occurrence", "zlib_bytes",
     "loss", "ppl", "zlib", "entropy", "rank", "min_k", "max_k", "min_k_pp", "min_k_pp_mu", "min_k_pp_sigma", "gap_k",

@@ -221,7 +221,9 @@ def lookup(name: str) -> Scorer | MultiPassMethod | None:
     return REGISTRY.get(name) or MULTI_PASS.get(name)
 
 
-def _known() -> str:
+def known_methods() -> str:
+    """Every registered method's name, sorted, ``name@K`` for one that takes a fraction (the help and errors list
+    them)."""
     return ", ".join(f"{n}@K" if lookup(n).takes_k else n for n in sorted({*REGISTRY, *MULTI_PASS}))
 
 
@@ -233,7 +235,7 @@ def parse_method(method: str) -> tuple[Scorer | MultiPassMethod, float | None]:
     base, _, k_text = method.partition("@")
     scorer = lookup(base)
     if scorer is None:
-        raise UserError(f"unknown method {method!r}; known methods: {_known()}")
+        raise UserError(f"unknown method {method!r}; known methods: {known_methods()}")
     if not scorer.takes_k:
         if k_text:
             raise UserError(f"method {base!r} takes no fraction, got {method!r}")
