@@ -7,35 +7,15 @@ import io
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from mia_jax.data.dataset import TEXT_FIELDS, TFDS_DATASETS, Dataset, default_text_field, label_of  # noqa: F401
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 
 FILES = Path(__file__).parent / "files"
 WIKIMIA_LENGTHS = (32, 64, 128, 256)
-# the TFDS datasets `mia-jax datasets build` makes (mia_jax.data.builders.BUILDERS), named here so that the CLI lists
-# them without importing tensorflow-datasets
-TFDS_DATASETS = ("wikimia", "mimir", "contamination")
-
-
-@dataclass
-class Dataset:
-    """A loaded dataset: its ``texts``, ``labels`` (1 member, 0 non-member; None when unlabeled), ``name``, the
-    ``files`` read (path -> SHA-256), the ``extra`` fields asked for and the ``text_field`` read."""
-    texts: list[str]
-    labels: list[int] | None  # 1 = member, 0 = non-member; None for unlabeled data
-    name: str
-    files: dict[str, str] = field(default_factory=dict)  # path -> sha256
-    extra: dict[str, list] = field(default_factory=dict)  # other fields asked for: {field: [value or None per row]}
-    text_field: str | None = None  # the field the texts were read from, where one was
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-
 def check_encoding(encoding: str) -> bool:
     """Refuse an unknown (or non-text) encoding name; True when the encoding is line-splittable, i.e. a newline
     or carriage return is the single byte 0x0a / 0x0d and never part of another character (UTF-8, Latin-1,
@@ -244,30 +224,6 @@ def read_csv(path: str | Path, columns: Sequence[str] = (), encoding: str = "utf
         raise UserError(f"{path}: no column {missing[0]!r} (columns: {', '.join(header[0])}); the file is not the "
                         "one expected, or was edited")
     return rows
-
-
-def label_of(value, path: Path, where: int) -> int:
-    if isinstance(value, str) and value.strip() in ("0", "1"):
-        return int(value)
-    if isinstance(value, (bool, int, float)) and value in (0, 1):
-        return int(value)
-    raise UserError(f"{path}: row {where} has label {value!r}; labels must be 0 (non-member) or 1 (member)")
-
-
-# the text fields looked for when none is named (--text-field left out): a corpus's `text`, WikiMIA's `input`
-TEXT_FIELDS = ("text", "input")
-
-
-def default_text_field(fields, where: str, kind: str = "field") -> str:
-    """The one of :data:`TEXT_FIELDS` among ``fields`` (a file's first object's fields, or a dataset's features:
-    ``kind``); both or neither: a UserError that starts with ``where`` (e.g. "FILE: row 1")."""
-    fields = list(fields)
-    found = [f for f in TEXT_FIELDS if f in fields]
-    if len(found) != 1:
-        has = f"both a 'text' and an 'input' {kind}" if found else f"neither a 'text' nor an 'input' {kind}"
-        raise UserError(f"{where} has {has} ({kind}s: {', '.join(map(str, fields))}); choose the {kind} with "
-                        "--text-field")
-    return found[0]
 
 
 def record(row, path, where: int, text_field: str | None, label_field: str | None) -> tuple[str, int | None, str]:

@@ -34,7 +34,7 @@ import tensorflow_datasets as tfds
 from array_record.python.array_record_module import ArrayRecordReader
 from google.protobuf import json_format
 
-from mia_jax import data
+from mia_jax.data.dataset import TFDS_DATASETS, Dataset, default_text_field, label_of
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
 
@@ -67,7 +67,7 @@ def default_data_dir() -> Path:
 
 
 def _how_to_build(name: str, data_dir: Path) -> str:
-    if name in data.TFDS_DATASETS:
+    if name in TFDS_DATASETS:
         return f"build it with: mia-jax datasets build {name} --data-dir {data_dir}"
     return ("build it there in the ArrayRecord format, e.g. tfds.builder(NAME, data_dir=DIR)"
             ".download_and_prepare(file_format='array_record')")
@@ -292,7 +292,7 @@ class TfdsSource:
     def resolve_text_field(self, fld: str | None) -> str:
         """``fld`` checked (:meth:`check_text_field`), or when None the one of ``text`` and ``input`` among the
         features (:func:`mia_jax.data.default_text_field`: both or neither is a UserError)."""
-        fld = fld if fld is not None else data.default_text_field(self.features, self.spec, "feature")
+        fld = fld if fld is not None else default_text_field(self.features, self.spec, "feature")
         self.check_text_field(fld)
         return fld
 
@@ -325,7 +325,7 @@ class TfdsSource:
 
 
 def load(spec: str, data_dir: str | os.PathLike | None = None, text_field: str | None = None,
-         label_field: str | None = "label", extra: Sequence[str] = ()) -> data.Dataset:
+         label_field: str | None = "label", extra: Sequence[str] = ()) -> Dataset:
     """A split of a built TFDS dataset as a :class:`mia_jax.data.Dataset`, as :func:`mia_jax.data.load_records` reads
     a file: texts from ``text_field`` (None: the one of :data:`mia_jax.data.TEXT_FIELDS` among the features),
     0/1 labels from ``label_field`` unless it is None, the ``extra`` features (``Dataset.extra``; None for a feature
@@ -339,9 +339,9 @@ def load(spec: str, data_dir: str | os.PathLike | None = None, text_field: str |
     for i, row in enumerate(src.rows()):
         texts.append(row[text_field])
         if label_field is not None:
-            labels.append(data.label_of(row[label_field], spec, i + 1))
+            labels.append(label_of(row[label_field], spec, i + 1))
         for f in extra:
             kept[f].append(row.get(f))
     if not texts:
         raise UserError(f"{spec}: split {src.split} has no rows; choose another split")
-    return data.Dataset(texts, labels if label_field is not None else None, src.label, src.files, kept, text_field)
+    return Dataset(texts, labels if label_field is not None else None, src.label, src.files, kept, text_field)
