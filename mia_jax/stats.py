@@ -257,10 +257,7 @@ def token_stats_from_hidden(
     time with float32 accumulation; the full ``[..., V]`` logits are never formed. Checked as ``token_stats``;
     ``temperatures`` as there.
     """
-    checks.floating("hidden", hidden)
-    checks.floating("unembedding", unembedding)
-    checks.integer("targets", targets)
-    checks.shape("targets", targets, hidden.shape[:-1])
+    _check_hidden(hidden, unembedding, targets)
     targets = targets.astype(jnp.int32)
     n_rows = unembedding.shape[0]
     h = hidden.astype(jnp.float32)
@@ -280,6 +277,15 @@ def token_stats_from_hidden(
         return logits_of(rows, b)
 
     return _scan_vocab(chunk_logits, n_rows, vocab_size, chunk_size, target_logit, targets, _temperatures(temperatures))
+
+
+def _check_hidden(hidden, unembedding, targets) -> None:
+    """The hidden-state kernels' arguments (``mia_jax.checks``, UserError): floating hidden states and unembedding,
+    integer targets of the hidden states' leading shape."""
+    checks.floating("hidden", hidden)
+    checks.floating("unembedding", unembedding)
+    checks.integer("targets", targets)
+    checks.shape("targets", targets, hidden.shape[:-1])
 
 
 def _combine_shards(acc: _Acc, axis) -> _Acc:
@@ -318,8 +324,10 @@ def token_stats_from_hidden_sharded(
     fsdp-sharded D). Outputs are sharded over ``batch_axes`` and equal the unsharded kernel's (to
     float32 rounding of the sums; ``rank`` exactly). Call it inside ``jax.jit``, or alone (it is
     jit-compatible; ``mesh``, ``vocab_size``, ``chunk_size`` and the axis names are static). ``temperatures``
-    (replicated) as ``token_stats``': each shard's tempered accumulators are combined like the others.
+    (replicated) as ``token_stats``': each shard's tempered accumulators are combined like the others. Checked as
+    ``token_stats_from_hidden``.
     """
+    _check_hidden(hidden, unembedding, targets)
     targets = targets.astype(jnp.int32)
     temperatures = _temperatures(temperatures)
     n_rows = unembedding.shape[0]
