@@ -74,7 +74,9 @@ def _short(value, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _lock(path: Path) -> int:
+def _lock(path: Path, flag: str = "--out") -> int:
+    """The folder ``path`` locked (its fd), or a UserError naming the process holding it and ``flag``, the option
+    that chose the folder."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -85,7 +87,7 @@ def _lock(path: Path) -> int:
         except OSError:
             pid = "unknown"
         raise UserError(f"{path} is in use by another process (PID {pid}); wait for it to finish, or use "
-                        "another --out") from None
+                        f"another {flag}") from None
     return fd
 
 
@@ -169,9 +171,10 @@ def _empty(path: Path) -> None:
 
 @contextmanager
 def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite: bool = False, inputs=(),
-          file: str = FINGERPRINT, hint: str = HINT) -> Iterator[bool]:
+          file: str = FINGERPRINT, hint: str = HINT, flag: str = "--out") -> Iterator[bool]:
     """Hold ``path`` for a run; yields True when it holds an earlier (possibly unfinished) run of the same
     fingerprint to resume. ``fingerprint=None``: lock only (a folder of sub-runs, each claimed on its own).
+    ``flag``: the option that chose the folder, named when another process holds it.
     ``overwrite``: empty the folder first, refused (:func:`check_replace`) unless it holds a run and none of
     ``inputs`` (every file and folder the command reads; None and names that are no path are skipped)."""
     path = check_out(path)
@@ -185,7 +188,7 @@ def claim(path: str | os.PathLike, fingerprint: dict | None = None, *, overwrite
         if main:
             try:
                 path.mkdir(parents=True, exist_ok=True)
-                fd = _lock(path)
+                fd = _lock(path, flag)
                 verdict["resume"] = _decide(path, fingerprint, overwrite, inputs, file, hint, writer=True,
                                             fresh=True)
                 (path / LOCK).write_text(f"{os.getpid()}\n")

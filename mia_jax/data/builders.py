@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -237,7 +236,8 @@ def build(name: str, data_dir: str | os.PathLike, only: Sequence[str] = (), sour
         b.check_source()
     tfds.display_progress_bar(progress)
     done = []
-    with _locked(data_dir), tempfile.TemporaryDirectory(prefix="mia_jax_tfds_") as downloads:  # TFDS wants one
+    with (rundir.claim(data_dir, None, flag="--data-dir"),  # the run folders' lock, without a fingerprint
+          tempfile.TemporaryDirectory(prefix="mia_jax_tfds_") as downloads):  # nothing downloads; TFDS wants one
         for b in builders:
             old = (Path(b.data_dir) / "dataset_info.json").is_file()
             b.download_and_prepare(download_dir=downloads, download_config=tfds.download.DownloadConfig(
@@ -246,12 +246,3 @@ def build(name: str, data_dir: str | os.PathLike, only: Sequence[str] = (), sour
     return done
 
 
-@contextmanager
-def _locked(data_dir: Path) -> Iterator[None]:
-    """``data_dir`` made and held (the run folders' lock, :func:`mia_jax.rundir.claim`, without a fingerprint)."""
-    with ExitStack() as stack:
-        try:
-            stack.enter_context(rundir.claim(data_dir, None))
-        except UserError as e:  # the lock's advice names the run folders' flag
-            raise UserError(str(e).replace("another --out", "another --data-dir")) from None
-        yield
