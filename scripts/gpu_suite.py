@@ -274,9 +274,12 @@ def parse_args(argv):
     for name, full, small in (("shapes", ["smollm2", "llama-1b"], ["tiny"]), ("limit", None, 8),
                               ("batch_size", 32, 4), ("min_seconds", 5.0, 0.0), ("train_shape", "smollm2", "tiny"),
                               ("train_steps", 4, 1), ("trainer_shape", "llama-1b", "tiny"), ("trainer_batch", 16, 2),
-                              ("trainer_seq_len", 2048, 64), ("trainer_window", 8, 2)):
+                              ("trainer_seq_len", 2048, 64), ("trainer_window", 32, 3)):
         if getattr(args, name) is None:
             setattr(args, name, small if smoke else full)
+    if args.trainer_window < 3:
+        raise UserError(f"--trainer-window {args.trainer_window}: the trainer part needs W >= 3 (a window of steps "
+                        "2..W - 1 without a save)")
     return args
 
 

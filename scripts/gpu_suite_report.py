@@ -76,12 +76,13 @@ def trainer_figures(args, out) -> None:
     if not r:
         return
     fig, w, by_step = out["figures"], r["window"], {line["step"]: line for line in r["lines"]}
-    r["no_save"] = window([by_step[s] for s in range(2, w + 1)])
+    r["no_save"] = window([by_step[s] for s in range(2, w)])
     r["save_window"] = window([by_step[s] for s in range(w + 1, 2 * w + 1)])
-    r["compile_s"], r["save_blocking_s"] = by_step[1]["seconds"], by_step[w + 1]["save_s"]
-    r["steps_during_write"] = sum(1 for s in range(w + 2, 2 * w + 1) if by_step[s].get("saving"))
-    fig.update({"trainer.compile_s": r["compile_s"], "trainer.save_blocking_s": r["save_blocking_s"],
-                "trainer.checkpoint_bytes": r["checkpoint_bytes"]})
+    r["compile_s"], r["first_save_blocking_s"] = by_step[1]["seconds"], by_step[w]["save_s"]
+    r["save_blocking_s"] = by_step[2 * w]["save_s"]
+    r["steps_during_write"] = sum(1 for s in range(w + 1, 2 * w + 1) if by_step[s].get("saving"))
+    fig.update({f"trainer.{k}": r[k] for k in ("compile_s", "first_save_blocking_s", "save_blocking_s",
+                                               "checkpoint_bytes")})
     for name, win in (("trainer", r["no_save"]), ("trainer.save_window", r["save_window"])):
         fig.update({f"{name}.{k}": win[k] for k in ("step_s", "tokens_per_s", "mfu") if win[k] is not None})
     if r["no_save"]["step_s"] and r["save_window"]["step_s"]:
@@ -209,12 +210,17 @@ def trainer_report(args, out) -> None:
           "asynchronous Orbax checkpoints; speed.jsonl)\n")
     print("| window | steps | step (mean) | tokens/s | MFU |")
     print("|---|---:|---:|---:|---:|")
-    for label, win in ((f"steps 2..{w}, no save", r["no_save"]),
-                       (f"steps {w + 1}..{2 * w}, a save started after step {w + 1}", r["save_window"])):
+    for label, win in ((f"steps 2..{w - 1}, no save", r["no_save"]),
+                       (f"steps {w + 1}..{2 * w}: the save of step {w} written, the save of step {2 * w}",
+                        r["save_window"])):
         step = f"{win['step_s'] * 1e3:.1f} ms" if win["step_s"] else "-"
         rate = f"{win['tokens_per_s']:.0f}" if win["tokens_per_s"] else "-"
         print(f"| {label} | {win['steps']} | {step} | {rate} | {_pct(win['mfu'])} |")
-    print(f"\nfirst step (compilation included): {r['compile_s']:.1f} s; the save's blocking part (device-to-host "
-          f"copy) of a {r['checkpoint_bytes'] / 2**30:.2f} GiB checkpoint: {r['save_blocking_s'] * 1e3:.0f} ms; steps "
-          f"after it that began while it was being written: {r['steps_during_write']} of {w - 1}; MFU against "
+    x = out["figures"].get("trainer.save_window_x")
+    added = f"{100 * (x - 1):+.1f}%" if x else "-"
+    print(f"\nfirst step (compilation included): {r['compile_s']:.1f} s; a checkpoint of "
+          f"{r['checkpoint_bytes'] / 2**30:.2f} GiB every {w} steps: its blocking part (device-to-host copy) "
+          f"{r['save_blocking_s'] * 1e3:.0f} ms (the first save's, host buffers allocated: "
+          f"{r['first_save_blocking_s'] * 1e3:.0f} ms); the mean step time with a save in the window {added} against "
+          f"none; steps that began while a checkpoint was being written: {r['steps_during_write']} of {w}; MFU against "
           f"{args.peak_tflops:g} TFLOP/s x {r['devices']} device(s); device peak {_mib(r.get('device_peak'))}")

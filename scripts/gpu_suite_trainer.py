@@ -3,13 +3,16 @@
 ``trainer``: the trainer's own loop (``train.trainer.train``, as a contamination run or ``python -m train.finetune``
 trains) on the ``--trainer-shape`` folder (default ``llama-1b``): float32 master weights and AdamW, bfloat16 compute,
 ``--trainer-batch`` x ``--trainer-seq-len`` tokens a step (default 16 x 2048; random token ids: speed does not depend
-on them), FSDP over the local devices (``train.mesh=fsdp=N``), ``--trainer-remat`` (default layer), 2W + 1 steps (W =
-``--trainer-window``, default 8) with Orbax checkpoints written asynchronously after step W + 1 and after the last.
-From the run's ``speed.jsonl`` (train/speed.py; one line per step, the wall time of the loop's iteration): the first
-step (compilation included), the window of steps 2..W (no save) and the window of steps W + 1..2W (a save started at
-its first step, whose line includes the save's blocking part: the device-to-host copy; its background write
-overlapping the next steps): mean step time, tokens/s (target tokens: seq-len - 1 per sequence) and MFU
-(``train.speed.train_flops``: 3 x the forward's model FLOPs) against ``--peak-tflops`` x devices.
+on them), FSDP over the local devices (``train.mesh=fsdp=N``), ``--trainer-remat`` (default layer), 2W steps (W =
+``--trainer-window``, default 32) with an Orbax checkpoint every W steps (``train.checkpoint_every``), written
+asynchronously: after step W and after step 2W. From the run's ``speed.jsonl`` (train/speed.py; one line per step,
+the wall time of the loop's iteration): the first step (compilation included); the window of steps 2..W - 1 (no
+save); the first save's blocking part (step W's line: the device-to-host copy, the host's buffers allocated for the
+first time); the window of steps W + 1..2W: the first checkpoint's background write overlapping its steps and the
+second save's blocking part in its last (a save every W steps in a steady run). Of each window: mean step time,
+tokens/s (target tokens: seq-len - 1 per sequence) and MFU (``train.speed.train_flops``: 3 x the forward's model
+FLOPs) against ``--peak-tflops`` x devices. W must give the first write time to finish (about 11 GiB at the 1B
+shape; the H200 of BENCHMARKS.md wrote it in about 11 s, 21 steps), or the second save's line includes the wait.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ def add_trainer_args(ap) -> None:
     ap.add_argument("--trainer-seq-len", type=entry.positive_int,
                     help="tokens per sequence of the trainer part (default 2048; --smoke: 64)")
     ap.add_argument("--trainer-window", type=entry.positive_int,
-                    help="steps per timed window of the trainer part: 2W + 1 steps in all (default 8; --smoke: 2)")
+                    help="steps between the trainer part's checkpoints: 2W steps in all, W >= 3 "
+                    "(default 32; --smoke: 3)")
     ap.add_argument("--trainer-remat", default="layer", choices=["none", "layer"],
                     help="train.remat of the trainer part (default layer)")
 
@@ -60,10 +64,10 @@ def worker_trainer(spec, result):
     loaded = models.load(spec["model"])  # float32: the trainer's master weights
     result["load_s"] = time.perf_counter() - t0
     w, batch, seq = spec["window"], spec["batch_size"], spec["seq_len"]
-    ids = np.random.default_rng(0).integers(0, loaded.config.vocab_size, ((2 * w + 1) * batch, seq), dtype=np.int32)
+    ids = np.random.default_rng(0).integers(0, loaded.config.vocab_size, (2 * w * batch, seq), dtype=np.int32)
     data = PackedData(ids, np.ones(ids.shape, bool), ids.size, 0)
     cfg = TrainConfig(seq_len=seq, batch_size=batch, compute_dtype="bfloat16", remat=spec["remat"],
-                      mesh=f"fsdp={jax.device_count()}", checkpoint_every=w + 1, keep_checkpoints=1,
+                      mesh=f"fsdp={jax.device_count()}", checkpoint_every=w, keep_checkpoints=1,
                       peak_tflops=spec["peak_tflops"], shuffle=False, progress=False)
     workdir = Path(spec["workdir"])
     shutil.rmtree(workdir, ignore_errors=True)

@@ -29,7 +29,8 @@ EXPECTED += [f"train.{k}.{f}" for k in ("jax", "torch") for f in ("step_s", "war
 EXPECTED += [f"part.tiny.{kind}.wall_s" for kind in ("toolkit_cold", "toolkit_warm", "torch_batched", "torch_loop",
                                                       "train", "trainer")]
 # the trainer part (train.trainer.train at the 1B shape; --smoke: tiny): no save / a save in the window
-TRAINER = ["trainer.compile_s", "trainer.save_blocking_s", "trainer.checkpoint_bytes", "trainer.save_window_x"]
+TRAINER = ["trainer.compile_s", "trainer.first_save_blocking_s", "trainer.save_blocking_s", "trainer.checkpoint_bytes",
+           "trainer.save_window_x"]
 TRAINER += [f"{w}.{f}" for w in ("trainer", "trainer.save_window") for f in ("step_s", "tokens_per_s", "mfu")]
 EXPECTED += TRAINER
 
@@ -77,9 +78,9 @@ def test_smoke_run_writes_every_figure(tmp_path, monkeypatch):
 
 
 def test_trainer_part(tiny_llama_dir, tmp_path, monkeypatch, capsys):
-    """The trainer part alone (``gpu_suite.worker_trainer``: ``train.trainer.train`` at a tiny size, W = 2: 5 steps,
-    asynchronous checkpoints after steps 3 and 5), then its figures and table: every figure finite and positive, the
-    two windows of 1 and 2 steps, the checkpoints removed after the run."""
+    """The trainer part alone (``gpu_suite.worker_trainer``: ``train.trainer.train`` at a tiny size, W = 3: 6 steps,
+    asynchronous checkpoints after steps 3 and 6), then its figures and table: every figure finite and positive, the
+    two windows of 1 and 3 steps, the checkpoints removed after the run."""
     import jax
 
     monkeypatch.syspath_prepend(str(REPO / "scripts"))
@@ -91,18 +92,19 @@ def test_trainer_part(tiny_llama_dir, tmp_path, monkeypatch, capsys):
                 batch_size=2 * jax.device_count())
     result = {}
     gpu_suite.worker_trainer(spec, result)
-    assert [r["step"] for r in result["lines"]] == [1, 2, 3, 4, 5]
-    assert [r["step"] for r in result["lines"] if r.get("save")] == [3, 5] and result["lines"][0]["compile"]
+    assert [r["step"] for r in result["lines"]] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in result["lines"] if r.get("save")] == [3, 6] and result["lines"][0]["compile"]
     assert not (tmp_path / "trainer-run" / "checkpoints").exists() and result["checkpoint_bytes"] > 0
     out = {"results": {"tiny": {"trainer": result}}, "figures": {}}
     gpu_suite_report.trainer_figures(args, out)
     figures = out["figures"]
     assert not [k for k in TRAINER if k not in figures], figures
     assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in figures.values()), figures
-    assert (result["no_save"]["steps"], result["save_window"]["steps"]) == (1, 2)
+    assert (result["no_save"]["steps"], result["save_window"]["steps"]) == (1, 3)
     gpu_suite_report.trainer_report(args, out)
     printed = capsys.readouterr().out
-    assert "### The trainer at tiny" in printed and "| steps 3..4, a save started after step 3 | 2 |" in printed
+    assert "### The trainer at tiny" in printed
+    assert "| steps 4..6: the save of step 3 written, the save of step 6 | 3 |" in printed
 
 
 def test_benchmark_eval_times_the_device_steps_by_part(tiny_llama_dir, monkeypatch, capsys):
