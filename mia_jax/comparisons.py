@@ -1,8 +1,9 @@
 """Comparisons of detectors with paired bootstrap intervals (the conventions are :mod:`mia_jax.metrics`'s):
 two score vectors on the same examples (:func:`paired_bootstrap`), two member subsets against shared non-members
-(:func:`subset_bootstrap`), the mean over groups of one method (:func:`evaluate_mean`), the best method of a
-table column and those tied with it (:func:`compare_to_best`, :func:`tied_with_best`), the family-wise correction of
-a table's verdicts (:func:`holm_adjust`), and the sentence a report prints (:func:`describe`).
+(:func:`subset_bootstrap`), the mean over groups of one method (:func:`evaluate_mean`, from
+:mod:`mia_jax.group_metrics`), the best method of a table column and those tied with it (:func:`compare_to_best`,
+:func:`tied_with_best`), the family-wise correction of a table's verdicts (:func:`holm_adjust`), and the sentence a
+report prints (:func:`describe`).
 
 **Verdicts and multiplicity.** A verdict ("A > B", a bold cell, "best method") is stated from at least
 ``VERDICT_RESAMPLES`` (2000) paired resamples (the table writers pass :func:`verdict_resamples` of their configured
@@ -16,22 +17,31 @@ adjusted p-values are those of ``statsmodels.stats.multitest.multipletests(p, me
 when its adjusted p is below ``alpha = 1 - confidence`` (strictly, so that every stated verdict also has an
 unadjusted interval that excludes 0), and the report prints the **unadjusted** interval with the adjusted p beside
 it. Holm-adjusted interval levels were not used: a comparison's interval would then depend on its rank in the
-family, and a reader could no longer compare two rows' intervals."""
+family, and a reader could no longer compare two rows' intervals.
+
+**Verdicts that do not depend on the seed.** p carries a Monte-Carlo interval (:mod:`mia_jax.pvalue`); Holm's
+adjusted p is monotone in every p, so Holm's correction of the lower ends and of the upper ends bound the adjusted
+p. Where those bounds straddle the threshold, :func:`holm_adjust` recomputes the comparison with more resamples
+(:class:`Comparison`) and corrects again, until every verdict is decided or "undecided" at ``pvalue.MAX_RESAMPLES``;
+the comparisons far from the threshold keep their first resamples."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from mia_jax import bootstrap, verdict_log
+from mia_jax import bootstrap, pvalue, verdict_log
 from mia_jax.bootstrap import (MIN_PER_CLASS, ClusterDraw, as_labels, as_scores, auroc_rows, cluster_bootstrap,
                                cluster_ids, drawn_rows, group_rows, grouped_bootstrap, interval, too_few,
                                tpr_at_fpr_rows, tpr_key)
+from mia_jax.group_metrics import enough_per_class, evaluate_mean  # noqa: F401 (evaluate_mean: re-exported)
 from mia_jax.rounding import fmt
 
-VERDICTS = ("A > B", "B > A", "not distinguishable")
+VERDICTS = ("A > B", "B > A", "not distinguishable", "undecided")  # undecided: see holm_adjust
 VERDICT_RESAMPLES = 2000  # the fewest paired resamples behind any stated verdict
 OTHER_SEEDS = 5  # a study reports how many of its verdicts keep their direction under this many other seeds
 
@@ -64,24 +74,85 @@ def holm(pvalues) -> np.ndarray:
     return out
 
 
+class Comparison(dict):
+    """A paired comparison: the JSON-serialisable dict of :func:`paired_bootstrap` / :func:`subset_bootstrap`, which
+    also knows how to recompute itself: ``redo(n_bootstrap, seed)``, the same comparison from other resamples, and,
+    in a :func:`compare_to_best` column, ``batch`` = (run, method): ``run(methods, n_bootstrap, seed)`` recomputes
+    several methods of the column in one bootstrap (the same numbers). A dict copy forgets both."""
+
+    redo: Callable[[int, int], dict] | None = None
+    batch: tuple[Callable[[tuple, int, int], dict], str] | None = None
+
+
+def _redoable(out: dict, redo: Callable[[int, int], dict]) -> Comparison:
+    out = out if isinstance(out, Comparison) else Comparison(out)
+    out.redo = redo
+    return out
+
+
+def resamples(comparison: dict, key: str = "auroc") -> int:
+    """The resamples behind ``comparison``'s ``key`` metric: its own count where :func:`holm_adjust` gave it more,
+    else the comparison's ``n_bootstrap``."""
+    return int(comparison[key].get("n_bootstrap", comparison["n_bootstrap"]))
+
+
 def holm_adjust(comparisons: Sequence, key: str = "auroc", alpha: float | None = None) -> int:
-    """Holm's correction over ``comparisons`` (one table's family: :func:`paired_bootstrap` /
-    :func:`subset_bootstrap` results; None entries, the n/a ones, are skipped), in place on each one's ``key``
-    metric: ``p_holm`` (the adjusted p), ``family`` (m), ``verdict_unadjusted`` (the interval's own verdict) and
-    ``verdict``, now the interval's direction when ``p_holm < alpha`` (default 1 - the comparison's confidence) and
-    "not distinguishable" otherwise. Applying it again to the same family gives the same result. Returns m."""
+    """Holm's correction over ``comparisons`` (one table's family of :func:`paired_bootstrap` / :func:`subset_bootstrap`
+    results; None, the n/a ones, skipped), in place on each one's ``key`` metric: ``p_holm``, ``p_holm_interval`` (its
+    Monte-Carlo interval), ``family`` (m), ``verdict_unadjusted`` (the interval's own) and ``verdict``: that when the
+    whole interval of the adjusted p lies below ``alpha`` (default 1 - confidence), "not distinguishable" when at or
+    above, else "undecided". One straddling ``alpha`` is first recomputed with more resamples (its ``key`` metric
+    replaced, with its ``n_bootstrap``) until none does below ``pvalue.MAX_RESAMPLES`` (a plain dict cannot be).
+    Applying it again to the same family gives the same result. Returns m."""
     family = [c for c in comparisons if c is not None]
     if not family:
         return 0
     verdict_log.family(key, alpha, family)
-    adjusted = holm([c[key]["p"] for c in family])
-    for c, p_adj in zip(family, adjusted):
+    level = np.array([(1.0 - c["confidence"]) if alpha is None else alpha for c in family])
+    while True:
+        p = np.array([c[key]["p"] for c in family])
+        n = np.array([resamples(c, key) for c in family])
+        lo, hi = pvalue.p_interval(p, n)
+        adj_lo, adj_hi = holm(lo), holm(hi)
+        grow = [i for i in np.flatnonzero(~pvalue.decided(adj_lo, adj_hi, level))
+                if n[i] < pvalue.MAX_RESAMPLES and getattr(family[i], "redo", None) is not None]
+        if not grow:
+            break
+        factor, jobs = _holm_factors(p), {}
+        for i in grow:  # one job per comparison, or per compare_to_best column and count of resamples
+            more = pvalue.next_resamples(p[i], int(n[i]), factor[i], level[i])
+            batch = family[i].batch
+            jobs.setdefault((i if batch is None else (id(batch[0]), family[i]["seed"]), more), []).append(family[i])
+        for (_, more), comps in jobs.items():
+            _grow(comps, key, more)
+    for c, adj, a_lo, a_hi, lev in zip(family, holm(p), adj_lo, adj_hi, level):
         m = c[key]
-        level = (1.0 - c["confidence"]) if alpha is None else alpha
         m["verdict_unadjusted"] = m.get("verdict_unadjusted", m["verdict"])
-        m.update(p_holm=float(p_adj), family=len(family),
-                 verdict=m["verdict_unadjusted"] if p_adj < level else VERDICTS[2])
+        m.update(p_holm=float(adj), p_holm_interval=[float(a_lo), float(a_hi)], family=len(family),
+                 verdict=VERDICTS[2] if a_lo >= lev else m["verdict_unadjusted"] if a_hi < lev else VERDICTS[3])
     return len(family)
+
+
+def _grow(comps: list, key: str, n: int) -> None:
+    """``comps``' ``key`` metric recomputed from ``n`` resamples (with that count), in place: several methods of one
+    :func:`compare_to_best` column in one bootstrap (``batch``), any other comparison alone (``redo``)."""
+    run, seed = comps[0].batch, comps[0]["seed"]
+    with bootstrap.auroc_only() if key == "auroc" else contextlib.nullcontext():
+        new = {None: comps[0].redo(n, seed)} if run is None else run[0](tuple(c.batch[1] for c in comps), n, seed)
+    for c in comps:
+        c[key] = dict(new[None if c.batch is None else c.batch[1]][key], n_bootstrap=n)
+
+
+def _holm_factors(p: np.ndarray) -> np.ndarray:
+    """Each p's largest Holm factor, m minus the number of smaller p's (m for the smallest; tied p's take the first
+    of their ranks: once recomputed, one of them may sort first), in the input order."""
+    return p.size - np.searchsorted(np.sort(p), p, side="left").astype(np.float64)
+
+
+def consistent(v: str, w: str) -> bool:
+    """Whether two verdicts on one comparison (e.g. under two seeds) agree: equal, or one "undecided" (which states
+    nothing: the resampling could not place the adjusted p on either side of the threshold)."""
+    return v == w or VERDICTS[3] in (v, w)
 
 
 def verdict(ci) -> str:
@@ -96,9 +167,10 @@ def family_note(m: int, what: str = "comparisons") -> str:
     if not m:
         return "No verdict in this table rests on a paired comparison."
     return (f"Multiplicity: the {m} paired comparisons behind this table's verdicts ({what}; at least "
-            f"{VERDICT_RESAMPLES} resamples each) are corrected together by Holm's method on their paired-bootstrap "
-            "p-values: a verdict is stated only where the adjusted p is below 0.05; the intervals shown are the "
-            "unadjusted 95% ones.")
+            f"{VERDICT_RESAMPLES} resamples each, up to {pvalue.MAX_RESAMPLES} where the Monte-Carlo interval of the "
+            "adjusted p straddles 0.05) are corrected together by Holm's method on their paired-bootstrap p-values: a "
+            "verdict is stated only where the adjusted p is below 0.05 (its whole 99% Monte-Carlo interval; "
+            "\"undecided\" where that interval still straddles 0.05); the intervals shown are the unadjusted 95% ones.")
 
 
 def _check_bootstrap_args(n_bootstrap: int, confidence: float) -> None:
@@ -144,7 +216,7 @@ def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = No
     kept_groups = None if groups is None else [g for g, k in zip(groups, keep) if k]
     lab, a, b = lab[keep], a[keep], b[keep]
     keys, rows = group_rows(lab, kept_groups, lab.shape[0])
-    _enough(rows, keys, min_per_class)
+    enough_per_class(rows, keys, min_per_class)
     if cid is None:
         auc, tpr, boot_auc, boot_tpr = grouped_bootstrap([a, b], rows, n_bootstrap, seed, fpr)
     else:
@@ -160,18 +232,9 @@ def paired_bootstrap(labels, scores_a, scores_b, *, groups: Sequence | None = No
                    cluster_stratified=all(d.stratified for d in draws), n_redrawn=n_redrawn)
     for key, point, boot in (("auroc", auc, boot_auc), (tpr_key(fpr), tpr, boot_tpr)):
         out[key] = _comparison(point[0], point[1], boot[:, 0], boot[:, 1], confidence)
-    if verdict_log.active():
-        verdict_log.record(out, lambda k: paired_bootstrap(
-            labels, scores_a, scores_b, groups=groups, n_bootstrap=n_bootstrap, seed=seed + k, confidence=confidence,
-            fpr=fpr, clusters=clusters, min_per_class=min_per_class))
-    return out
-
-
-def _enough(rows, keys, minimum: int = MIN_PER_CLASS) -> None:
-    """ValueError naming the first group (or the whole set) with fewer than ``minimum`` examples of a class."""
-    for key, (pos, neg) in zip(keys, rows):
-        if reason := too_few(len(pos), len(neg), minimum):
-            raise ValueError(reason if len(keys) == 1 else f"{key}: {reason}")
+    return _redoable(out, lambda n, s: paired_bootstrap(
+        labels, scores_a, scores_b, groups=groups, n_bootstrap=n, seed=s, confidence=confidence, fpr=fpr,
+        clusters=clusters, min_per_class=min_per_class))
 
 
 def _comparison(a: float, b: float, boot_a: np.ndarray, boot_b: np.ndarray, confidence: float) -> dict:
@@ -180,41 +243,6 @@ def _comparison(a: float, b: float, boot_a: np.ndarray, boot_b: np.ndarray, conf
     ci = interval(boot_a - boot_b, confidence)
     return {"a": float(a), "b": float(b), "a_ci": interval(boot_a, confidence), "b_ci": interval(boot_b, confidence),
             "diff": float(a - b), "ci": ci, "verdict": verdict(ci), "p": bootstrap_p(boot_a - boot_b)}
-
-
-
-def evaluate_mean(labels, scores, groups: Sequence, *, n_bootstrap: int = 1000, seed: int = 0,
-                  confidence: float = 0.95, min_per_class: int = MIN_PER_CLASS) -> dict:
-    """The mean over ``groups`` (e.g. datasets) of one method's per-group AUROC and TPR@5%FPR, with stratified
-    percentile-bootstrap intervals (resampled within each group, members and non-members separately; the same
-    draws as :func:`paired_bootstrap` with the same ``seed``). NaN/inf scores are excluded (``n_nan``).
-
-    ``scores`` may also be several score vectors on the **same** examples, shape ``[V, n]`` (e.g. one method
-    under two models on the same texts): the statistic is then the mean over vectors and groups, and every
-    resample is shared by all vectors, so the interval of a table's "average over models" column accounts for
-    the vectors being scored on the same texts. An example whose score is NaN/inf in any vector is dropped from all.
-    ``{"auroc", "auroc_ci", "tpr_at_5pct_fpr", "tpr_at_5pct_fpr_ci", "n_groups", "n_nan"}``; intervals ``None``
-    when ``n_bootstrap == 0``."""
-    if n_bootstrap < 0:
-        raise ValueError(f"n_bootstrap must be >= 0, got {n_bootstrap}")
-    lab = as_labels(labels)
-    arr = np.asarray(scores, dtype=np.float64)
-    if arr.ndim > 2 or (arr.ndim == 2 and arr.shape[1] != lab.shape[0]):
-        raise ValueError(f"scores must have shape [n] or [V, n] with n = {lab.shape[0]} labels, got {arr.shape}")
-    vectors = [as_scores(v, lab.shape[0]) for v in np.atleast_2d(arr)]
-    keep = np.logical_and.reduce([np.isfinite(v) for v in vectors])
-    keys, rows = group_rows(lab[keep], [g for g, k in zip(groups, keep) if k], int(keep.sum()))
-    try:
-        _enough(rows, keys, min_per_class)
-    except ValueError as e:
-        return {"auroc": None, "auroc_ci": None, "tpr_at_5pct_fpr": None, "tpr_at_5pct_fpr_ci": None,
-                "n_groups": len(keys), "n_nan": int((~keep).sum()), "note": str(e)}
-    auc, tpr, boot_auc, boot_tpr = grouped_bootstrap([v[keep] for v in vectors], rows, n_bootstrap, seed, 0.05)
-    return {"auroc": float(auc.mean()),
-            "auroc_ci": interval(boot_auc.mean(axis=1), confidence) if n_bootstrap else None,
-            "tpr_at_5pct_fpr": float(tpr.mean()),
-            "tpr_at_5pct_fpr_ci": interval(boot_tpr.mean(axis=1), confidence) if n_bootstrap else None,
-            "n_groups": len(keys), "n_nan": int((~keep).sum())}
 
 
 def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int = 1000, seed: int = 0,
@@ -252,11 +280,9 @@ def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int =
     for j, (key, blocks) in enumerate((("auroc", boot["auroc"]), (tpr_key(fpr), boot["tpr"]))):
         draws = np.concatenate(blocks) if blocks else np.zeros((0, 2))
         out[key] = _comparison(point[0][j], point[1][j], draws[:, 0], draws[:, 1], confidence)
-    if verdict_log.active():
-        verdict_log.record(out, lambda k: subset_bootstrap(
-            scores, labels, members_a, members_b, n_bootstrap=n_bootstrap, seed=seed + k, confidence=confidence,
-            fpr=fpr, min_per_class=min_per_class))
-    return out
+    return _redoable(out, lambda n, s: subset_bootstrap(
+        scores, labels, members_a, members_b, n_bootstrap=n, seed=s, confidence=confidence, fpr=fpr,
+        min_per_class=min_per_class))
 
 
 def describe(comparison: dict, name_a: str, name_b: str, key: str = "auroc", label: str = "AUROC") -> str:
@@ -268,12 +294,16 @@ def describe(comparison: dict, name_a: str, name_b: str, key: str = "auroc", lab
     detail = (f"{label} {fmt(c['a'])} vs {fmt(c['b'])}, difference {fmt(c['diff'], sign=True)} "
               f"[{pct} CI {fmt(c['ci'][0], sign=True)}, {fmt(c['ci'][1], sign=True)}], paired bootstrap")
     if "p_holm" in c:
-        detail += f" ({comparison['n_bootstrap']} resamples), Holm-adjusted p {fmt(c['p_holm'])} of {c['family']}"
+        n = resamples(comparison, key)
+        detail += f" ({n} resamples), Holm-adjusted p {pvalue.p_text(c['p_holm'], n)} of {c['family']}"
+        if c["verdict"] == VERDICTS[3]:
+            lo, hi = c["p_holm_interval"]
+            detail += f", its 99% Monte-Carlo interval [{fmt(lo)}, {fmt(hi)}] straddling 0.05"
     if c["verdict"] == VERDICTS[0]:
         return f"{name_a} > {name_b}: {detail}"
     if c["verdict"] == VERDICTS[1]:
         return f"{name_b} > {name_a}: {detail}"
-    return f"{name_a} vs {name_b}: not distinguishable ({detail})"
+    return f"{name_a} vs {name_b}: {c['verdict'] if c['verdict'] == VERDICTS[3] else VERDICTS[2]} ({detail})"
 
 
 def _paired_with(labels, scores: dict, best: str, others: list, groups, n_bootstrap: int, seed: int) -> dict:
@@ -289,7 +319,7 @@ def _paired_with(labels, scores: dict, best: str, others: list, groups, n_bootst
     keys, rows = group_rows(lab, None if groups is None else list(groups), lab.shape[0])
     try:
         _check_bootstrap_args(n_bootstrap, 0.95)
-        _enough(rows, keys)
+        enough_per_class(rows, keys)
     except ValueError:
         return {m: None for m in others}
     auc, tpr, boot_auc, boot_tpr = grouped_bootstrap(vecs, rows, n_bootstrap, seed, 0.05, block_vectors=2)
@@ -308,6 +338,26 @@ def _try_paired(labels, a, b, groups, n_bootstrap: int, seed: int) -> dict | Non
         return None
 
 
+def _column(labels, scores: dict, best: str, others: list, groups, n_bootstrap: int, seed: int) -> dict:
+    """{method: its comparison with ``best`` or None} of a :func:`compare_to_best` column, each able to recompute
+    itself: ``redo`` at the column's own count gives the whole column once per seed (the seed audit: one bootstrap
+    for every method), at another count that method alone; ``batch`` several methods at once (the same numbers)."""
+    def run(methods, n: int, s: int) -> dict:
+        return _paired_with(labels, scores, best, list(methods), groups, n, s)
+
+    whole = functools.lru_cache(maxsize=None)(lambda s: run(others, n_bootstrap, s))
+
+    def wrap(m: str, c: dict | None):
+        def again(n: int, s: int):
+            c = whole(s)[m] if n == n_bootstrap else run((m,), n, s)[m]
+            return wrap(m, None if c is None else copy.deepcopy(dict(c)))
+        if c is not None:
+            c = _redoable(c, again)
+            c.batch = (run, m)
+        return c
+    return {m: wrap(m, c) for m, c in run(others, n_bootstrap, seed).items()}
+
+
 def compare_to_best(labels, scores: dict, points: dict, *, key: str = "auroc", groups: Sequence | None = None,
                     n_bootstrap: int = 1000, seed: int = 0) -> dict:
     """The best method of a table column and its paired comparison with each other method: ``points`` {method:
@@ -321,14 +371,7 @@ def compare_to_best(labels, scores: dict, points: dict, *, key: str = "auroc", g
         return None
     best = max(point, key=lambda m: point[m])
     others = [m for m in point if m != best]
-    vs = _paired_with(labels, scores, best, others, groups, n_bootstrap, seed)
-    if verdict_log.active():  # the column recomputed once per seed offset, for all its comparisons
-        again = functools.lru_cache(maxsize=None)(
-            lambda k: _paired_with(labels, scores, best, others, groups, n_bootstrap, seed + k))
-        for m, c in vs.items():
-            if c is not None:
-                verdict_log.record(c, lambda k, m=m: again(k)[m])
-    return {"best": best, "vs": vs}
+    return {"best": best, "vs": _column(labels, scores, best, others, groups, n_bootstrap, seed)}
 
 
 def runner_up(entry: dict | None, key: str = "auroc") -> tuple[str, dict] | None:
@@ -349,7 +392,8 @@ def _rank_identical(c: dict) -> bool:
 
 def tied_with_best(entry: dict | None, key: str = "auroc") -> set:
     """The methods of a :func:`compare_to_best` entry that a report bolds: the best and every method the paired
-    bootstrap does not place below it (interval of best - method containing 0, or no comparison possible)."""
+    bootstrap does not place below it (interval of best - method containing 0, not stated after Holm's correction,
+    "undecided", or no comparison possible)."""
     if entry is None:
         return set()
     return {entry["best"]} | {m for m, c in entry["vs"].items() if c is None or c[key]["verdict"] != VERDICTS[0]}

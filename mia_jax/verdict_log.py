@@ -1,20 +1,20 @@
 """A record of the verdicts a computation draws, for re-testing them under other bootstrap seeds (``python
-scripts/build_results.py --seeds N``): while :func:`recording` is active, every paired comparison made by
-:mod:`mia_jax.comparisons` leaves how to recompute it with its seed shifted (:func:`record`), and every Holm family
-the comparisons of one table form (:func:`family`). Nothing is recorded otherwise (the cost is one check)."""
+scripts/build_results.py --seeds N``): while :func:`recording` is active, every Holm family that the comparisons of
+one table form (:func:`comparisons.holm_adjust`) is recorded with its comparisons, each of which knows how to
+recompute itself with another seed (``comparisons.Comparison.redo``). Nothing is recorded otherwise (the cost is one
+check)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
 
 _ACTIVE: list[dict] = []
+_PAUSED = [0]
 
 
 @contextlib.contextmanager
 def recording():
-    """Record inside the block; yields ``{"recompute": {id(result): (result, fn(offset) -> result)}, "families":
-    [(key, alpha, [results])]}``."""
-    log: dict = {"recompute": {}, "families": []}
+    """Record inside the block; yields ``{"families": [(key, alpha, [comparisons])]}``."""
+    log: dict = {"families": []}
     _ACTIVE.append(log)
     try:
         yield log
@@ -22,18 +22,23 @@ def recording():
         _ACTIVE.remove(log)
 
 
+@contextlib.contextmanager
+def paused():
+    """Nothing recorded inside the block (a computation's own re-test of its verdicts under other seeds: ``--seeds``
+    re-tests the verdicts it states, not that re-test)."""
+    _PAUSED[0] += 1
+    try:
+        yield
+    finally:
+        _PAUSED[0] -= 1
+
+
 def active() -> bool:
-    """Whether a :func:`recording` block is open."""
-    return bool(_ACTIVE)
-
-
-def record(result: dict, recompute: Callable[[int], dict]) -> None:
-    """``result`` (a comparison) and ``recompute(offset)``: the same comparison with the seed + offset."""
-    if _ACTIVE:
-        _ACTIVE[-1]["recompute"][id(result)] = (result, recompute)
+    """Whether a :func:`recording` block is open (and not :func:`paused`)."""
+    return bool(_ACTIVE) and not _PAUSED[0]
 
 
 def family(key: str, alpha: float | None, results: list) -> None:
     """One Holm family: its metric ``key``, level and comparisons (:func:`comparisons.holm_adjust`)."""
-    if _ACTIVE:
+    if active():
         _ACTIVE[-1]["families"].append((key, alpha, list(results)))

@@ -2,6 +2,7 @@
 
     python scripts/build_results.py            # rebuild results/ in place
     python scripts/build_results.py --check    # rebuild a copy, compare with the committed files byte for byte
+    python scripts/build_results.py --seeds 5  # every verdict re-tested under 5 other bootstrap seeds
 
 No model is needed and nothing is typed by hand: each step runs the command documented for its part (in this
 process, from the repository's root, with the relative paths the tables record):
@@ -18,6 +19,11 @@ process, from the repository's root, with the relative paths the tables record):
   ``results/audits.md`` from its template ``results/audits/README.md`` (``mia_jax.audits.overview_report``);
 - the detectors: ``python scripts/detectors.py --from results/detectors/wikimia32 results/detectors/contamination
   results/detectors/contamination-sample --header results/detectors/README.md --md results/detectors.md``.
+
+``--seeds N`` runs the same steps in a temporary copy while recording every Holm family of comparisons
+(:mod:`mia_jax.verdict_log`), recomputes each family under N other bootstrap seeds (each comparison at its first
+count of resamples, more near the threshold, as in the build) and prints every verdict that changes with the seed;
+it exits 1 if any does.
 
 ``--check`` runs the same steps in a temporary copy of results/ and compares every file with the committed one; the
 only differences allowed are the records of the rebuild itself (the ``rebuilt`` key of the audits' info.json /
@@ -119,11 +125,13 @@ def build(logs: dict | None = None) -> None:
             logs[name] = log
 
 
-def seed_audit(log: dict, offsets: range) -> tuple[int, list[str]]:
-    """Every Holm family of ``log`` recomputed with each seed offset (its comparisons with the seed + offset, then
-    Holm over the family again): (verdicts, [a line per verdict that changes under some offset])."""
+def seed_audit(log: dict, offsets: range) -> tuple[int, list[str], list[str]]:
+    """Every Holm family of ``log`` recomputed with each seed offset (each comparison redone at its first count of
+    resamples with the seed + offset, then Holm over the family again, resampling more near the threshold as the
+    build does): (verdicts, [a line per verdict that changes under some offset: another verdict stated], [a line per
+    verdict undecided under some seeds but not others, which no seed contradicts: ``comparisons.consistent``])."""
     cache: dict = {}
-    done, n, changed = set(), 0, []
+    done, n, changed, undecided = set(), 0, [], []
     for key, alpha, comps in log["families"]:
         ident = (key, tuple(id(c) for c in comps))
         if ident in done:  # a family corrected twice (idempotent) is one family
@@ -131,16 +139,22 @@ def seed_audit(log: dict, offsets: range) -> tuple[int, list[str]]:
         done.add(ident)
         again = []
         for k in offsets:
-            new = [cache.setdefault((id(c), k), log["recompute"][id(c)][1](k)) for c in comps]
+            for c in comps:
+                if (id(c), k) not in cache:  # a comparison in two families (AUROC and TPR) is redone once
+                    cache[(id(c), k)] = c.redo(c["n_bootstrap"], c["seed"] + k)
+            new = [cache[(id(c), k)] for c in comps]
             comparisons.holm_adjust(new, key, alpha)
             again.append([c[key]["verdict"] for c in new])
         for i, c in enumerate(comps):
             n += 1
-            other = [v[i] for v in again]
-            if any(v != c[key]["verdict"] for v in other):
-                changed.append(f"{c[key]['verdict']} -> {', '.join(other)}: "
-                               + comparisons.describe(c, "A", "B", key=key, label=key))
-    return n, changed
+            seen = [c[key]["verdict"], *(v[i] for v in again)]
+            line = (f"{seen[0]} -> {', '.join(seen[1:])} (a family of {len(comps)}): "
+                    + comparisons.describe(c, "A", "B", key=key, label=key))
+            if any(not comparisons.consistent(v, w) for v in seen for w in seen):
+                changed.append(line)
+            elif len(set(seen)) > 1:
+                undecided.append(line)
+    return n, changed, undecided
 
 
 def build_in(folder: Path, logs: dict | None = None) -> None:
@@ -154,19 +168,24 @@ def build_in(folder: Path, logs: dict | None = None) -> None:
         os.chdir(here)
 
 
-def seeds_report(n_seeds: int) -> str:
+def seeds_report(n_seeds: int) -> tuple[str, int]:
     """The build run in a temporary copy while recording, then every table's verdicts re-tested under ``n_seeds``
-    other seeds: a markdown report (not a committed file)."""
+    other seeds: (a markdown report, not a committed file; the number of verdicts that change with the seed)."""
     logs: dict = {}
     with tempfile.TemporaryDirectory(prefix="build_results_") as tmp:
         shutil.copytree(REPO / "results", Path(tmp) / "results")
         build_in(Path(tmp), logs)
     lines = [f"# Verdicts of every committed table under {n_seeds} other bootstrap seeds\n"]
+    n_changed = 0
     for name, log in logs.items():
-        n, changed = seed_audit(log, range(1, n_seeds + 1))
+        n, changed, undecided = seed_audit(log, range(1, n_seeds + 1))
+        n_changed += len(changed)
         lines.append(f"- {name}: {n - len(changed)} of {n} verdicts the same under every other seed"
-                     + "".join(f"\n  - {line}" for line in changed))
-    return "\n".join(lines) + "\n"
+                     + "".join(f"\n  - changes: {line}" for line in changed)
+                     + (f"; {len(undecided)} of them undecided under some seeds only (no seed states another "
+                        "verdict)" if undecided else "")
+                     + "".join(f"\n  - undecided under some seeds: {line}" for line in undecided))
+    return "\n".join(lines) + "\n", n_changed
 
 
 def _without(data: bytes, key: str) -> dict:
@@ -208,12 +227,13 @@ def check() -> list[str]:
 
 
 def build_parser() -> entry.ArgumentParser:
-    """The parser of ``python scripts/build_results.py``: --check."""
+    """The parser of ``python scripts/build_results.py``: --seeds N, --check."""
     p = entry.ArgumentParser(prog=PROG, description="Rebuild every committed file under results/ from the committed "
                              "per-example files (no model needed), or check that the committed ones are so.")
     p.add_argument("--seeds", type=entry.positive_int, metavar="N",
                    help="instead: rebuild a temporary copy, re-test every table's verdicts (each Holm family) under "
-                        "N other bootstrap seeds and print which change (nothing under results/ is written)")
+                        "N other bootstrap seeds and print which change (exit 1 if any does; nothing under results/ "
+                        "is written)")
     p.add_argument("--check", action="store_true",
                    help="rebuild a temporary copy and compare it with the committed files byte for byte "
                         "(exit 1 when a file differs); nothing under results/ is written")
@@ -223,8 +243,11 @@ def build_parser() -> entry.ArgumentParser:
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     if args.seeds:
-        print(seeds_report(args.seeds))
-        return 0
+        text, n_changed = seeds_report(args.seeds)
+        print(text)
+        print(f"{n_changed} verdict(s) change with the seed" if n_changed else
+              f"no verdict changes under {args.seeds} other seeds", file=sys.stderr)
+        return 1 if n_changed else 0
     if args.check:
         diff = check()
         for line in diff:

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, comparisons, data, entry, files, metrics, models, rounding, rundir, runner
+from mia_jax import blind, comparisons, data, entry, files, metrics, models, pvalue, rounding, rundir, runner
 from mia_jax.commands import options
 from mia_jax.errors import UserError
-from mia_jax.report import fmt, markdown, nonfinite_warning, with_ci
+from mia_jax.report import markdown, nonfinite_warning, with_ci
 from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
 from mia_jax.scorers import recall as rc
 
@@ -369,7 +369,7 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
         if isinstance(row[3], dict):
             c, m = row[3]["auroc"], next(m for m, c in family if c is row[3])
             row[3] = (f"{rounding.diff_ci(c['diff'], c['ci'])} {c['verdict'].replace('A', m).replace('B', 'Min-K%++')}"
-                      f" (Holm p {fmt(c['p_holm'])})")
+                      f" (Holm p {pvalue.p_text(c['p_holm'], comparisons.resamples(row[3]))})")
     avg = " (mean over datasets, resampled within each)" if several else ""
     tps = lambda c: "n/a" if c["tokens_per_second"] is None else f"{c['tokens_per_second']:.0f}"  # noqa: E731
     text = [f"## {info['name']}" + (" (sample)" if info.get("per_cell") else "") + f": {_model_label(info)}\n",

@@ -42,19 +42,23 @@ def test_compare_is_printed_and_written(tiny_llama_dir, data, tmp_path, capsys):
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     labels = [r["label"] for r in records]
     scores = metrics.scores_by_method(records, ["min_k@0.2", "loss", "zlib"])
-    # each pair from 2000 resamples (the fewest behind a verdict, though --n-bootstrap is 40), Holm over the pairs
-    want = [comparisons.paired_bootstrap(labels, scores[a], scores[b], n_bootstrap=2000, seed=0)["auroc"]
-            for a, b in (("min_k@0.2", "loss"), ("zlib", "loss"))]
+    # each pair from 2000 resamples (the fewest behind a verdict, though --n-bootstrap is 40; more where the adjusted
+    # p lies near 0.05), Holm over the pairs
+    want = [comparisons.paired_bootstrap(labels, scores[a], scores[b], n_bootstrap=comparisons.resamples(c),
+                                         seed=0)["auroc"] for c, (a, b) in zip(comps, (("min_k@0.2", "loss"),
+                                                                                  ("zlib", "loss")))]
     p = sorted(w["p"] for w in want)
     holm = {p[0]: min(1.0, 2 * p[0]), p[1]: min(1.0, max(2 * p[0], p[1]))}
     for c, w in zip(comps, want):
-        added = {"p_holm", "family", "verdict_unadjusted", "verdict"}
+        added = {"p_holm", "p_holm_interval", "family", "verdict_unadjusted", "verdict", "n_bootstrap"}
         assert {k: v for k, v in c["auroc"].items() if k not in added} == \
             json.loads(json.dumps({k: v for k, v in w.items() if k != "verdict"}))
         assert c["n_bootstrap"] == 2000 and c["auroc"]["family"] == 2
         assert c["auroc"]["p_holm"] == pytest.approx(holm[w["p"]], abs=1e-12)
         assert c["auroc"]["verdict_unadjusted"] == w["verdict"]
-        assert c["auroc"]["verdict"] == (w["verdict"] if holm[w["p"]] < 0.05 else "not distinguishable")
+        lo, hi = c["auroc"]["p_holm_interval"]  # the Monte-Carlo interval of the adjusted p
+        assert c["auroc"]["verdict"] == ("not distinguishable" if lo >= 0.05 else w["verdict"] if hi < 0.05
+                                         else "undecided")
     assert comps[0]["auroc"]["a"] == pytest.approx(summary["min_k@0.2"]["auroc"], abs=1e-12)
     lo, hi = comps[0]["auroc"]["ci"]
     assert lo <= comps[0]["auroc"]["diff"] <= hi or np.isclose(lo, hi)

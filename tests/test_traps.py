@@ -109,8 +109,13 @@ def test_tables_rebuild_from_the_per_example_file(run_dir, tmp_path):
     want = roc_auc_score([r["label"] for r in sel], np.array([r["trained"]["loss"] for r in sel], np.float64))
     line = next(row for row in text.splitlines() if row.startswith("| Loss |"))
     assert line.split("|")[5].strip().startswith(f"{want:.3f} [")  # columns: method, k=1, 4, 16, 64
-    claims_md = tmp_path / "study.md"
-    assert study.main(["--traps", str(out), "--out", str(claims_md)]) == 0
+    claims_md, header = tmp_path / "study.md", tmp_path / "header.md"
+    header.write_text("Made by\n\n```bash\n{command}\n```\n")
+    assert study.main(["--traps", str(out), "--header", str(header), "--out", str(claims_md)]) == 0
+    report = claims_md.read_text()
+    assert report.count("# Copyright traps: AUROC [95% CI] against the number of insertions") == 1  # printed once
+    said = report.split("```bash\n")[1].split("\n```")[0].replace(" \\\n    ", " ")  # the header's command, unwrapped
+    assert said == f"python -m train.study --traps {out.as_posix()} --header {header.as_posix()} --out {claims_md}"
     names = [c["claim"] for c in json.loads(claims_md.with_suffix(".claims.json").read_text())]
     assert "Traps: Loss AUROC, 64 insertions > 1" in names and "Traps: Min-K% Prob (k=20%) AUROC, 64 insertions > 1" \
         in names

@@ -59,7 +59,7 @@ def test_bootstrap_p_and_its_interval_agree():
 
 
 def _comparison(p, ci, verdict):
-    return {"confidence": 0.95, "auroc": {"p": p, "ci": ci, "verdict": verdict}}
+    return {"confidence": 0.95, "n_bootstrap": 100_000, "auroc": {"p": p, "ci": ci, "verdict": verdict}}
 
 
 def test_holm_adjust_withdraws_what_multiplicity_does_not_support():
@@ -105,18 +105,35 @@ def test_runner_up_is_the_best_method_that_ranks_differently():
     assert cmp.runner_up({"best": "loss", "vs": {"ppl": entry["vs"]["ppl"]}}) is None
 
 
+def _claim_comparison(p: float, diff: float) -> cmp.Comparison:
+    """A paired comparison as the claims read it (100 000 resamples: every p below far from 0.05 is decided)."""
+    ci = [diff - 0.05, diff + 0.05]
+    return cmp.Comparison(n_used=200, n_bootstrap=100_000, seed=0, confidence=0.95, auroc={
+        "a": 0.7, "b": 0.7 - diff, "a_ci": [0.6, 0.8], "b_ci": [0.6, 0.8], "diff": diff, "ci": ci,
+        "verdict": cmp.verdict(ci), "p": p})
+
+
 def test_claims_correction_and_seed_stability():
-    found = [{"claim": f"c{i}", "verdict": v, "p": p} for i, (v, p) in
-             enumerate([("reproduced", 0.001), ("reproduced", 0.04), ("not reproduced", 0.0),
-                        ("not distinguishable", 0.3)])]
-    found.append({"claim": "na", "verdict": claims.NA})
+    """The claims are Holm-corrected by comparisons.holm_adjust on their comparisons (one rule), each row refreshed
+    from its comparison."""
+    found = [claims.make_claim(f"c{i}", "", _claim_comparison(p, d), "A", "B") for i, (p, d) in
+             enumerate([(0.001, 0.2), (0.04, 0.1), (0.0, -0.3), (0.3, 0.0)])]
+    found.append(claims.make_claim("na", "", "too few", "A", "B"))
     assert claims.correct(found) == 4  # adjusted: 0.003, 0.08, 0, 0.3
     assert [c["verdict"] for c in found] == ["reproduced", "not distinguishable", "not reproduced",
                                              "not distinguishable", claims.NA]
+    assert [c.get("p_holm") for c in found] == [pytest.approx(0.003), pytest.approx(0.08), 0.0, pytest.approx(0.3),
+                                                None]
+    assert found[1]["verdict_unadjusted"] == "reproduced"
+    assert found[1].comparison["auroc"]["p_holm"] == found[1]["p_holm"]
     other = [dict(c) for c in found]
     other[0]["verdict"] = "not distinguishable"
     st = claims.seed_stability(found, [found, other])
-    assert st == {"same": 3, "of": 4, "seeds": 2, "changed": ["c0"]} and found[0]["other_seeds"] == {"same": 1, "of": 2}
+    assert st == {"same": 3, "of": 4, "seeds": 2, "changed": ["c0"], "undecided": []}
+    assert found[0]["other_seeds"] == {"same": 1, "of": 2, "verdicts": {"reproduced": 1, "not distinguishable": 1}}
+    other[0]["verdict"] = other[1]["verdict"] = "undecided"  # states nothing: contradicts no verdict
+    st = claims.seed_stability(found, [found, other])
+    assert st["changed"] == [] and st["undecided"] == ["c0", "c1"] and found[1]["other_seeds"]["same"] == 2
 
 
 @pytest.mark.parametrize("value, want", [(0.7325, "0.733"), (0.73249999999999993, "0.733"), (0.7324999, "0.732"),
@@ -136,8 +153,8 @@ def test_signed_rounding_and_intervals():
 
 
 def test_seed_audit_recomputes_each_family_under_other_seeds():
-    """Inside verdict_log.recording(), every paired comparison and Holm family is recorded; build_results' seed audit
-    recomputes them with the seed shifted (the same numbers as calling with that seed) and Holm again."""
+    """Inside verdict_log.recording(), every Holm family is recorded with its comparisons; build_results' seed audit
+    recomputes them with the seed shifted (``redo``: the same numbers as calling with that seed) and Holm again."""
     audit = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "build_results.py"),
                            run_name="_script_build_results")["seed_audit"]
     rng = np.random.default_rng(2)
@@ -148,7 +165,7 @@ def test_seed_audit_recomputes_each_family_under_other_seeds():
                                     {"a": 0.8, "b": 0.5, "c": 0.5}, n_bootstrap=300, seed=4)
         cmp.holm_adjust(list(entry["vs"].values()))
     assert not verdict_log.active() and len(log["families"]) == 1
-    again = log["recompute"][id(entry["vs"]["b"])][1](3)
+    again = entry["vs"]["b"].redo(300, 7)  # each comparison knows how to recompute itself with another seed
     assert again["auroc"]["ci"] == cmp.paired_bootstrap(labels, a, b, n_bootstrap=300, seed=7)["auroc"]["ci"]
-    n, changed = audit(log, range(1, 3))
-    assert n == 2 and changed == []  # a clear difference keeps its verdict under every seed
+    n, changed, undecided = audit(log, range(1, 3))
+    assert n == 2 and changed == [] == undecided  # a clear difference keeps its verdict under every seed

@@ -10,26 +10,47 @@ import re
 import numpy as np
 
 from mia_jax import comparisons, metrics, rounding
-from mia_jax.report import fmt, markdown, with_ci
+from mia_jax.pvalue import p_text
+from mia_jax.report import markdown, with_ci
 from train.cells import DATASET_NAMES, headline, method_name
 from train.records import same_examples, score_vector
 from train.sweep_tables import group_scores
 
-VERDICT = {"A > B": "reproduced", "B > A": "not reproduced", "not distinguishable": "not distinguishable"}
+VERDICT = {"A > B": "reproduced", "B > A": "not reproduced", "not distinguishable": "not distinguishable",
+           "undecided": "undecided"}
 NA = "n/a"  # the verdict of a claim with no comparison (a class with fewer than metrics.MIN_PER_CLASS examples)
 
 
-def make_claim(name: str, paper: str, comp: dict | str, a: str, b: str) -> dict:
-    """One row of the claims table: the claim ``name``, what the ``paper`` says, the sides ``a`` / ``b`` and the
-    AUROC comparison ``comp`` (a paired-bootstrap result, or a string: the reason there is none)."""
-    if isinstance(comp, str):  # the reason there is no comparison
-        return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": None, "auroc_a_ci": None, "auroc_b": None,
-                "auroc_b_ci": None, "diff": None, "ci": None, "verdict": NA, "note": comp}
+class Claim(dict):
+    """One row of the claims table (a JSON-serialisable dict) that keeps the comparison behind it (``comparison``,
+    None for an n/a claim): :func:`correct` Holm-corrects the comparisons and refreshes the rows from them."""
+
+    comparison: dict | None = None
+
+
+def _fields(comp: dict) -> dict:
+    """The row fields read off a paired comparison's AUROC (after :func:`correct`: its adjusted p, its Monte-Carlo
+    interval and its resamples, more than the run's where the p lay near 0.05)."""
     c = comp["auroc"]
-    return {"claim": name, "paper": paper, "a": a, "b": b, "auroc_a": c["a"], "auroc_a_ci": c["a_ci"],
-            "auroc_b": c["b"], "auroc_b_ci": c["b_ci"], "diff": c["diff"], "ci": c["ci"],
-            "verdict": VERDICT[c["verdict"]], "p": c["p"], "n_used": comp["n_used"],
-            "n_bootstrap": comp["n_bootstrap"], "seed": comp["seed"]}
+    out = {"auroc_a": c["a"], "auroc_a_ci": c["a_ci"], "auroc_b": c["b"], "auroc_b_ci": c["b_ci"], "diff": c["diff"],
+           "ci": c["ci"], "verdict": VERDICT[c["verdict"]], "p": c["p"], "n_used": comp["n_used"],
+           "n_bootstrap": comparisons.resamples(comp), "seed": comp["seed"]}
+    if "p_holm" in c:
+        out.update(p_holm=c["p_holm"], p_holm_interval=c["p_holm_interval"], family=c["family"],
+                   verdict_unadjusted=VERDICT[c["verdict_unadjusted"]])
+    return out
+
+
+def make_claim(name: str, paper: str, comp: dict | str, a: str, b: str) -> Claim:
+    """One row of the claims table: the claim ``name``, what the ``paper`` says, the sides ``a`` / ``b`` and the
+    AUROC comparison ``comp`` (a paired-bootstrap result, kept as the row's ``comparison``, or a string: the reason
+    there is none)."""
+    if isinstance(comp, str):  # the reason there is no comparison
+        return Claim(claim=name, paper=paper, a=a, b=b, auroc_a=None, auroc_a_ci=None, auroc_b=None,
+                     auroc_b_ci=None, diff=None, ci=None, verdict=NA, note=comp)
+    out = Claim(claim=name, paper=paper, a=a, b=b, **_fields(comp))
+    out.comparison = comp
+    return out
 
 
 _SEED = {"offset": 0}  # added to every run's bootstrap seed inside other_seed()
@@ -55,29 +76,36 @@ def claim_resamples(run: dict) -> tuple[int, int]:
 
 
 def correct(claims: list[dict], alpha: float = 0.05) -> int:
-    """Holm's correction over the study's ``claims`` (one family: every claim with a comparison), in place: ``p_holm``,
-    ``family``, ``verdict_unadjusted`` (the 95% interval's own verdict) and ``verdict`` ("not distinguishable" unless
-    the adjusted p is below ``alpha``, :func:`comparisons.holm_adjust`'s rule). Returns the family's size."""
+    """Holm's correction over the study's ``claims`` (one family: every claim with a comparison), in place:
+    :func:`comparisons.holm_adjust` on their comparisons (the one rule, resampling more where the adjusted p lies near
+    ``alpha``), then each row refreshed from its comparison: ``p_holm``, ``p_holm_interval``, ``family``,
+    ``verdict_unadjusted`` (the 95% interval's own verdict) and ``verdict``. Returns the family's size."""
     family = [c for c in claims if c["verdict"] != NA]
-    for c, p_adj in zip(family, comparisons.holm([c["p"] for c in family])):
-        c["verdict_unadjusted"] = c.get("verdict_unadjusted", c["verdict"])
-        c.update(p_holm=float(p_adj), family=len(family),
-                 verdict=c["verdict_unadjusted"] if p_adj < alpha else VERDICT["not distinguishable"])
+    comparisons.holm_adjust([c.comparison for c in family], "auroc", alpha)
+    for c in family:
+        c.update(_fields(c.comparison))
     return len(family)
 
 
 def seed_stability(claims: list[dict], others: list[list[dict]]) -> dict:
     """How many of ``claims``' verdicts (corrected) are the same under every list of ``others`` (the same claims,
-    corrected, under other seeds), in place: each claim's ``other_seeds`` ({"same": n, "of": m}); returns {"same":
-    claims kept under all, "of": claims with a verdict, "seeds": m, "changed": [claim names]}."""
+    corrected, under other seeds; "undecided" contradicts no verdict: ``comparisons.consistent``), in place: each
+    claim's ``other_seeds`` ({"same": n, "of": m, "verdicts": {verdict: how many other seeds gave it}}); returns
+    {"same": claims kept under all, "of": claims with a verdict, "seeds": m, "changed": [claim names], "undecided":
+    [names of the kept ones undecided under some seeds but not all]}."""
     stated = [c for c in claims if c["verdict"] != NA]
-    changed = []
+    changed, undecided = [], []
     for c in stated:
         verdicts = [next(o["verdict"] for o in other if o["claim"] == c["claim"]) for other in others]
-        c["other_seeds"] = {"same": sum(v == c["verdict"] for v in verdicts), "of": len(verdicts)}
-        if c["other_seeds"]["same"] < len(verdicts):
+        same = sum(comparisons.consistent(v, c["verdict"]) for v in verdicts)
+        c["other_seeds"] = {"same": same, "of": len(verdicts),
+                            "verdicts": {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}}
+        if same < len(verdicts):
             changed.append(c["claim"])
-    return {"same": len(stated) - len(changed), "of": len(stated), "seeds": len(others), "changed": changed}
+        elif set(verdicts) != {c["verdict"]}:
+            undecided.append(c["claim"])
+    return {"same": len(stated) - len(changed), "of": len(stated), "seeds": len(others), "changed": changed,
+            "undecided": undecided}
 
 
 def _paired(rows_a, rows_b, model_a, model_b, m_a, m_b, n_bootstrap, seed, dataset=None) -> dict | str:
@@ -158,7 +186,6 @@ def occurrence_claim(run: dict, tag: str = "") -> list[dict]:
     try:
         comp = metrics.subset_bootstrap(sc[mk], lab, (lab == 1) & (occ == ks[-1]), (lab == 1) & (occ == 1),
                                         n_bootstrap=n_bootstrap, seed=seed)
-        comp["n_used"] = int(((lab == 0) | (occ == ks[-1]) | (occ == 1)).sum())
     except ValueError as e:
         comp = str(e).replace("n/a: ", "")
     return [make_claim(f"Figure 5c{tag}: Min-K% AUROC, k = {ks[-1]} > k = 1 (pooled after rank normalisation)",
@@ -178,8 +205,10 @@ def claims_markdown(claims: list[dict]) -> str:
         seeds = c.get("other_seeds")
         rows.append([c["claim"], c["a"], c["b"], with_ci(c["auroc_a"], c["auroc_a_ci"]),
                      with_ci(c["auroc_b"], c["auroc_b_ci"]), rounding.diff_ci(c["diff"], c["ci"]),
-                     fmt(c.get("p_holm")), f"**{c['verdict']}**",
-                     "n/a" if seeds is None else f"{seeds['same']} of {seeds['of']}"])
+                     p_text(c.get("p_holm"), c["n_bootstrap"]), f"**{c['verdict']}**",
+                     "n/a" if seeds is None else f"{seeds['same']} of {seeds['of']}" + (
+                         "" if set(seeds["verdicts"]) <= {c["verdict"]} else
+                         " (" + ", ".join(f"{v} {n}" for v, n in seeds["verdicts"].items()) + ")")])
     return markdown(header, rows)
 
 

@@ -144,8 +144,9 @@ def _statements(results: dict, key: str, label: str) -> list[str]:
                            "that does not rank the texts identically)")
                 continue
             runner, c = found
-            verdict = ("best reference-free method" if c[key]["verdict"] == "A > B"
-                       else "highest point estimate, not distinguishable from the runner-up")
+            verdict = {"A > B": "best reference-free method",
+                       "undecided": "highest point estimate, undecided against the runner-up"}.get(
+                c[key]["verdict"], "highest point estimate, not distinguishable from the runner-up")
             out.append(f"{model} model, {where}: {best}, {verdict}; "
                        + metrics.describe(c, best, method_name(runner), key=key, label=label))
     return out
@@ -188,10 +189,10 @@ def run_tables(results: dict, methods: list[str]) -> dict[str, str | bytes]:
                 g = results.get("gain", {}).get(c, {}).get(m)
                 cells.append(na(reason(_column(results, "trained", c, m)) or reason(_column(results, "base", c, m)))
                              if g is None else rounding.diff_ci(g[key]["diff"], g[key]["ci"])
-                             + ("" if g[key]["verdict"] != "not distinguishable" else " ~"))
+                             + {"not distinguishable": " ~", "undecided": " ?"}.get(g[key]["verdict"], ""))
             gain_rows.append([method_name(m), *cells])
         parts.append(f"{title} gain over the base model (trained - base, paired bootstrap on the same examples; "
-                     "~ = not distinguishable from 0):\n\n"
+                     "~ = not distinguishable from 0, ? = undecided):\n\n"
                      + markdown(["Method", *(DATASET_NAMES.get(d, d) for d in datasets), "Avg."], gain_rows))
         parts.append("Comparisons (paired bootstrap; a method is called best only where its difference with the "
                      "runner-up, the best method that does not rank the texts identically, is stated after the "

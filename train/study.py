@@ -4,15 +4,19 @@ bootstrap interval behind the verdict::
 
     python -m train.study --lr results/contamination/lr results/contamination/gemma-lr \\
         --size results/contamination/size --news results/contamination/news \\
-        --occurrence results/contamination/occurrence --out results/contamination.md
+        --occurrence results/contamination/occurrence --traps results/contamination/traps \\
+        --header results/contamination/README.md --out results/contamination.md
+
+(the command ``python scripts/build_results.py`` runs; a ``--header`` naming ``{command}`` gets it written out).
 
 A sweep option may name several folders (the same sweep on several models): each folder's tables get a heading with
 its model, and its claims carry the model's name, so a reader sees which conclusions hold across models.
 
 A claim "A > B" is *reproduced* when the 95% interval of A - B lies above 0, *not reproduced* when it lies below 0
 (the opposite holds), *not distinguishable* when it contains 0, each from at least 2000 paired resamples and only
-where the claim survives Holm's correction over all the study's claims (train/claims.py, ``comparisons.holm_adjust``'s
-rule). The report then recomputes every claim under ``--other-seeds`` (default 5) other bootstrap seeds (the run's
+where the claim survives Holm's correction over all the study's claims (train/claims.py, ``comparisons.holm_adjust``:
+more resamples where the Monte-Carlo interval of the adjusted p straddles 0.05, *undecided* where it still does at
+the most). The report then recomputes every claim under ``--other-seeds`` (default 5) other bootstrap seeds (the run's
 seed + 1, + 2, ...) and says how many verdicts keep their direction under all of them, naming those that do not.
 The claims and their tests (train/claims.py; which
 sweep tests which: train/ablations.py):
@@ -35,7 +39,7 @@ import json
 import sys
 from pathlib import Path
 
-from mia_jax import comparisons, entry, files, rundir
+from mia_jax import comparisons, entry, files, pvalue, rundir, verdict_log
 from mia_jax.errors import UserError
 from mia_jax.report import fmt, with_ci
 from train.ablations import ABLATIONS
@@ -72,13 +76,16 @@ def _stability_note(claims_found: list[dict], loaded: dict, outputs: dict, sweep
         return ""
     others = []
     for offset in range(1, other_seeds + 1):
-        with claims.other_seed(offset):
+        with claims.other_seed(offset), verdict_log.paused():
             others.append(_claims(loaded, outputs, sweeps))
     st = claims.seed_stability(claims_found, others)
     changed = "; ".join(st["changed"]) if st["changed"] else "none"
+    open_ = (f"; undecided under some seeds only, no seed stating another verdict: {'; '.join(st['undecided'])}"
+             if st["undecided"] else "")
     return (f"Seeds: **{st['same']} of {st['of']} verdicts keep their direction under all {st['seeds']} other "
             f"bootstrap seeds** (each run's seed + 1 to + {st['seeds']}, every claim and its Holm correction "
-            f"recomputed); verdicts that change under some seed: {changed}.\n\n")
+            f"recomputed; \"undecided\" contradicts no verdict); verdicts that change under some seed: {changed}"
+            f"{open_}.\n\n")
 
 
 def _blind(outputs: dict, folder: Path) -> dict:
@@ -172,8 +179,29 @@ def trap_split(runs: list) -> dict:
             "strata": str(len({r["stratum"] for r in rows}))}
 
 
+def command_line(sweeps: dict, header=None, out=None, other_seeds: int = comparisons.OTHER_SEEDS) -> str:
+    """``python -m train.study`` with these options (the sweep folders of ``sweeps`` in the options' order,
+    ``--other-seeds`` when not the default, ``--header``, ``--out``), wrapped as a shell command: lines of at most
+    116 characters continued with a backslash."""
+    words = [PROG]
+    for kind in ABLATIONS:
+        if kind in sweeps:
+            words.append(" ".join([f"--{kind}", *(f.as_posix() for f in _folders(sweeps[kind]))]))
+    if other_seeds != comparisons.OTHER_SEEDS:
+        words.append(f"--other-seeds {other_seeds}")
+    words += [f"--{name} {Path(v).as_posix()}" for name, v in (("header", header), ("out", out)) if v is not None]
+    lines = [words[0]]
+    for w in words[1:]:
+        if len(lines[-1]) + 1 + len(w) > 116:
+            lines.append("    " + w)
+        else:
+            lines[-1] += " " + w
+    return " \\\n".join(lines)
+
+
 def header_fields(found: list[dict], outputs: dict, sweeps: dict, loaded: dict | None = None) -> dict:
-    """The numbers a ``--header`` may name as ``{name}``: ``across_models`` (:func:`claims.across_models`),
+    """The numbers a ``--header`` may name as ``{name}`` (and ``command``, filled in by :func:`compute`: the command
+    that made the report): ``across_models`` (:func:`claims.across_models`),
     ``blind_range`` (the lowest-highest blind-baseline AUROC over the first lr sweep's datasets), ``news_blind`` (the
     news sweep's blind AUROC with its interval), ``run[SWEEP/RUN][name]`` (:func:`run_fields`), ``lower_loss[SWEEP]``
     (:func:`lower_loss`, lr sweeps with training logs), ``pool[name]`` and ``split[name]`` (the traps sweep:
@@ -207,13 +235,14 @@ def fill_header(header: str, fields: dict) -> str:
         raise UserError(f"--header is not a template the study can fill ({e}); write a brace as {{{{ or }}}}") from None
 
 
-def compute(sweeps: dict[str, Path | list[Path]], header: str = "",
-            other_seeds: int = comparisons.OTHER_SEEDS) -> tuple[str, list[dict], dict]:
+def compute(sweeps: dict[str, Path | list[Path]], header: str = "", other_seeds: int = comparisons.OTHER_SEEDS,
+            command: str = "") -> tuple[str, list[dict], dict]:
     """(the report's markdown, its claims, {sweep folder: {path: content}} of every table and figure rebuilt) from
     the sweep folders ({"lr": DIR or [DIR, ...], ...}; any subset). Every input is checked (``loading.load_source``:
     the manifest, then the fields) and every output computed; nothing is written. Where a kind names several
     folders (one per model), each gets a heading with its model and its claims the model's name. The claims are
-    Holm-corrected together and recomputed under ``other_seeds`` other seeds."""
+    Holm-corrected together and recomputed under ``other_seeds`` other seeds. ``command``: what the header's
+    ``{command}`` says made the report (:func:`command_line`)."""
     loaded = {}
     for kind in ABLATIONS:  # every folder read and checked before anything is computed
         for folder in _folders(sweeps.get(kind)):
@@ -242,10 +271,15 @@ def compute(sweeps: dict[str, Path | list[Path]], header: str = "",
             "interval, at least 2000 resamples): reproduced when the interval lies above 0, not reproduced when "
             "below, not distinguishable when it contains 0 **or when the claim does not survive Holm's correction "
             "over the table's claims** (its adjusted p-value, column Holm p, at or above 0.05; the intervals shown "
-            "are unadjusted).\n\n" + claims_markdown(found) + "\n" + seeds
+            "are unadjusted). A verdict is stated only where the 99% Monte-Carlo interval of its adjusted p lies on "
+            "one side of 0.05: a claim whose interval straddles it is resampled more (up to "
+            f"{pvalue.MAX_RESAMPLES} resamples) and called undecided if it still does; Holm p < 1/(B+1): no "
+            "resample of the B crossed 0.\n\n" + claims_markdown(found) + "\n" + seeds
             + comparisons.family_note(len([c for c in found if "p_holm" in c]), "the claims") + "\n\n"
             + "\n\n".join(parts))
-    header = fill_header(header, header_fields(found, outputs, sweeps, loaded)) if header else ""
+    if header:
+        fields = dict(header_fields(found, outputs, sweeps, loaded), command=command or command_line(sweeps))
+        header = fill_header(header, fields)
     return (header + "\n\n" if header else "") + body, found, outputs
 
 
@@ -295,7 +329,8 @@ def _main(argv) -> int:
             raise UserError(f"--header {args.header} is not UTF-8 text") from None
     else:
         header = ""
-    text, found, outputs = compute(sweeps, header, args.other_seeds)
+    text, found, outputs = compute(sweeps, header, args.other_seeds,
+                                   command_line(sweeps, args.header, args.out, args.other_seeds))
     _write_sweeps(outputs)
     if args.out:
         files.write_all(args.out.absolute().parent, {

@@ -65,8 +65,6 @@ def _verdicts(s: dict, rows: list[dict], methods: list[str], n_bootstrap: int, s
 
 def _claim(v: dict, tag: str) -> dict:
     comp = v["comparison"]
-    if isinstance(comp, dict):
-        comp = dict(comp, n_used=int(comp["n_used"]))
     return make_claim(f"Traps{tag}: {method_name(v['method'])} AUROC, {v['a']} insertions > {v['b']}",
                       "more insertions easier", comp, f"k={v['a']}", f"k={v['b']}")
 
@@ -197,10 +195,10 @@ def traps_table(runs: list[dict], methods: list[str]) -> tuple[str, dict[str, st
 
 
 def traps_study(runs: list[tuple[str, dict]], outputs: dict, tag: str = "") -> tuple[list[str], list[dict]]:
-    """The trap study's part of the report (its rebuilt ``traps.md``) and its claims: more insertions are easier
-    to detect, Loss and Min-K%, k = max vs k = 1."""
+    """The trap study's claims: more insertions are easier to detect, Loss and Min-K%, k = max vs k = 1; no part of
+    its own (the report prints the sweep's table, ``traps.md``, once, as every sweep's)."""
     run = runs[0][1]
     rows = run["examples"]
     n_bootstrap, seed = claim_resamples(run)
     found = _verdicts(_setup(rows), rows, run["methods"], n_bootstrap, seed)
-    return [outputs["traps.md"]], [_claim(v, tag) for v in found]
+    return [], [_claim(v, tag) for v in found]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import comparisons
+from mia_jax import comparisons, pvalue
 from mia_jax.audits.concat import read_windows_csv
 from mia_jax.report import fmt, markdown, with_ci
 from mia_jax.rounding import diff_ci
@@ -72,15 +72,17 @@ def _book_paired(root: Path) -> dict:
 
 
 def _verdict(c: dict, a: str, b: str) -> str:
-    """``Min-K% > PPL`` / ``PPL > Min-K%`` / ``not distinguishable`` from a comparison's AUROC verdict."""
-    return {"A > B": f"{a} > {b}", "B > A": f"{b} > {a}"}.get(c["auroc"]["verdict"], "not distinguishable")
+    """``Min-K% > PPL`` / ``PPL > Min-K%`` / ``not distinguishable`` / ``undecided`` from a comparison's AUROC
+    verdict."""
+    v = c["auroc"]["verdict"]
+    return {"A > B": f"{a} > {b}", "B > A": f"{b} > {a}"}.get(v, v)
 
 
 def _said(c: dict, b: str) -> str:
     """``vs PPL +0.075 [+0.005, +0.165] (Min-K% > PPL, Holm p 0.012)``."""
     a = c["auroc"]
     return (f"vs {SHORT[b]} {diff_ci(a['diff'], a['ci'])} ({_verdict(c, 'Min-K%', SHORT[b])}, "
-            f"Holm p {fmt(a['p_holm'])})")
+            f"Holm p {pvalue.p_text(a['p_holm'], comparisons.resamples(c))})")
 
 
 def book_fields(root: Path) -> dict:
