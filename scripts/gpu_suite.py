@@ -277,9 +277,6 @@ def parse_args(argv):
                               ("trainer_seq_len", 2048, 64), ("trainer_window", 32, 3)):
         if getattr(args, name) is None:
             setattr(args, name, small if smoke else full)
-    if args.trainer_window < 3:
-        raise UserError(f"--trainer-window {args.trainer_window}: the trainer part needs W >= 3 (a window of steps "
-                        "2..W - 1 without a save)")
     return args
 
 

@@ -16,11 +16,20 @@ shape; the H200 of BENCHMARKS.md wrote it in about 11 s, 21 steps), or the secon
 """
 from __future__ import annotations
 
+import argparse
 import shutil
 import time
 from pathlib import Path
 
 from mia_jax import entry
+
+
+def _window(value: str) -> int:
+    """``--trainer-window``: an integer >= 3 (a window of steps 2..W - 1 without a save)."""
+    w = entry.positive_int(value)
+    if w < 3:
+        raise argparse.ArgumentTypeError(f"{w}: the trainer part needs W >= 3 (steps 2..W - 1 without a save)")
+    return w
 
 
 def add_trainer_args(ap) -> None:
@@ -30,7 +39,7 @@ def add_trainer_args(ap) -> None:
                     help="sequences per step of the trainer part (default 16; --smoke: 2)")
     ap.add_argument("--trainer-seq-len", type=entry.positive_int,
                     help="tokens per sequence of the trainer part (default 2048; --smoke: 64)")
-    ap.add_argument("--trainer-window", type=entry.positive_int,
+    ap.add_argument("--trainer-window", type=_window,
                     help="steps between the trainer part's checkpoints: 2W steps in all, W >= 3 "
                     "(default 32; --smoke: 3)")
     ap.add_argument("--trainer-remat", default="layer", choices=["none", "layer"],
