@@ -14,7 +14,8 @@ from mia_jax.errors import UserError
 from mia_jax.scorers import TokenBatch, score_batch, tagtab
 from mia_jax.stats import TokenStats
 
-SENTENCE = "Dr. Henry Jekyll met Mr. Utterson in London on a cold evening. They talked about the strange case for hours."
+SENTENCE = ("Dr. Henry Jekyll met Mr. Utterson in London on a cold evening. "
+            "They talked about the strange case for hours.")
 
 
 def ref_tag_tab(logprob, mask, keywords) -> np.ndarray:
