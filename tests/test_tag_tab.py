@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from reference import ref_token_arrays
+from test_acmia import refused
 
 from mia_jax import batching, device_scores, models
 from mia_jax.cli import main
@@ -109,13 +110,6 @@ def data_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("tagtab") / "small.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path, [r["input"] for r in rows]
-
-
-def refused(capsys, argv, needle):
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
 def test_eval_end_to_end_against_per_text_reference(tiny_llama_dir, data_file, tmp_path, capsys):
