@@ -32,6 +32,9 @@ setup(
         "tensorflow-datasets==4.9.10",
         "grain==0.2.18",
         "array-record==0.8.6",
+        # Tag&Tab's keywords: English word frequencies and sentence boundaries, offline (data inside the wheels)
+        "wordfreq==3.1.1",
+        "pysbd==0.3.4",
     ],
     extras_require={
         # torch is the CPU build (pip install torch==2.13.0 finds the local CPU wheel here)

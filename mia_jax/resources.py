@@ -13,6 +13,7 @@ passes, ``score_options`` for every scoring call) and the entries of the run's f
 - ``freq_table``: every method whose scorer reads a ``freq_table`` (``dc_pdd``): ``--freq-table``.
 - ``acmia``: every method whose scorer reads ACMIA's temperature (``acmia_ac``, ``acmia_derivac``, ``acmia_normac``):
   ``--acmia-temperature`` (``scorers.acmia``).
+- ``tag_tab``: ``tag_tab``'s keywords per sentence: ``--tag-tab-k`` (``scorers.tagtab``).
 
 A new method with an option adds its entry here (:class:`Need`: options, builder, fingerprint entries); :func:`build`
 runs every entry in order.
@@ -28,7 +29,7 @@ from mia_jax import data, entry, freq
 from mia_jax.audits import windowed
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
-from mia_jax.scorers import acmia, parse_method, recall
+from mia_jax.scorers import acmia, parse_method, recall, tagtab
 from mia_jax.scorers.base import check_resources
 
 RECALL_METHODS = ("recall", "con_recall")
@@ -179,6 +180,25 @@ def build_acmia(args, methods: Sequence[str], texts: Sequence[str], loaded, out:
     out.fingerprint[acmia.RESOURCE] = t
 
 
+def tag_tab_options(p: argparse.ArgumentParser) -> None:
+    """``--tag-tab-k`` on ``p``."""
+    p.add_argument("--tag-tab-k", metavar="K", type=entry.positive_int,
+                   help=f"keywords per sentence of 'tag_tab': each sentence's K rarest words by wordfreq (default: "
+                        f"{tagtab.DEFAULT_K}, the authors' recommended K)")
+
+
+def build_tag_tab(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """Tag&Tab's K (``out.resources[tagtab.RESOURCE]``, its value in the fingerprint) when ``tag_tab`` is among the
+    ``methods``; the option given without it is refused."""
+    wants = any(tagtab.RESOURCE in getattr(parse_method(m)[0], "resources", ()) for m in methods)
+    k = getattr(args, "tag_tab_k", None)
+    if k is not None and not wants:
+        raise UserError("--tag-tab-k is given but 'tag_tab' is not among --methods")
+    if wants:
+        out.resources[tagtab.RESOURCE] = out.fingerprint[tagtab.RESOURCE] = tagtab.check_k(
+            tagtab.DEFAULT_K if k is None else k)
+
+
 _REPORT_ONLY = "report only: the flags are recomputed from the records at the end of every run"
 
 # in the order their options are listed and their entries enter the fingerprint
@@ -199,6 +219,8 @@ NEEDS: dict[str, Need] = {n.name: n for n in (
         "freq_table": "a path: the table is fingerprinted by its content's SHA-256 (freq_table)"}),
     Need("acmia", acmia_options, build_acmia, (acmia.RESOURCE,), {
         "acmia_temperature": "in the fingerprint (acmia_temperature), the default too"}),
+    Need("tag_tab", tag_tab_options, build_tag_tab, (tagtab.RESOURCE,), {
+        "tag_tab_k": f"in the fingerprint ({tagtab.RESOURCE}), the default too"}),
 )}
 
 

@@ -136,13 +136,14 @@ REFERENCES = {
                                          if len(r["ids"]) else math.nan),
     "dc_pdd": lambda r, k, e: _dc_pdd(r, e["freq"]),
     **{f"acmia_{v}": (lambda r, k, e, v=v: _acmia(r, e, v)) for v in ("ac", "derivac", "normac")},
+    "tag_tab": lambda r, k, e: mean(r["logprob"][r["keywords"]]),  # the scored keyword tokens only
 }
 
 
 def method_references(stats, mask, methods, *, ids=None, zlib_bytes=None, freq=None, tempered=None,
-                      temperatures=None) -> dict:
+                      temperatures=None, keywords=None) -> dict:
     """{method: float64 [B]} from the references, per row over its scored tokens in order (``tempered``: the
-    TemperedStats [B, T, K] at ``temperatures`` [K])."""
+    TemperedStats [B, T, K] at ``temperatures`` [K]; ``keywords``: Tag&Tab's bool [B, T] keyword tokens)."""
     mask = np.asarray(mask, bool)
     fields = {name: np.asarray(x, np.float64) for name, x in stats._asdict().items()}
     fields.update({name: np.asarray(x, np.float64) for name, x in (tempered._asdict() if tempered else {}).items()})
@@ -150,6 +151,7 @@ def method_references(stats, mask, methods, *, ids=None, zlib_bytes=None, freq=N
     for b in range(mask.shape[0]):
         row = {name: x[b][mask[b]] for name, x in fields.items()}
         row["ids"] = np.asarray(ids)[b][mask[b]] if ids is not None else None
+        row["keywords"] = np.asarray(keywords, bool)[b][mask[b]] if keywords is not None else None
         extra = {"zlib_bytes": None if zlib_bytes is None else float(zlib_bytes[b]),
                  "freq": None if freq is None else np.asarray(freq, np.float64),
                  "temperatures": None if temperatures is None else np.asarray(temperatures, np.float64)}
