@@ -190,3 +190,19 @@ def scores_x64(stats, mask, methods, **kwargs) -> dict:
         out = device_scores(s, jnp.asarray(np.asarray(mask, bool)), methods, **kw)
         assert all(v.dtype == jnp.float64 for v in out.values()), {m: v.dtype for m, v in out.items()}
         return {m: np.asarray(v) for m, v in out.items()}
+
+
+def ngram_coverage_ref(candidate, reference, n) -> float:
+    """Hallinan et al. 2025's coverage of a candidate word list by a reference word list, from the definition: word j
+    of the candidate is covered when some window of n words containing it occurs somewhere in the reference as n
+    consecutive words; the share of covered words (0 for a candidate shorter than n), as an exact fraction."""
+    c, r = list(candidate), list(reference)
+    if len(c) < n:
+        return 0.0
+
+    def occurs(window):
+        return any(r[s:s + n] == window for s in range(len(r) - n + 1))
+
+    covered = [any(occurs(c[s:s + n]) for s in range(max(0, j - n + 1), min(j, len(c) - n) + 1))
+               for j in range(len(c))]
+    return float(Fraction(sum(covered), len(c)))
