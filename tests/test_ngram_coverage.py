@@ -13,7 +13,7 @@ from mia_jax import samia as sm
 from mia_jax.cli import main
 from mia_jax.errors import UserError
 from mia_jax.scorers import MULTI_PASS, sampling
-from reference import ngram_coverage_ref
+from reference import ngram_coverage_ref, sliding_window_coverage_ref
 
 
 # ---- the coverage
@@ -48,6 +48,19 @@ def test_coverage_matches_the_float64_reference():
         cand = list(rng.choice(vocab, int(rng.integers(0, 14))))
         ref = list(rng.choice(vocab, int(rng.integers(0, 14))))
         assert ng.coverage(cand, ref, n) == pytest.approx(ngram_coverage_ref(cand, ref, n), abs=1e-15), (cand, ref, n)
+
+
+def test_coverage_equals_the_authors_sliding_window():
+    """Their span search records the union of the matching n-grams (for every end, the longest match ending there):
+    the same coverage, on word-sequence matches."""
+    rng = np.random.default_rng(1)
+    for _ in range(400):
+        n = int(rng.integers(1, 5))
+        vocab = [f"w{i}" for i in range(int(rng.integers(2, 5)))]
+        cand = list(rng.choice(vocab, int(rng.integers(0, 16))))
+        ref = list(rng.choice(vocab, int(rng.integers(0, 16))))
+        assert ng.coverage(cand, ref, n) == pytest.approx(sliding_window_coverage_ref(cand, ref, n), abs=1e-15), \
+            (cand, ref, n)
 
 
 def test_from_samples_takes_the_maximum():
