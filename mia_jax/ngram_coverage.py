@@ -42,6 +42,9 @@ Where it differs:
 - Their other aggregates (min / median / mean), the coverage over the reference's length and the creativity index
   (coverage summed over n = 2..12) are not registered methods.
 
+The defaults above are those of the released code and its README; the paper's per-benchmark settings (its prefix
+split, sample counts and n for WikiMIA) were not checked against its text here.
+
 Cost: as SaMIA's (``mia_jax.samia``): one prefill and about ``n_samples`` x L single-token decode steps per text,
 L the suffix's token count (capped); the coverage is a host computation over words. When ``samia`` is requested
 with the same sampling options, both read one set of samples (``scorers.sampling``).

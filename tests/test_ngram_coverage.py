@@ -108,6 +108,18 @@ def loaded(tiny_llama_dir):
     return models.load(str(tiny_llama_dir))
 
 
+def test_top_p_reaches_the_sampler(loaded):
+    """The nucleus filter the authors sample with: a tiny top-p keeps only the most likely token (greedy)."""
+    texts = TEXTS[:2]
+    want = generate.generate(loaded, [sm.split_prefix(t)[0] for t in texts], max_new_tokens=6)
+    got = sm.sample_continuations(loaded, texts, n_samples=2, max_new_tokens=6, top_k=None, top_p=1e-6,
+                                  progress=False)
+    assert got.samples == [[w, w] for w in want]
+    nucleus = sm.sample_continuations(loaded, texts, n_samples=2, max_new_tokens=6, top_k=None, top_p=0.95,
+                                      progress=False)
+    assert nucleus.samples != got.samples
+
+
 def test_orientation_a_reproduced_suffix_scores_higher(loaded):
     """A text whose suffix is the model's own greedy continuation of its prefix (a text it reproduces) is covered
     fully; the same prefix with another suffix is not: higher = member."""
