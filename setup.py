@@ -27,6 +27,7 @@ setup(
         "tqdm==4.70.1",
         "matplotlib==3.11.2",
         "rouge-score==0.1.2",
+        "nltk==3.10.4",  # the n-gram coverage attack's word tokenizer (casual_tokenize), as its authors
         # corpus-scale data: Parquet by row groups, TFDS datasets (read without TensorFlow), grain over ArrayRecord
         "pyarrow==26.0.1",
         "tensorflow-datasets==4.9.10",

@@ -329,15 +329,14 @@ def _plan(loaded, lengths, todo, tokens_per_batch, batch_size, mesh, multi, pack
 def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None, neighbors=None,
                   labels: Sequence[int] | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
                   report: dict | None = None, pass_options: dict | None = None, **kwargs) -> list[dict]:
-    """All methods, single- and multi-pass: the main pass, then one more pass of the same path per
-    multi-pass method (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a
-    LoadedModel with its own tokenizer; ``neighbor``: every text's neighbours, flattened, from the
-    generator ``neighbors`` (default ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``; see
-    ``passes.neighbor_pass``)). Each pass writes ``out_dir/passes/<kind>.jsonl`` as it goes (``<kind>.<score>``
-    when it folds another score than ``loss``; a pass two methods need runs once)
-    and resumes from it; ``out_dir/results.jsonl`` holds the final records (``nan_reasons`` says why a
-    method's score is null when the text itself was scored; with ``neighbor``, ``n_neighbors`` and
-    ``n_identical_neighbors`` count the neighbours scored and dropped). ``report`` (a dict) receives
+    """All methods, single- and multi-pass: the main pass, then one more pass of the same path per multi-pass method
+    (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a LoadedModel with its own tokenizer;
+    ``neighbor``: every text's neighbours, flattened, from the generator ``neighbors`` (default
+    ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``; see ``passes.neighbor_pass``)). Each pass writes
+    ``out_dir/passes/<kind>.jsonl`` as it goes (``<kind>.<score>`` when it folds another score than ``loss``; a pass
+    two methods need runs once, told them as ``wanted``) and resumes from it; ``out_dir/results.jsonl`` holds the
+    final records (``nan_reasons`` says why a method's score is null when the text itself was scored; with
+    ``neighbor``, ``n_neighbors`` and ``n_identical_neighbors`` count the neighbours scored and dropped). ``report`` (a dict) receives
     ``score_texts``' counts per pass name. ``pass_options`` go to the passes that take more (``passes.prepare``),
     ``kwargs`` to ``score_texts``.
     """
@@ -369,7 +368,8 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
             name = kind if method.pass_method == "loss" else f"{kind}.{method.pass_method}"
             if key not in done:
                 second = passes.prepare(kind, name, loaded, texts, ref=ref, neighbors=neighbors, out_dir=out_dir,
-                                        out_path=path(name), resume=resume, method=method.pass_method, **pass_options)
+                                        out_path=path(name), resume=resume, method=method.pass_method,
+                                        wanted=[x for x in multi if kind in MULTI_PASS[x].kinds], **pass_options)
                 recs = score_texts(second.model, second.texts, second.methods or [method.pass_method],
                                    out_path=path(name), resume=second.resume, desc=f"{desc} ({name} pass)",
                                    report=report.setdefault(name, {}), prefixes=second.prefixes,

@@ -192,3 +192,51 @@ def scores_x64(stats, mask, methods, **kwargs) -> dict:
         out = device_scores(s, jnp.asarray(np.asarray(mask, bool)), methods, **kw)
         assert all(v.dtype == jnp.float64 for v in out.values()), {m: v.dtype for m, v in out.items()}
         return {m: np.asarray(v) for m, v in out.items()}
+
+
+def ngram_coverage_ref(candidate, reference, n) -> float:
+    """Hallinan et al. 2025's coverage of a candidate word list by a reference word list, from the definition: word j
+    of the candidate is covered when some window of n words containing it occurs somewhere in the reference as n
+    consecutive words; the share of covered words (0 for a candidate shorter than n), as an exact fraction."""
+    c, r = list(candidate), list(reference)
+    if len(c) < n:
+        return 0.0
+
+    def occurs(window):
+        return any(r[s:s + n] == window for s in range(len(r) - n + 1))
+
+    covered = [any(occurs(c[s:s + n]) for s in range(max(0, j - n + 1), min(j, len(c) - n) + 1))
+               for j in range(len(c))]
+    return float(Fraction(sum(covered), len(c)))
+
+
+def sliding_window_coverage_ref(candidate, reference, min_n) -> float:
+    """The n-gram coverage attack's coverage as its authors compute it (``find_exact_match`` of
+    shallinan1/NGramCoverageAttack, restated): a window [first, second) of the candidate starts at min_n words; a
+    window found in the reference is recorded (replacing the last recorded span when it contains it) and grows at its
+    end; one not found shrinks from its start, or slides when it has min_n words; the share of the candidate's words
+    inside a recorded span. A window is found when its words occur consecutively in the reference (theirs: its
+    detokenized text is a substring of the reference's text)."""
+    c, r = list(candidate), list(reference)
+    if len(c) < min_n:
+        return 0.0
+
+    def found(lo, hi):
+        return any(r[s:s + hi - lo] == c[lo:hi] for s in range(len(r) - (hi - lo) + 1))
+
+    spans, first, second = [], 0, min_n
+    while second <= len(c):
+        if found(first, second):
+            if spans and first <= spans[-1][0] and spans[-1][1] <= second:
+                spans[-1] = (first, second)
+            else:
+                spans.append((first, second))
+            second += 1
+        elif second - first > min_n:
+            first += 1
+        else:
+            first, second = first + 1, second + 1
+    flags = [False] * len(c)
+    for lo, hi in spans:
+        flags[lo:hi] = [True] * (hi - lo)
+    return sum(flags) / len(c)
