@@ -336,9 +336,9 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
     ``out_dir/passes/<kind>.jsonl`` as it goes (``<kind>.<score>`` when it folds another score than ``loss``; a pass
     two methods need runs once, told them as ``wanted``) and resumes from it; ``out_dir/results.jsonl`` holds the
     final records (``nan_reasons`` says why a method's score is null when the text itself was scored; with
-    ``neighbor``, ``n_neighbors`` and ``n_identical_neighbors`` count the neighbours scored and dropped). ``report`` (a dict) receives
-    ``score_texts``' counts per pass name. ``pass_options`` go to the passes that take more (``passes.prepare``),
-    ``kwargs`` to ``score_texts``.
+    ``neighbor``, ``n_neighbors`` and ``n_identical_neighbors`` count the neighbours scored and dropped). ``report``
+    (a dict) receives ``score_texts``' counts per pass name. ``pass_options`` go to the passes that take more
+    (``passes.prepare``), ``kwargs`` to ``score_texts``.
     """
     pass_options = pass_options or {}
     report = {} if report is None else report
