@@ -27,11 +27,15 @@ setup(
         "tqdm==4.70.1",
         "matplotlib==3.11.2",
         "rouge-score==0.1.2",
+        "nltk==3.10.4",  # the n-gram coverage attack's word tokenizer (casual_tokenize), as its authors
         # corpus-scale data: Parquet by row groups, TFDS datasets (read without TensorFlow), grain over ArrayRecord
         "pyarrow==26.0.1",
         "tensorflow-datasets==4.9.10",
         "grain==0.2.18",
         "array-record==0.8.6",
+        # Tag&Tab's keywords: English word frequencies and sentence boundaries, offline (data inside the wheels)
+        "wordfreq==3.1.1",
+        "pysbd==0.3.4",
     ],
     extras_require={
         # torch is the CPU build (pip install torch==2.13.0 finds the local CPU wheel here)

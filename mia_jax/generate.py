@@ -296,11 +296,12 @@ def text_hash(text: str) -> int:
 
 
 def sample_completions(loaded, prompt_ids: Sequence[Sequence[int]], budgets: Sequence[int], key_texts: Sequence[str],
-                       *, n_samples: int, temperature: float = 1.0, top_k: int | None = None, seed: int = 0,
-                       batch_size: int = 8, progress: bool = True,
+                       *, n_samples: int, temperature: float = 1.0, top_k: int | None = None,
+                       top_p: float | None = None, seed: int = 0, batch_size: int = 8, progress: bool = True,
                        desc: str = "sampling") -> tuple[list[list[str]], list[list[int]]]:
     """``n_samples`` completions of each prompt (a `LoadedModel`; ``prompt_ids``: each prompt's token ids), each at
-    most its budget of tokens (``budgets``: one per prompt, >= 1), stopping at EOS; greedy when temperature is 0.
+    most its budget of tokens (``budgets``: one per prompt, >= 1), stopping at EOS; greedy when temperature is 0
+    (``top_k`` / ``top_p``: the filters of ``sample_logits``).
 
     Sample j of prompt i is drawn with the key ``row_keys(seed, text_hash(key_texts[i]), j)``, so it depends only on
     (seed, key text, j, prompt, budget), never on the other prompts. Prompts are sorted by (budget, prompt length)
@@ -324,7 +325,7 @@ def sample_completions(loaded, prompt_ids: Sequence[Sequence[int]], budgets: Seq
         loop_length = -(-int(limit.max()) // NEW_TOKENS_MULTIPLE) * NEW_TOKENS_MULTIPLE
         keys = row_keys(seed, [text_hash(key_texts[i]) for i, _ in rows], [j for _, j in rows])
         gen = generate_ids(loaded, [prompt_ids[i] for i, _ in rows], max_new_tokens=loop_length,
-                           temperature=temperature, top_k=top_k, keys=keys, budgets=limit)
+                           temperature=temperature, top_k=top_k, top_p=top_p, keys=keys, budgets=limit)
         outs = [gen.completion_ids(r) for r in range(n_real)]
         for (i, _), out, text in zip(rows, outs, loaded.tokenizer.decode_batch(outs, skip_special_tokens=True)):
             texts[i].append(text)

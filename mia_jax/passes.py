@@ -116,7 +116,8 @@ PASSES: dict[str, Callable[..., Pass]] = {"lowercase": lowercase_pass, "ref": re
 
 def register_pass(kind: str):
     """Register a second pass ``fn(name, loaded, texts, *, resume, method, **options) -> Pass`` under ``kind``
-    (methods in their own modules add theirs: ``options`` are ``prepare``'s keyword arguments)."""
+    (methods in their own modules add theirs: ``options`` are ``prepare``'s keyword arguments; from the runner
+    also ``wanted``, the requested methods that read the pass)."""
     def deco(fn):
         if kind in PASSES:
             raise ValueError(f"pass kind {kind!r} is already registered")

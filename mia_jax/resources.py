@@ -10,9 +10,12 @@ passes, ``score_options`` for every scoring call) and the entries of the run's f
   ``mia_jax.audits.windowed``).
 - ``samia``: ``samia`` / ``samia_zlib``: the sampling options (``--samia-samples``, ``--samia-seed``; the rest at
   the authors' defaults, ``mia_jax.samia``).
+- ``ngram_coverage``: ``ngram_coverage``: its sampling and n-gram options (``--ngram-samples``, ``--ngram-seed``,
+  ``--ngram-min-n``, ``--ngram-sampling``; the rest at the authors' defaults, ``mia_jax.ngram_coverage``).
 - ``freq_table``: every method whose scorer reads a ``freq_table`` (``dc_pdd``): ``--freq-table``.
 - ``acmia``: every method whose scorer reads ACMIA's temperature (``acmia_ac``, ``acmia_derivac``, ``acmia_normac``):
   ``--acmia-temperature`` (``scorers.acmia``).
+- ``tag_tab``: ``tag_tab``'s keywords per sentence: ``--tag-tab-k`` (``scorers.tagtab``).
 
 A new method with an option adds its entry here (:class:`Need`: options, builder, fingerprint entries); :func:`build`
 runs every entry in order.
@@ -28,7 +31,7 @@ from mia_jax import data, entry, freq
 from mia_jax.audits import windowed
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
-from mia_jax.scorers import acmia, parse_method, recall
+from mia_jax.scorers import acmia, parse_method, recall, sampling, tagtab
 from mia_jax.scorers.base import check_resources
 
 RECALL_METHODS = ("recall", "con_recall")
@@ -133,6 +136,42 @@ def build_samia(args, methods: Sequence[str], texts: Sequence[str], loaded, out:
     out.fingerprint["samia"] = dict(out.pass_options["samia"])
 
 
+def ngram_options(p: argparse.ArgumentParser) -> None:
+    """``--ngram-samples``, ``--ngram-seed``, ``--ngram-min-n`` and ``--ngram-sampling`` on ``p``."""
+    p.add_argument("--ngram-samples", type=entry.positive_int,
+                   help="sampled continuations per text for 'ngram_coverage' (default: 20, the authors' example)")
+    p.add_argument("--ngram-seed", type=entry.nonneg_int, help="sampling seed of 'ngram_coverage' (default: 0)")
+    p.add_argument("--ngram-min-n", type=entry.positive_int,
+                   help="the shortest n-gram (in words) that counts as covered for 'ngram_coverage' (default: 3, as "
+                        "the authors)")
+    p.add_argument("--ngram-sampling", choices=("authors", "samia"),
+                   help="how 'ngram_coverage' samples: 'authors' (default: temperature 1, top-p 0.95) or 'samia' "
+                        "(SaMIA's sampling with --samia-samples / --samia-seed: the same samples when 'samia' is "
+                        "scored too)")
+
+
+def build_ngram(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """The options of ``ngram_coverage`` (resolved with its defaults) into its pass and the fingerprint; an option
+    given without the method, or ``--ngram-samples`` / ``--ngram-seed`` with ``--ngram-sampling samia``: UserError."""
+    given = {k: getattr(args, f"ngram_{k}", None) for k in ("samples", "seed", "min_n", "sampling")}
+    if "ngram_coverage" not in methods:
+        if any(v is not None for v in given.values()):
+            raise UserError("--ngram-* options are given but 'ngram_coverage' is not among --methods")
+        return
+    if given["sampling"] == "samia":
+        if given["samples"] is not None or given["seed"] is not None:
+            raise UserError("--ngram-samples / --ngram-seed do not apply with --ngram-sampling samia: the samples are "
+                            "drawn as SaMIA's (set --samia-samples / --samia-seed)")
+        opts = sampling.resolve("samia", {"n_samples": args.samia_samples, "seed": args.samia_seed})[0]
+    else:
+        opts = {k: v for k, v in (("n_samples", given["samples"]), ("seed", given["seed"])) if v is not None}
+    if given["min_n"] is not None:
+        opts["min_n"] = given["min_n"]
+    drawn, scored = sampling.resolve("ngram_coverage", opts)
+    out.pass_options["ngram_coverage"] = {**drawn, **scored}
+    out.fingerprint["ngram_coverage"] = {**drawn, **scored}
+
+
 def freq_options(p: argparse.ArgumentParser) -> None:
     """``--freq-table`` on ``p``."""
     p.add_argument("--freq-table", metavar="T.npz", type=entry.input_file,
@@ -179,6 +218,25 @@ def build_acmia(args, methods: Sequence[str], texts: Sequence[str], loaded, out:
     out.fingerprint[acmia.RESOURCE] = t
 
 
+def tag_tab_options(p: argparse.ArgumentParser) -> None:
+    """``--tag-tab-k`` on ``p``."""
+    p.add_argument("--tag-tab-k", metavar="K", type=entry.positive_int,
+                   help=f"keywords per sentence of 'tag_tab': each sentence's K rarest words by wordfreq (default: "
+                        f"{tagtab.DEFAULT_K}, the authors' recommended K)")
+
+
+def build_tag_tab(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """Tag&Tab's K (``out.resources[tagtab.RESOURCE]``, its value in the fingerprint) when ``tag_tab`` is among the
+    ``methods``; the option given without it is refused."""
+    wants = any(tagtab.RESOURCE in getattr(parse_method(m)[0], "resources", ()) for m in methods)
+    k = getattr(args, "tag_tab_k", None)
+    if k is not None and not wants:
+        raise UserError("--tag-tab-k is given but 'tag_tab' is not among --methods")
+    if wants:
+        out.resources[tagtab.RESOURCE] = out.fingerprint[tagtab.RESOURCE] = tagtab.check_k(
+            tagtab.DEFAULT_K if k is None else k)
+
+
 _REPORT_ONLY = "report only: the flags are recomputed from the records at the end of every run"
 
 # in the order their options are listed and their entries enter the fingerprint
@@ -195,10 +253,17 @@ NEEDS: dict[str, Need] = {n.name: n for n in (
     Need("samia", samia_options, build_samia, ("samia",), {
         "samia_samples": "in the fingerprint's samia options",
         "samia_seed": "in the fingerprint's samia options"}),
+    Need("ngram_coverage", ngram_options, build_ngram, ("ngram_coverage",), {
+        "ngram_samples": "in the fingerprint's ngram_coverage options",
+        "ngram_seed": "in the fingerprint's ngram_coverage options",
+        "ngram_min_n": "in the fingerprint's ngram_coverage options",
+        "ngram_sampling": "the sampling options it chooses are in the fingerprint's ngram_coverage options"}),
     Need("freq_table", freq_options, build_freq, ("freq_table",), {
         "freq_table": "a path: the table is fingerprinted by its content's SHA-256 (freq_table)"}),
     Need("acmia", acmia_options, build_acmia, (acmia.RESOURCE,), {
         "acmia_temperature": "in the fingerprint (acmia_temperature), the default too"}),
+    Need("tag_tab", tag_tab_options, build_tag_tab, (tagtab.RESOURCE,), {
+        "tag_tab_k": f"in the fingerprint ({tagtab.RESOURCE}), the default too"}),
 )}
 
 

@@ -48,9 +48,8 @@ from mia_jax.fingerprint import run_fingerprint
 from mia_jax.metrics import scores_by_method
 from mia_jax.records import Sink, json_score, make_record, skip_reason
 from mia_jax.score_step import shared_score_step
-from mia_jax.scorers import MULTI_PASS, is_multi_pass, parse_method, requirements, resource_arrays
-from mia_jax.scorers.dispatch import check_ids
-from mia_jax.scorers.base import check_resources
+from mia_jax.scorers import (MULTI_PASS, check_ids, check_resources, is_multi_pass, pack_token_resources, parse_method,
+                             requirements, resource_arrays, token_resources)
 from mia_jax.scorers.likelihood import zlib_bytes
 from mia_jax.stats import TokenStats
 
@@ -127,7 +126,7 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
         p.pad = loaded.pad_token_id if loaded.pad_token_id is not None else 0
         p.step_fn = None if compute is not None else shared_score_step(loaded, methods, chunk_size, mesh,
                                                                          window is not None)
-        p.res = resource_arrays(methods, resources) if compute is None else {}
+        p.res = resource_arrays(methods, resources, per_token=False) if compute is None else {}
         p.bar = tqdm(total=len(todo), initial=reused, desc=desc, unit="text",
                      disable=not progress or not shd.is_main_process())
         with InFlight.for_backend(mesh) as p.flight:  # steps run while the host writes those before (inflight.py)
@@ -173,6 +172,7 @@ class _Pass:
     res: dict = field(default_factory=dict)  # the scorers' resources as arrays
     bar: object = None
     flight: InFlight | None = None  # the steps launched and not yet finished
+    token_res: dict = field(default_factory=dict)  # {per-token resource: {index: array over the text's tokens}}
 
     def label(self, i: int) -> int | None:
         """Text ``i``'s label, or None without labels."""
@@ -209,6 +209,9 @@ def _start(loaded, texts, methods, *, labels, prefixes, out_path, resume, mesh, 
     for i, reason in skips.items():
         if reason is not None:
             sink.records[i] = make_record(i, p.label(i), encoded[i], {m: None for m in methods}, reason)
+    if compute is None:  # per-token resources made from each text, e.g. Tag&Tab's keywords
+        p.token_res = token_resources(methods, resources, loaded.tokenizer, {i: texts[i] for i in mine},
+                                      alone=prefixes is None and window is None)
     return p
 
 
@@ -247,7 +250,7 @@ def _dispatch(p: _Pass, step: Step) -> tuple:
         return step, mask, arrays["ids"]
     if p.res:
         check_ids(p.methods, arrays["targets"], mask, p.res)  # e.g. DC-PDD: an id beyond its table is an error
-    batch = {**arrays, "zlib_bytes": zb}
+    batch = {**arrays, "zlib_bytes": zb, **pack_token_resources(p.token_res, step.contents, mask.shape)}
     if p.mesh is not None:
         batch = {k: shd.global_batch(p.mesh, v) for k, v in batch.items()}
     return step, mask, p.flight.launch(p.step_fn, p.state, {**batch, "resources": p.res})
@@ -281,9 +284,8 @@ def _finish(p: _Pass, step: Step, mask: np.ndarray, out) -> None:
     p.counts["computed"] += len(idx)
     p.counts["batches_computed"] += 1
     recs = [make_record(i, p.label(i), p.encoded[i], per_text[i], reasons.get(i)) for i in idx]
-    for rec in recs:
-        if rec["index"] in wins and "skip_reason" not in rec:
-            rec["windows"] = wins[rec["index"]]
+    for rec in (r for r in recs if r["index"] in wins and "skip_reason" not in r):
+        rec["windows"] = wins[rec["index"]]
     p.sink.add(recs)
     p.bar.update(len(idx))
     check_interrupted()  # a Ctrl-C that Python swallowed (see rundir) stops here, after the step is saved
@@ -327,17 +329,16 @@ def _plan(loaded, lengths, todo, tokens_per_batch, batch_size, mesh, multi, pack
 def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=None, neighbors=None,
                   labels: Sequence[int] | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
                   report: dict | None = None, pass_options: dict | None = None, **kwargs) -> list[dict]:
-    """All methods, single- and multi-pass: the main pass, then one more pass of the same path per
-    multi-pass method (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a
-    LoadedModel with its own tokenizer; ``neighbor``: every text's neighbours, flattened, from the
-    generator ``neighbors`` (default ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``; see
-    ``passes.neighbor_pass``)). Each pass writes ``out_dir/passes/<kind>.jsonl`` as it goes (``<kind>.<score>``
-    when it folds another score than ``loss``; a pass two methods need runs once)
-    and resumes from it; ``out_dir/results.jsonl`` holds the final records (``nan_reasons`` says why a
-    method's score is null when the text itself was scored; with ``neighbor``, ``n_neighbors`` and
-    ``n_identical_neighbors`` count the neighbours scored and dropped). ``report`` (a dict) receives
-    ``score_texts``' counts per pass name. ``pass_options`` go to the passes that take more (``passes.prepare``),
-    ``kwargs`` to ``score_texts``.
+    """All methods, single- and multi-pass: the main pass, then one more pass of the same path per multi-pass method
+    (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a LoadedModel with its own tokenizer;
+    ``neighbor``: every text's neighbours, flattened, from the generator ``neighbors`` (default
+    ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``; see ``passes.neighbor_pass``)). Each pass writes
+    ``out_dir/passes/<kind>.jsonl`` as it goes (``<kind>.<score>`` when it folds another score than ``loss``; a pass
+    two methods need runs once, told them as ``wanted``) and resumes from it; ``out_dir/results.jsonl`` holds the
+    final records (``nan_reasons`` says why a method's score is null when the text itself was scored; with
+    ``neighbor``, ``n_neighbors`` and ``n_identical_neighbors`` count the neighbours scored and dropped). ``report``
+    (a dict) receives ``score_texts``' counts per pass name. ``pass_options`` go to the passes that take more
+    (``passes.prepare``), ``kwargs`` to ``score_texts``.
     """
     pass_options = pass_options or {}
     report = {} if report is None else report
@@ -357,8 +358,7 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
     desc = kwargs.pop("desc", "scoring")
     main = score_texts(loaded, texts, main_methods, labels=labels, out_path=path("main"), resume=resume,
                        report=report.setdefault("main", {}), desc=desc, **kwargs)
-    extra: dict[str, tuple[np.ndarray, dict[int, str]]] = {}
-    counts: dict[str, list[int]] = {}
+    extra, counts = {}, {}  # {method: (scores [N], {row: why NaN})}, {record field: [N] per-text counts}
     done: dict[tuple[str, str], tuple[np.ndarray, dict[int, str]]] = {}  # a pass shared by methods runs once
     for m in multi:
         method = MULTI_PASS[m]
@@ -368,7 +368,8 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
             name = kind if method.pass_method == "loss" else f"{kind}.{method.pass_method}"
             if key not in done:
                 second = passes.prepare(kind, name, loaded, texts, ref=ref, neighbors=neighbors, out_dir=out_dir,
-                                        out_path=path(name), resume=resume, method=method.pass_method, **pass_options)
+                                        out_path=path(name), resume=resume, method=method.pass_method,
+                                        wanted=[x for x in multi if kind in MULTI_PASS[x].kinds], **pass_options)
                 recs = score_texts(second.model, second.texts, second.methods or [method.pass_method],
                                    out_path=path(name), resume=second.resume, desc=f"{desc} ({name} pass)",
                                    report=report.setdefault(name, {}), prefixes=second.prefixes,

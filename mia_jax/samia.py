@@ -77,15 +77,16 @@ def split_prefix(text: str, ratio: float = 0.5) -> tuple[str, str]:
     return " ".join(words[:k]), " ".join(words[k:])
 
 
-def skip_reason(text: str, ratio: float = 0.5) -> str | None:
-    """Why a text gets no SaMIA score (no words, or too few for a one-word prefix), or None. (A prefix that
-    encodes to no tokens with the model's tokenizer is the only other reason ``sample_continuations`` gives.)"""
+def skip_reason(text: str, ratio: float = 0.5, label: str = "samia") -> str | None:
+    """Why a text gets no SaMIA score (no words, or too few for a one-word prefix), or None, said by ``label`` (the
+    method). (A prefix that encodes to no tokens with the model's tokenizer is the only other reason
+    ``sample_continuations`` gives.)"""
     prefix, _ = split_prefix(text, ratio)
     n = len(text.split())
     if not n:
-        return "samia: the text has no words"
+        return f"{label}: the text has no words"
     if not prefix:
-        return (f"samia: the text has {n} word{'s' * (n != 1)}, too few for a prefix of {ratio:g} of its words "
+        return (f"{label}: the text has {n} word{'s' * (n != 1)}, too few for a prefix of {ratio:g} of its words "
                 f"(needs at least {math.ceil(1 / ratio)})")
     return None
 
@@ -144,28 +145,30 @@ def _budgets(loaded, prefixes: list[str], references: list[str], max_new_tokens:
 
 def sample_continuations(loaded, texts: Sequence[str], *, n_samples: int = 10, prefix_ratio: float = 0.5,
                          max_new_tokens: int | None = None, temperature: float = 1.0, top_k: int | None = 50,
-                         seed: int = 0, batch_size: int = 8, progress: bool = True) -> SampleSet:
+                         top_p: float | None = None, seed: int = 0, batch_size: int = 8, progress: bool = True,
+                         label: str = "samia") -> SampleSet:
     """``n_samples`` continuations of each text's prefix (``split_prefix``) from the ``LoadedModel``, each at most
-    its text's budget (see the module docstring), seeded per (seed, text, sample). ``batch_size`` texts (x
-    ``n_samples`` rows) share one sampling loop; texts are grouped by length (the result does not depend on it)."""
+    its text's budget (see the module docstring), seeded per (seed, text, sample), filtered by ``top_k`` / ``top_p``
+    (``generate.sample_logits``). ``batch_size`` texts (x ``n_samples`` rows) share one sampling loop; texts are
+    grouped by length (the result does not depend on it). ``label``: the method the skip reasons name."""
     if isinstance(texts, str):
         raise UserError("texts must be a list of strings, not one string")
     if not isinstance(n_samples, int) or n_samples < 1:
-        raise UserError(f"SaMIA needs at least 1 sample per text, got n_samples={n_samples!r}")
+        raise UserError(f"{label} needs at least 1 sample per text, got n_samples={n_samples!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
-    generate.check_sampling(1 if max_new_tokens is None else max_new_tokens, temperature, top_k, None)
+    generate.check_sampling(1 if max_new_tokens is None else max_new_tokens, temperature, top_k, top_p)
     if max_new_tokens is not None and max_new_tokens >= loaded.max_length:
         raise UserError(f"{max_new_tokens} new tokens do not fit the model's context of {loaded.max_length} tokens "
                         "together with a prefix; ask for fewer")
     split = [split_prefix(t, prefix_ratio) for t in texts]
     prefixes, references = [p for p, _ in split], [r for _, r in split]
-    reasons = {i: r for i, r in enumerate(skip_reason(t, prefix_ratio) for t in texts) if r is not None}
+    reasons = {i: r for i, r in enumerate(skip_reason(t, prefix_ratio, label) for t in texts) if r is not None}
     todo = [i for i in range(len(texts)) if i not in reasons]
     prompt_ids = dict(zip(todo, (e.ids for e in loaded.tokenizer.encode_batch([prefixes[i] for i in todo]))))
     for i in todo:
         if not prompt_ids[i]:
-            reasons[i] = "samia: the prefix encodes to no tokens with this model's tokenizer"
+            reasons[i] = f"{label}: the prefix encodes to no tokens with this model's tokenizer"
     todo = [i for i in todo if i not in reasons]
     budgets = [0] * len(texts)
     for i, b in zip(todo, _budgets(loaded, [prefixes[i] for i in todo], [references[i] for i in todo],
@@ -175,7 +178,8 @@ def sample_continuations(loaded, texts: Sequence[str], *, n_samples: int = 10, p
     n_tokens: list[list[int]] = [[] for _ in texts]
     drawn = generate.sample_completions(loaded, [prompt_ids[i] for i in todo], [budgets[i] for i in todo],
                                         [texts[i] for i in todo], n_samples=n_samples, temperature=temperature,
-                                        top_k=top_k, seed=seed, batch_size=batch_size, progress=progress, desc="samia")
+                                        top_k=top_k, top_p=top_p, seed=seed, batch_size=batch_size, progress=progress,
+                                        desc=label)
     for i, text_samples, text_tokens in zip(todo, *drawn):
         samples[i], n_tokens[i] = text_samples, text_tokens
     return SampleSet(prefixes, references, samples, n_tokens, budgets, dict(sorted(reasons.items())))

@@ -4,7 +4,8 @@
 "tokens": TokenStats [rows, segments, length] (only with ``tokens=True``)}``, where ``batch`` is
 ``batching.packed_arrays(..., targets=True)`` of a ``batching.Step`` (each text's tokens but its last in the row,
 ``targets`` the token each slot predicts, ``mask`` bool [rows, length] the slots whose prediction is scored: a
-prefix's are not), plus ``zlib_bytes`` (float32 [rows, segments]) and the methods' resource arrays.
+prefix's are not), plus ``zlib_bytes`` (float32 [rows, segments]), the methods' resource arrays and, by name, the
+``[rows, length]`` arrays of their per-token resources (``scorers.pack_token_resources``: Tag&Tab's keywords).
 Inside one ``jax.jit`` (named ``score_step``, so ``compilation.CompileCount("score_step")`` counts its programs):
 
 1. the model's forward over the packed rows (``hidden_states(ids, segment_ids=...)``: positions restart at every
@@ -32,7 +33,7 @@ from flax import nnx
 
 from mia_jax import sharding as shd
 from mia_jax.batching import real_vocab_size
-from mia_jax.scorers import device_scores, temperature_resource
+from mia_jax.scorers import RESOURCES, device_scores, requirements, temperature_resource
 from mia_jax.stats import (TemperedStats, TokenStats, default_chunk, token_stats_from_hidden,
                            token_stats_from_hidden_sharded)
 
@@ -64,6 +65,7 @@ def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int | None = 
     vocab = real_vocab_size(loaded)
     methods = tuple(methods)
     tempered_by = temperature_resource(methods)  # None: no tempered statistics are computed
+    per_token = [r for r in requirements(methods).resources if RESOURCES[r].per_token is not None]
 
     def score_step(state, batch):
         model = nnx.merge(graphdef, state if mesh is None else shd.gathered_for_lookup(state, mesh))
@@ -79,9 +81,10 @@ def make_score_step(loaded, methods: Sequence[str], *, chunk_size: int | None = 
         flat = lambda x: x.reshape(rows * segments, *x.shape[2:])  # noqa: E731
         if tempered is not None:
             tempered = TemperedStats(*map(flat, gather_tempered(tempered, starts, spans)))
+        resources = {**(batch.get("resources") or {}),  # a per-token resource: gathered like the statistics
+                     **{r: flat(gather_segments(batch[r], starts, spans)[0]) for r in per_token}}
         scores = device_scores(TokenStats(*map(flat, per_text)), flat(mask), methods, ids=flat(targets),
-                               zlib_bytes=flat(batch["zlib_bytes"]), resources=batch.get("resources"),
-                               tempered=tempered)
+                               zlib_bytes=flat(batch["zlib_bytes"]), resources=resources, tempered=tempered)
         # NaN or infinite logits leave a NaN or an infinity in the distribution's mean or variance (a real -inf logit
         # is a zero-probability token, finite in both): counted per text, and the runner nulls its every score
         broken = mask & ~(jnp.isfinite(per_text.mu) & jnp.isfinite(per_text.var) & ~jnp.isnan(per_text.logprob))

@@ -136,13 +136,14 @@ REFERENCES = {
                                          if len(r["ids"]) else math.nan),
     "dc_pdd": lambda r, k, e: _dc_pdd(r, e["freq"]),
     **{f"acmia_{v}": (lambda r, k, e, v=v: _acmia(r, e, v)) for v in ("ac", "derivac", "normac")},
+    "tag_tab": lambda r, k, e: mean(r["logprob"][r["keywords"]]),  # the scored keyword tokens only
 }
 
 
 def method_references(stats, mask, methods, *, ids=None, zlib_bytes=None, freq=None, tempered=None,
-                      temperatures=None) -> dict:
+                      temperatures=None, keywords=None) -> dict:
     """{method: float64 [B]} from the references, per row over its scored tokens in order (``tempered``: the
-    TemperedStats [B, T, K] at ``temperatures`` [K])."""
+    TemperedStats [B, T, K] at ``temperatures`` [K]; ``keywords``: Tag&Tab's bool [B, T] keyword tokens)."""
     mask = np.asarray(mask, bool)
     fields = {name: np.asarray(x, np.float64) for name, x in stats._asdict().items()}
     fields.update({name: np.asarray(x, np.float64) for name, x in (tempered._asdict() if tempered else {}).items()})
@@ -150,6 +151,7 @@ def method_references(stats, mask, methods, *, ids=None, zlib_bytes=None, freq=N
     for b in range(mask.shape[0]):
         row = {name: x[b][mask[b]] for name, x in fields.items()}
         row["ids"] = np.asarray(ids)[b][mask[b]] if ids is not None else None
+        row["keywords"] = np.asarray(keywords, bool)[b][mask[b]] if keywords is not None else None
         extra = {"zlib_bytes": None if zlib_bytes is None else float(zlib_bytes[b]),
                  "freq": None if freq is None else np.asarray(freq, np.float64),
                  "temperatures": None if temperatures is None else np.asarray(temperatures, np.float64)}
@@ -190,3 +192,51 @@ def scores_x64(stats, mask, methods, **kwargs) -> dict:
         out = device_scores(s, jnp.asarray(np.asarray(mask, bool)), methods, **kw)
         assert all(v.dtype == jnp.float64 for v in out.values()), {m: v.dtype for m, v in out.items()}
         return {m: np.asarray(v) for m, v in out.items()}
+
+
+def ngram_coverage_ref(candidate, reference, n) -> float:
+    """Hallinan et al. 2025's coverage of a candidate word list by a reference word list, from the definition: word j
+    of the candidate is covered when some window of n words containing it occurs somewhere in the reference as n
+    consecutive words; the share of covered words (0 for a candidate shorter than n), as an exact fraction."""
+    c, r = list(candidate), list(reference)
+    if len(c) < n:
+        return 0.0
+
+    def occurs(window):
+        return any(r[s:s + n] == window for s in range(len(r) - n + 1))
+
+    covered = [any(occurs(c[s:s + n]) for s in range(max(0, j - n + 1), min(j, len(c) - n) + 1))
+               for j in range(len(c))]
+    return float(Fraction(sum(covered), len(c)))
+
+
+def sliding_window_coverage_ref(candidate, reference, min_n) -> float:
+    """The n-gram coverage attack's coverage as its authors compute it (``find_exact_match`` of
+    shallinan1/NGramCoverageAttack, restated): a window [first, second) of the candidate starts at min_n words; a
+    window found in the reference is recorded (replacing the last recorded span when it contains it) and grows at its
+    end; one not found shrinks from its start, or slides when it has min_n words; the share of the candidate's words
+    inside a recorded span. A window is found when its words occur consecutively in the reference (theirs: its
+    detokenized text is a substring of the reference's text)."""
+    c, r = list(candidate), list(reference)
+    if len(c) < min_n:
+        return 0.0
+
+    def found(lo, hi):
+        return any(r[s:s + hi - lo] == c[lo:hi] for s in range(len(r) - (hi - lo) + 1))
+
+    spans, first, second = [], 0, min_n
+    while second <= len(c):
+        if found(first, second):
+            if spans and first <= spans[-1][0] and spans[-1][1] <= second:
+                spans[-1] = (first, second)
+            else:
+                spans.append((first, second))
+            second += 1
+        elif second - first > min_n:
+            first += 1
+        else:
+            first, second = first + 1, second + 1
+    flags = [False] * len(c)
+    for lo, hi in spans:
+        flags[lo:hi] = [True] * (hi - lo)
+    return sum(flags) / len(c)

@@ -65,20 +65,27 @@ def random_tempered(stats, mask, seed=0):
     return TemperedStats(*(np.where(pad, garbage, x).astype(np.float32) for x in (lp, mu, var)))
 
 
+def keywords_of(mask):
+    """Tag&Tab's keyword tokens beside a batch: every third slot from 1 (each row's first scored token)."""
+    return np.broadcast_to(np.arange(np.shape(mask)[-1]) % 3 == 1, np.shape(mask)).copy()
+
+
 def inputs(texts, ids, freq):
-    return dict(ids=ids, zlib_bytes=np.array([zlib_bytes(t) for t in texts], np.float64), freq=freq)
+    return dict(ids=ids, zlib_bytes=np.array([zlib_bytes(t) for t in texts], np.float64), freq=freq,
+                keywords=keywords_of(ids))
 
 
-def resources_of(freq):
-    """Every resource the registered methods read, as arrays."""
-    return {"freq_table": jnp.asarray(freq, jnp.float32), "acmia_temperature": jnp.asarray(TEMPERATURES)}
+def resources_of(freq, mask):
+    """Every resource the registered methods read, as arrays (the keywords of a batch of ``mask``'s shape)."""
+    return {"freq_table": jnp.asarray(freq, jnp.float32), "acmia_temperature": jnp.asarray(TEMPERATURES),
+            "tag_tab_keywords": jnp.asarray(keywords_of(mask))}
 
 
 def jitted(stats, mask, texts, ids, freq, methods=METHODS):
     zb = jnp.asarray([zlib_bytes(t) for t in texts], jnp.float32)
     fn = jax.jit(device_scores, static_argnames="methods")
     return fn(TokenStats(*map(jnp.asarray, stats)), jnp.asarray(mask), methods=methods, ids=jnp.asarray(ids),
-              zlib_bytes=zb, resources=resources_of(freq),
+              zlib_bytes=zb, resources=resources_of(freq, mask),
               tempered=TemperedStats(*map(jnp.asarray, random_tempered(stats, mask))))
 
 
@@ -113,7 +120,8 @@ def test_float64_under_x64_equals_the_reference_to_rounding(seed):
     tempered = random_tempered(stats, mask)
     want = method_references(stats, mask, METHODS, **extra, tempered=tempered, temperatures=TEMPERATURES)
     got = scores_x64(stats, mask, METHODS, ids=ids, zlib_bytes=extra["zlib_bytes"], tempered=tempered,
-                     resources={"freq_table": freq, "acmia_temperature": TEMPERATURES})
+                     resources={"freq_table": freq, "acmia_temperature": TEMPERATURES,
+                                "tag_tab_keywords": keywords_of(mask)})
     for m in METHODS:
         np.testing.assert_allclose(got[m], want[m], rtol=1e-11, atol=1e-13, equal_nan=True, err_msg=m)
 
@@ -156,7 +164,7 @@ def test_gradients_are_finite_and_zero_outside_the_mask():
     stats, mask, texts, ids, freq = random_batch(6, lengths=[5, 12, 0, 2], T=16, minus_inf=False)
     s = TokenStats(*map(jnp.asarray, stats))
     zb = jnp.asarray([zlib_bytes(t) for t in texts], jnp.float32)
-    extra = dict(ids=jnp.asarray(ids), zlib_bytes=zb, resources=resources_of(freq),
+    extra = dict(ids=jnp.asarray(ids), zlib_bytes=zb, resources=resources_of(freq, mask),
                  tempered=TemperedStats(*map(jnp.asarray, random_tempered(stats, mask))))
     for m in METHODS:
         for field in ("logprob", "mu", "var", "max_logprob"):
@@ -282,7 +290,7 @@ def test_scores_from_logits_is_device_scores_on_hand_shifted_stats(side):
     assert set(scores_from_logits(logits, ids, real)) == set(scorers.LOGIT_METHODS)
 
 
-DOCTESTED = ("reduce", "min_k", "likelihood", "pac", "camia", "dcpdd", "acmia", "dispatch")
+DOCTESTED = ("reduce", "min_k", "likelihood", "pac", "camia", "dcpdd", "acmia", "dispatch", "tagtab")
 
 
 @pytest.mark.parametrize("module", DOCTESTED)
@@ -315,7 +323,7 @@ tempered = random_tempered(stats, mask)
 t = TemperedStats(*(jax.device_put(jnp.asarray(x), NamedSharding(mesh, P("data", None, None))) for x in tempered))
 assert len(s.logprob.sharding.device_set) == 8 and s.logprob.addressable_shards[0].data.shape == (1, 96)
 out = jax.jit(device_scores, static_argnames="methods")(s, m, methods=METHODS, ids=i, zlib_bytes=zb,
-                                                        resources=resources_of(freq), tempered=t)
+                                                        resources=resources_of(freq, mask), tempered=t)
 want = method_references(stats, mask, METHODS, **extra, tempered=tempered, temperatures=TEMPERATURES)
 for k in METHODS:
     assert len(out[k].sharding.device_set) == 8, k

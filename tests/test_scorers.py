@@ -77,7 +77,7 @@ def test_every_scorer_is_oriented_higher_is_member():
     methods = expand_methods(list(REGISTRY), [0.2, 0.5])  # every single-pass scorer
     table = FreqTable(np.arange(v) % 7, "any")  # dc_pdd: any corpus counts; it reads the target ids
     for temperature in (0.5, 2.0):  # ACMIA's AC changes sides at T = 1
-        res = {"freq_table": table, "acmia_temperature": temperature}
+        res = {"freq_table": table, "acmia_temperature": temperature, "tag_tab_keywords": np.ones((2, t), bool)}
         stats, tempered = token_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets),
                                       temperatures=resource_arrays(methods, res)["acmia_temperature"])
         got = score_batch(TokenBatch(stats, np.ones((2, t), bool), texts, targets, res, tempered), methods)

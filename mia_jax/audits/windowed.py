@@ -23,7 +23,7 @@ from mia_jax import blind, metrics
 from mia_jax.batching import encode
 from mia_jax.blind import NAME as BLIND_NAME
 from mia_jax.errors import UserError
-from mia_jax.scorers import TokenBatch, is_multi_pass, score_batch
+from mia_jax.scorers import RESOURCES, TokenBatch, is_multi_pass, score_batch
 from mia_jax.scorers.base import single_pass
 from mia_jax.stats import TokenStats
 
@@ -44,6 +44,10 @@ def check_window(window: int, methods: Sequence[str], max_length: int) -> None:
     if tempered:
         raise UserError(f"--window does not score {', '.join(tempered)} (their tempered statistics are not kept per "
                         "token); score them in a run without --window")
+    per_token = [m for m in methods if any(RESOURCES[r].per_token for r in single_pass(m)[0].resources)]
+    if per_token:
+        raise UserError(f"--window does not score {', '.join(per_token)} (their per-token resources are made for whole "
+                        "texts); score them in a run without --window")
 
 
 def split_windows(batch: TokenBatch, window: int, decode: Callable[[list[int]], str] | None = None):

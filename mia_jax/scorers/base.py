@@ -103,13 +103,18 @@ class Resource:
     """What a scorer reads besides the model, by name. ``hint``: how to make one (the message when it is missing);
     ``to_array(value)``: what a caller holds (e.g. a ``FreqTable``) -> the validated array the formula reads
     (UserError when it cannot be); ``check_ids(ids, mask, array)``: a host check of concrete target ids against the
-    array (UserError), or None; ``default``: the value taken when a caller gives none (None: it must be given)."""
+    array (UserError), or None; ``default``: the value taken when a caller gives none (None: it must be given);
+    ``per_token(value, tokenizer, texts)``: for a resource with one value per token of each text, made on the host
+    from the text (Tag&Tab's keywords), each text's array over its tokens as the tokenizer encodes it (special
+    tokens included; the runner packs ``[1:]`` beside the statistics), and ``to_array`` then takes such an array of
+    the statistics' shape (None: one array for every text, e.g. a frequency table)."""
 
     name: str
     hint: str
     to_array: Callable[[Any], np.ndarray]
     check_ids: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None
     default: Any = None
+    per_token: Callable[[Any, Any, Sequence[str]], list[np.ndarray]] | None = None
 
 
 REGISTRY: dict[str, Scorer] = {}  # single-pass scorers

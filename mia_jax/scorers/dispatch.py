@@ -30,13 +30,46 @@ from mia_jax.stats import DEFAULT_CHUNK, TemperedStats, TokenStats, token_stats
 LOGIT_METHODS = ("loss", "ppl", "min_k@0.2", "min_k_pp@0.2", "max_k@0.2", "entropy", "rank")
 
 
-def resource_arrays(methods: Sequence[str], resources: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+def resource_arrays(methods: Sequence[str], resources: Mapping[str, Any] | None, *,
+                    per_token: bool = True) -> dict[str, np.ndarray]:
     """{resource name: array} for the resources ``methods`` read (``Scorer.resources``), from what a caller holds:
     for ``freq_table`` a ``mia_jax.freq.FreqTable`` or a 1-D array of probabilities in (0, 1] -> float32 ``[V]``.
     Validated on the host (UserError: a missing or malformed resource); pass the result as ``device_scores(...,
-    resources=)``, e.g. into one's own jitted step. Resources no method reads are left out."""
+    resources=)``, e.g. into one's own jitted step. Resources no method reads are left out, and so are the per-token
+    ones (``Resource.per_token``, made per text by ``token_resources``) with ``per_token=False``."""
     check_resources(methods, resources)
-    return {r: RESOURCES[r].to_array(_given(resources, r)) for r in requirements(methods).resources}
+    return {r: RESOURCES[r].to_array(_given(resources, r)) for r in requirements(methods).resources
+            if per_token or RESOURCES[r].per_token is None}
+
+
+def token_resources(methods: Sequence[str], resources: Mapping[str, Any] | None, tokenizer,
+                    texts: Mapping[int, str], *, alone: bool = True) -> dict[str, dict[int, np.ndarray]]:
+    """{resource: {key: array over the text's tokens}} for ``texts`` ({key: text}) of the per-token resources
+    ``methods`` read (``Resource.per_token``, from the caller's value or the default, e.g. Tag&Tab's K). They are
+    made for each text read alone: a pass that reads texts after a prefix or by windows (``alone=False``) is
+    refused (UserError)."""
+    names = [r for r in requirements(methods).resources if RESOURCES[r].per_token is not None]
+    if names and not alone:
+        raise UserError(f"{', '.join(names)}: made per token of a text read alone; not after a prefix or by windows")
+    keys = list(texts)
+    return {r: dict(zip(keys, RESOURCES[r].per_token(_given(resources, r), tokenizer, [texts[i] for i in keys])))
+            for r in names}
+
+
+def pack_token_resources(per_text: Mapping[str, Mapping[int, np.ndarray]], contents, shape: tuple[int, int]
+                         ) -> dict[str, np.ndarray]:
+    """{resource: [rows, length]} beside a packed step's targets: item ``i`` of row r at slot ``start`` (``contents``:
+    per row its (item, start, slots)) gets ``per_text[name][i][1: 1 + slots]``, slot j holding the value of the token
+    it predicts (zero past a text and in padding)."""
+    out = {}
+    for name, arrays in per_text.items():
+        packed = np.zeros(shape, bool)
+        for r, row in enumerate(contents):
+            for item, start, n in row:
+                values = np.asarray(arrays[item])[1: 1 + n]
+                packed[r, start: start + len(values)] = values
+        out[name] = packed
+    return out
 
 
 def _given(resources: Mapping[str, Any] | None, r: str):
@@ -69,6 +102,8 @@ def _arrays(methods, resources) -> dict:
         if value is None:
             check_resources(methods, resources)  # says how to make it
         arrays[r] = value if isinstance(value, (np.ndarray, jax.Array)) else RESOURCES[r].to_array(value)
+        if RESOURCES[r].per_token is not None:
+            arrays[r] = RESOURCES[r].to_array(arrays[r]) if isinstance(arrays[r], np.ndarray) else arrays[r]
     return arrays
 
 
@@ -110,6 +145,9 @@ def _prepare(stats, mask, methods, ids, zlib_bytes, resources, tempered=None):
                             f"{list(shape[:-1])} (mia_jax.scorers.zlib_bytes(text))")
         checks.shape("zlib_bytes", zlib_bytes, shape[:-1])
     arrays = _arrays(methods, resources)
+    for r in need.resources:
+        if RESOURCES[r].per_token is not None:
+            checks.shape(r, arrays[r], shape)
     if need.ids and need.resources:
         check_ids(methods, ids, mask, arrays)
     _check_tempered(parsed, tempered, shape, arrays, temperature_resource(methods))
@@ -235,6 +273,7 @@ def score_batch(batch: TokenBatch, methods: Sequence[str]) -> dict[str, np.ndarr
             raise UserError(f"{', '.join(m for m in methods if single_pass(m)[0].temperature_resource)} need the "
                             "tempered statistics (TokenBatch.tempered: stats.token_stats(..., temperatures=))")
         tempered = TemperedStats(*(_pad_rows(x, rows) for x in batch.tempered))
+    arrays = {r: _pad_rows(a, rows) if RESOURCES[r].per_token is not None else a for r, a in arrays.items()}
     out = _jitted(methods)(stats, _pad_rows(batch.mask, rows, False), _pad_rows(ids, rows), _pad_rows(zb, rows, 1),
                            arrays, tempered)
     return {m: np.asarray(v, np.float64)[:n] for m, v in out.items()}
