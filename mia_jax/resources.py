@@ -16,6 +16,8 @@ passes, ``score_options`` for every scoring call) and the entries of the run's f
 - ``acmia``: every method whose scorer reads ACMIA's temperature (``acmia_ac``, ``acmia_derivac``, ``acmia_normac``):
   ``--acmia-temperature`` (``scorers.acmia``).
 - ``tag_tab``: ``tag_tab``'s keywords per sentence: ``--tag-tab-k`` (``scorers.tagtab``).
+- ``infilling``: ``infilling``'s fraction and future tokens: ``--infilling-k``, ``--infilling-future``
+  (``scorers.infilling``).
 
 A new method with an option adds its entry here (:class:`Need`: options, builder, fingerprint entries); :func:`build`
 runs every entry in order.
@@ -31,7 +33,7 @@ from mia_jax import data, entry, freq
 from mia_jax.audits import windowed
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
-from mia_jax.scorers import acmia, parse_method, recall, sampling, tagtab
+from mia_jax.scorers import acmia, infilling, parse_method, recall, sampling, tagtab
 from mia_jax.scorers.base import check_resources
 
 RECALL_METHODS = ("recall", "con_recall")
@@ -237,6 +239,29 @@ def build_tag_tab(args, methods: Sequence[str], texts: Sequence[str], loaded, ou
             tagtab.DEFAULT_K if k is None else k)
 
 
+def infilling_options(p: argparse.ArgumentParser) -> None:
+    """``--infilling-k`` and ``--infilling-future`` on ``p``."""
+    p.add_argument("--infilling-k", metavar="K", type=entry.fraction,
+                   help=f"the fraction of lowest per-token ratios 'infilling' averages (default: "
+                        f"{infilling.DEFAULT_K:g}, untuned; the authors report 0.1..1.0)")
+    p.add_argument("--infilling-future", metavar="L", type=entry.nonneg_int,
+                   help="future tokens in each ratio of 'infilling' (default: all, the paper's Eq. 6; the authors' "
+                        "code reports L = 0, 1, 3, 5, 10, 20, 30; 0 reads no changed text)")
+
+
+def build_infilling(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """The options of ``infilling`` (resolved with its defaults) into its pass and the fingerprint; an option given
+    without the method is refused."""
+    given = {"k": getattr(args, "infilling_k", None), "future": getattr(args, "infilling_future", None)}
+    if "infilling" not in methods:
+        if any(v is not None for v in given.values()):
+            raise UserError("--infilling-k / --infilling-future are given but 'infilling' is not among --methods")
+        return
+    opts = infilling.check_options(**{k: v for k, v in given.items() if v is not None})
+    out.pass_options["infilling"] = opts
+    out.fingerprint["infilling"] = dict(opts)
+
+
 _REPORT_ONLY = "report only: the flags are recomputed from the records at the end of every run"
 
 # in the order their options are listed and their entries enter the fingerprint
@@ -264,6 +289,9 @@ NEEDS: dict[str, Need] = {n.name: n for n in (
         "acmia_temperature": "in the fingerprint (acmia_temperature), the default too"}),
     Need("tag_tab", tag_tab_options, build_tag_tab, (tagtab.RESOURCE,), {
         "tag_tab_k": f"in the fingerprint ({tagtab.RESOURCE}), the default too"}),
+    Need("infilling", infilling_options, build_infilling, ("infilling",), {
+        "infilling_k": "in the fingerprint's infilling options, the default too",
+        "infilling_future": "in the fingerprint's infilling options, the default too"}),
 )}
 
 

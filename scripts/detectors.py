@@ -143,13 +143,16 @@ def method_groups(methods: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def cost_of(out_dir: Path, n_texts: int, seconds: float, report: dict, methods: list[str]) -> dict:
-    """Passes per text and tokens/s of one group's run from its pass files and the runner's counts."""
+    """Passes per text and tokens/s of one group's run from its pass files and the runner's counts (a pass record's
+    ``extra_forwards``: the forwards it ran beyond its text's, e.g. infilling's changed texts)."""
     tokens, forward = 0, 0
     for name, counts in report.items():
         path = out_dir / "passes" / f"{name}.jsonl"
         recs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         tokens += sum(r.get("n_tokens", 0) for r in recs if "skip_reason" not in r)
         forward += counts.get("texts", 0) - counts.get("skipped", 0)
+        # a pass that reads more texts than its own (infilling's changed texts) counts them per record
+        forward += sum((r.get("scores") or {}).get("extra_forwards") or 0 for r in recs if "skip_reason" not in r)
     backward = sum(report.get(k, {}).get("texts", 0) for k in BACKWARD)
     return {"methods": methods, "seconds": round(seconds, 1), "texts": n_texts,
             "forward_per_text": round(forward / n_texts, 2), "backward_per_text": round(backward / n_texts, 2),

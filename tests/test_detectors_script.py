@@ -84,6 +84,7 @@ def test_detectors_script(det, finished, tmp_path, capsys):
     grad = cost["gradnorm_l1+gradnorm_l2+gradnorm_linf"]
     assert grad["backward_per_text"] == 1 and grad["forward_per_text"] >= 1
     assert cost["con_recall"]["forward_per_text"] == 3 and cost["recall"]["forward_per_text"] == 2
+    assert cost["infilling"]["forward_per_text"] > 2  # the text twice, then its changed texts (extra_forwards)
     assert cost["lowercase"]["tokens"] > 0
     # the run's description and its seal
     assert (out / rundir.FINGERPRINT).exists() and not (out / rundir.LOCK).exists()
