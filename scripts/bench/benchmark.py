@@ -1,7 +1,7 @@
 """Side-by-side scoring benchmark: the toolkit's batched path vs the published per-example approach.
 
-    python scripts/benchmark.py --model smollm2 --length 32 --limit 128
-    python scripts/benchmark.py --model gemma3-270m --length 32 --limit 32 --approaches a b
+    python scripts/bench/benchmark.py --model smollm2 --length 32 --limit 128
+    python scripts/bench/benchmark.py --model gemma3-270m --length 32 --limit 32 --approaches a b
 
 Approaches, on the same model, texts and token ids:
 
@@ -51,7 +51,7 @@ from bench_tools import (Compiles, PeakRSS, add_accelerator_args, bench_main, ma
 
 from mia_jax import entry  # noqa: E402
 
-PROG = "python scripts/benchmark.py"
+PROG = "python scripts/bench/benchmark.py"
 METHODS = ["loss", "min_k@0.2", "min_k_pp@0.2"]
 K = 0.2
 
