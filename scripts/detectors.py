@@ -18,7 +18,8 @@ the evaluated texts, seed, shots, every option that can change a score) and a lo
 the run, one with other options is refused with the differences (``--overwrite`` replaces the folder), a second
 process on the same folder is refused with the first one's PID. Every input is checked before anything is loaded
 or written. The run ends by sealing what a rebuild reads (`manifest.json`); ``--from`` checks each folder's files
-against it before reading them, and writes ``--md`` only once every section is computed.
+against it before reading them, and writes ``--md`` only once every section is computed. The run and the command
+are here; the report, built from a folder's sealed files alone, is ``detectors_report.py`` beside this file.
 """
 from __future__ import annotations
 
@@ -26,23 +27,22 @@ import hashlib
 import json
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, comparisons, data, entry, files, metrics, models, pvalue, rounding, rundir, runner
+from mia_jax import blind, data, entry, files, models, rundir, runner
 from mia_jax.commands import options
 from mia_jax.errors import UserError
-from mia_jax.report import markdown, nonfinite_warning, with_ci
-from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
+from mia_jax.report import nonfinite_warning
+from mia_jax.scorers import MULTI_PASS, REGISTRY
 from mia_jax.scorers import recall as rc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # detectors_report beside this file
+from detectors_report import BASELINE, EXAMPLES, SEALED, all_methods, section, write_report  # noqa: E402
 
 PROG = "python scripts/detectors.py"
 RESUME_HINT = "run the same command again to resume"
-BASELINE = "min_k_pp@0.2"
-EXAMPLES = "examples.jsonl.gz"
-SEALED = ["info.json", "cost.json", EXAMPLES]  # what a --from rebuild reads
 NEEDS_REF = ("ref",)
 BACKWARD = ("gradnorm",)  # pass kinds with a backward pass
 EVAL_FIELDS = ("text", "label", "dataset")
@@ -126,11 +126,6 @@ def _check_cells(labels, groups, shots: int, where: str) -> None:
                                 "out as ReCaLL shots, leaving none to evaluate; lower --shots")
 
 
-def _all_methods() -> list[str]:
-    """Every registered method, single- and multi-pass (k = 20% where a method takes k)."""
-    return expand_methods(sorted({*REGISTRY, *MULTI_PASS}), [0.2])
-
-
 def method_groups(methods: list[str]) -> list[tuple[str, list[str]]]:
     """The single-pass methods (one shared pass), then the multi-pass methods grouped by the passes they read
     (gradnorm_l1/l2/linf: one gradient pass; samia / samia_zlib: one sampling pass)."""
@@ -161,7 +156,7 @@ def cost_of(out_dir: Path, n_texts: int, seconds: float, report: dict, methods: 
 
 
 def _check_skip(skip: list[str]) -> None:
-    known = _all_methods()
+    known = all_methods()
     for m in skip:
         if m not in known:
             raise UserError(f"--skip {m}: not a method of this benchmark; the methods are {', '.join(known)}")
@@ -169,9 +164,46 @@ def _check_skip(skip: list[str]) -> None:
         raise UserError(f"--skip {BASELINE}: every method is compared with it; it cannot be left out")
 
 
+def _score_groups(args, out: Path, loaded, ref, gen, methods, e_texts, e_labels, prefixes) -> tuple[dict, set, Path]:
+    """Each group of ``method_groups(methods)`` scored into ``out/runs/GROUP`` (resumed from its pass files), timed
+    into ``cost.json`` only when it ran whole; returns the scores by method and text, the evaluated texts whose logits
+    were NaN or infinite (in any group's passes) and the path of ``cost.json`` (absent when no group was timed)."""
+    from mia_jax import freq
+
+    table_path = out / "freq_table.npz"
+    if not table_path.exists():
+        corpus = data.load_records(freq.default_corpus(), "text", None)
+        freq.FreqTable.from_texts(loaded.tokenizer, corpus.texts, name=loaded.name,
+                                  corpus_files=corpus.files).save(table_path)
+    resources = {"freq_table": freq.for_model(table_path, loaded)}
+    cost_path = out / "cost.json"
+    cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
+    records: dict[str, dict] = {}
+    broken: set[int] = set()
+    for group, ms in method_groups(methods):
+        folder = out / "runs" / group
+        report: dict = {}
+        t0 = time.perf_counter()
+        recs = runner.score_dataset(loaded, e_texts, ms, ref=ref, neighbors=gen, labels=e_labels, out_dir=folder,
+                                    resume=True,
+                                    batch_size=args.batch_size, progress=not args.no_progress, report=report,
+                                    resources=resources, pass_options={"recall_prefixes": prefixes,
+                                                  "samia": {"n_samples": args.samia_samples}})
+        seconds = time.perf_counter() - t0
+        if group not in cost or any(c.get("computed") for c in report.values()):  # timed only when it ran whole
+            if all(c.get("reused", 0) == 0 for c in report.values()):
+                cost[group] = cost_of(folder, len(e_texts), seconds, report, ms)
+                cost_path.write_text(json.dumps(cost, indent=2) + "\n")
+        for m in ms:
+            records[m] = {i: r["scores"][m] for i, r in enumerate(recs)}
+        broken.update(runner.nonfinite_texts(recs))
+        print(f"{group}: {seconds:.1f} s", file=sys.stderr, flush=True)
+        entry.check_interrupted()
+    return records, broken, cost_path
+
+
 def run(args, command: str) -> Path:
     """Score every method into ``args.out`` (validated and claimed first); returns the folder."""
-    from mia_jax import freq
     from mia_jax import neighbors as nb
 
     _check_skip(args.skip)
@@ -193,7 +225,7 @@ def run(args, command: str) -> Path:
     loaded = models.load(args.model)
     ref = models.load(args.ref_model) if args.ref_model else None
     gen = nb.SelfNeighbors(loaded, n=args.n_neighbors, seed=0, batch_size=args.batch_size)
-    methods = [m for m in _all_methods() if m not in args.skip and (ref is not None or m not in NEEDS_REF)]
+    methods = [m for m in all_methods() if m not in args.skip and (ref is not None or m not in NEEDS_REF)]
     # everything that can change a score or info.json (see NOT_IN_FINGERPRINT for the rest); --batch-size sets the
     # rows per step of the gradient pass and of the neighbour generation: other shapes, other float rounding
     fingerprint = runner.run_fingerprint(
@@ -207,35 +239,7 @@ def run(args, command: str) -> Path:
                       args.header, *data_files, loaded.source, *loaded.files, *(ref.files if ref else ())]) as resume:
         if resume:
             print(f"resuming the run in {out}", file=sys.stderr, flush=True)
-        table_path = out / "freq_table.npz"
-        if not table_path.exists():
-            corpus = data.load_records(freq.default_corpus(), "text", None)
-            freq.FreqTable.from_texts(loaded.tokenizer, corpus.texts, name=loaded.name,
-                                      corpus_files=corpus.files).save(table_path)
-        resources = {"freq_table": freq.for_model(table_path, loaded)}
-        cost_path = out / "cost.json"
-        cost = json.loads(cost_path.read_text()) if cost_path.exists() else {}
-        records: dict[str, dict] = {}
-        broken: set[int] = set()  # evaluated texts whose logits were NaN or infinite (in any group's passes)
-        for group, ms in method_groups(methods):
-            folder = out / "runs" / group
-            report: dict = {}
-            t0 = time.perf_counter()
-            recs = runner.score_dataset(loaded, e_texts, ms, ref=ref, neighbors=gen, labels=e_labels, out_dir=folder,
-                                        resume=True,
-                                        batch_size=args.batch_size, progress=not args.no_progress, report=report,
-                                        resources=resources, pass_options={"recall_prefixes": prefixes,
-                                                      "samia": {"n_samples": args.samia_samples}})
-            seconds = time.perf_counter() - t0
-            if group not in cost or any(c.get("computed") for c in report.values()):  # timed only when it ran whole
-                if all(c.get("reused", 0) == 0 for c in report.values()):
-                    cost[group] = cost_of(folder, len(e_texts), seconds, report, ms)
-                    cost_path.write_text(json.dumps(cost, indent=2) + "\n")
-            for m in ms:
-                records[m] = {i: r["scores"][m] for i, r in enumerate(recs)}
-            broken.update(runner.nonfinite_texts(recs))
-            print(f"{group}: {seconds:.1f} s", file=sys.stderr, flush=True)
-            entry.check_interrupted()
+        records, broken, cost_path = _score_groups(args, out, loaded, ref, gen, methods, e_texts, e_labels, prefixes)
         blind_scores = blind.blind_bow_scores(e_texts, e_labels, seed=args.seed)
         rows = [{"index": ev[j], "label": e_labels[j], "dataset": e_groups[j],
                  "text_sha256": hashlib.sha256(e_texts[j].encode("utf-8")).hexdigest(),
@@ -255,180 +259,9 @@ def run(args, command: str) -> Path:
             print(nonfinite_warning(info["nonfinite_logits"]), file=sys.stderr, flush=True)
         (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
         if not cost_path.exists():  # no group to time (all reused from an earlier run that had none): still sealed
-            cost_path.write_text(json.dumps(cost, indent=2) + "\n")
+            cost_path.write_text(json.dumps({}, indent=2) + "\n")
         rundir.seal(out, SEALED)
     return out
-
-
-# ----------------------------------------------------------------------------- the report, from the files alone
-
-
-def _vec(rows, m):
-    return np.array([np.nan if r["scores"].get(m) is None else r["scores"][m] for r in rows], np.float64)
-
-
-def _ci(x, ci) -> str:
-    return "n/a" if x is None or not np.isfinite(x) else with_ci(x, ci)
-
-
-def _model_label(info) -> str:
-    """The model's name, or for a folder named like the generic "model" its parent folder too (contam-lr4/model)."""
-    paths = [Path(f) for f in info.get("model_files") or {}]
-    if info["model"] == "model" and paths and paths[0].parent.name == "model":
-        return f"{paths[0].parent.parent.name}/{info['model']}"
-    return info["model"]
-
-
-def _is_score(x) -> bool:
-    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
-
-
-def _damaged(folder: Path, name: str, what: str) -> UserError:
-    return UserError(f"--from {folder}: {name} is damaged ({what}); rebuild from an intact copy of the folder")
-
-
-def read_run(folder: Path) -> tuple[dict, dict, list[dict]]:
-    """info.json, cost.json and the per-example rows of a run folder, checked against its manifest.json and for
-    the fields the report reads (a UserError naming the file otherwise)."""
-    rundir.verify(folder, SEALED)
-    loaded = {}
-    for name in ("info.json", "cost.json"):
-        try:
-            loaded[name] = json.loads((folder / name).read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise _damaged(folder, name, f"not valid JSON: {e}") from None
-        if not isinstance(loaded[name], dict):
-            raise _damaged(folder, name, "not a JSON object")
-    info, cost = loaded["info.json"], loaded["cost.json"]
-    keys = {"name": str, "model": str, "n_evaluated": int, "n_shots_held_out": int, "shots_per_prefix": int,
-            "seed": int, "methods": list, "command": str}
-    for key, kind in keys.items():
-        if not isinstance(info.get(key), kind):
-            raise _damaged(folder, "info.json", f"no {kind.__name__} {key!r}")
-    if not all(isinstance(m, str) for m in info["methods"]) or BASELINE not in info["methods"]:
-        raise _damaged(folder, "info.json", f"'methods' is not a list of method names with {BASELINE}")
-    for group, c in cost.items():
-        if not (isinstance(c, dict) and isinstance(c.get("methods"), list) and all(
-                isinstance(c.get(k), (int, float)) for k in ("forward_per_text", "backward_per_text", "seconds",
-                                                              "tokens")) and _is_score(c.get("tokens_per_second"))):
-            raise _damaged(folder, "cost.json", f"group {group!r} lacks its methods, passes, seconds or tokens")
-    try:
-        rows = files.read_jsonl_gz(folder / EXAMPLES)
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as e:
-        raise _damaged(folder, EXAMPLES, f"{type(e).__name__}: {e}") from None
-    for n, r in enumerate(rows, 1):
-        ok = (isinstance(r, dict) and r.get("label") in (0, 1) and isinstance(r.get("dataset"), str)
-              and _is_score(r.get("blind")) and isinstance(r.get("scores"), dict)
-              and all(_is_score(r["scores"].get(m)) for m in info["methods"]))
-        if not ok:
-            raise _damaged(folder, EXAMPLES, f"row {n} lacks its label, dataset, blind score or a method's score")
-    if len(rows) != info["n_evaluated"]:
-        raise _damaged(folder, EXAMPLES, f"{len(rows)} rows where info.json records {info['n_evaluated']}")
-    return info, cost, rows
-
-
-def _na(res: dict) -> str:
-    """The cell of a metric that was not computed: n/a with the reason (metrics' note)."""
-    note = (res.get("note") or "no AUROC").replace("n/a: ", "")
-    return f"n/a ({note})"
-
-
-def section(folder: Path, n_bootstrap: int = 1000) -> str:
-    info, cost, rows = read_run(folder)
-    labels = np.array([r["label"] for r in rows])
-    groups = [r["dataset"] for r in rows]
-    several = len(set(groups)) > 1
-    seed = info["seed"]
-    table, family = [], []  # family: the paired comparisons of the table (Holm-corrected together)
-    for m in [*info["methods"], "blind"]:
-        v = (np.array([np.nan if r["blind"] is None else r["blind"] for r in rows], np.float64) if m == "blind"
-             else _vec(rows, m))
-        name = "Blind BoW (no model)" if m == "blind" else m + (" (oracle)" if m == "ref" else "")
-        try:
-            if several:
-                res = comparisons.evaluate_mean(labels, v, groups, n_bootstrap=n_bootstrap, seed=seed)
-            else:
-                res = metrics.evaluate(labels, v, n_bootstrap=n_bootstrap, seed=seed)
-        except ValueError as e:  # e.g. every text skipped (Lowercase on lower-case texts): a row saying so
-            table.append([m, f"n/a ({e})", "n/a", "n/a", str(int(np.isnan(v).sum()))])
-            continue
-        n_nan = str(res.get("n_nan", int(np.isnan(v).sum())))
-        if res.get("auroc") is None:  # too few examples of a class (metrics.MIN_PER_CLASS), or one class left
-            table.append([name, _na(res), "n/a", "n/a", n_nan])
-            continue
-        if m == "blind" or m == BASELINE:
-            vs = "—"
-        else:
-            try:
-                vs = comparisons.paired_bootstrap(labels, v, _vec(rows, BASELINE), groups=groups if several else None,
-                                                  n_bootstrap=comparisons.verdict_resamples(n_bootstrap), seed=seed)
-                family.append((m, vs))
-            except ValueError as e:
-                vs = f"n/a ({str(e).replace('n/a: ', '')})"
-        table.append([name, _ci(res["auroc"], res.get("auroc_ci")),
-                      _ci(res["tpr_at_5pct_fpr"], res.get("tpr_at_5pct_fpr_ci")), vs, n_nan])
-    comparisons.holm_adjust([c for _, c in family])
-    for row in table:  # the comparison cells, once the family is corrected
-        if isinstance(row[3], dict):
-            c, m = row[3]["auroc"], next(m for m, c in family if c is row[3])
-            row[3] = (f"{rounding.diff_ci(c['diff'], c['ci'])} {c['verdict'].replace('A', m).replace('B', 'Min-K%++')}"
-                      f" (Holm p {pvalue.p_text(c['p_holm'], comparisons.resamples(row[3]))})")
-    avg = " (mean over datasets, resampled within each)" if several else ""
-    tps = lambda c: "n/a" if c["tokens_per_second"] is None else f"{c['tokens_per_second']:.0f}"  # noqa: E731
-    text = [f"## {info['name']}" + (" (sample)" if info.get("per_cell") else "") + f": {_model_label(info)}\n",
-            f"{info['n_evaluated']} texts evaluated"
-            + (f" (a seeded sample of {info['per_cell']} per dataset and label)" if info.get("per_cell") else "")
-            + f" ({info['n_shots_held_out']} held out as ReCaLL shots, {info['shots_per_prefix']} per prefix"
-            + (f"; Neighbor with {info.get('n_neighbors', 10)} neighbours" if "neighbor" in info["methods"] else "")
-            + (f"; SaMIA with {info.get('samia_samples', 10)} sampled continuations per text"
-               if "samia" in info["methods"] else "")
-            + f"). Not run: {', '.join(m for m in _all_methods() if m not in info['methods']) or 'none'}. "
-            f"AUROC and TPR@5%FPR{avg} with 95% bootstrap intervals; the last "
-            f"column is the paired bootstrap of the method minus Min-K%++ (k=20%) on the same examples.\n\n"
-            + comparisons.family_note(len(family), "each method against Min-K%++") + "\n",
-            markdown(["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "vs Min-K%++ (AUROC)", "NaN"], table),
-            *([f"\n{nonfinite_warning(info['nonfinite_logits'])}\n"] if info.get("nonfinite_logits") else []),
-            "\nCost on this machine (each group timed alone, its main pass included, compilation included; the "
-            "single-pass methods share one pass, methods reading the same passes are one group):\n",
-            markdown(["Methods", "Forward / text", "Backward / text", "Seconds", "Tokens", "Tokens/s"],
-                     [[", ".join(map(str, c["methods"])), f"{c['forward_per_text']:g}",
-                       f"{c['backward_per_text']:g}", f"{c['seconds']:.1f}", str(c["tokens"]),
-                       tps(c)] for g, c in cost.items()]),
-            di_section(rows, info["methods"], seed),
-            f"\nRebuild: `python scripts/detectors.py --from {folder}`; made by `{info['command']}`.\n"]
-    return "\n".join(text)
-
-
-def di_section(rows, methods, seed: int) -> str:
-    """Dataset inference (Maini et al. 2024) per dataset from the per-example scores: the members against the
-    non-members of the same dataset, and two random halves of the non-members against each other (the test must not
-    reject there). Features: every single-pass method of the run (one forward pass); split seed ``seed``."""
-    from mia_jax.dataset_inference import dataset_inference
-
-    feats = [m for m in methods if m.split("@")[0] in REGISTRY]
-    table = []
-    for group in sorted({r["dataset"] for r in rows}):
-        g = [r for r in rows if r["dataset"] == group]
-        x = np.stack([_vec(g, m) for m in feats], 1)
-        y = np.array([r["label"] for r in g])
-        mem, non = x[y == 1], x[y == 0]
-        half = np.random.default_rng(seed).permutation(len(non))
-        a, b = non[half[: len(non) // 2]], non[half[len(non) // 2:]]
-        for what, s, v in (("members vs non-members", mem, non), ("non-members vs non-members", a, b)):
-            try:
-                res = dataset_inference(s, v, feats, seed=seed)
-            except UserError as e:
-                table.append([group, what, f"{len(s)} / {len(v)}", "n/a", "n/a", str(e)])
-                continue
-            verdict = "rejects (p < 0.05)" if res.p_value < 0.05 else "does not reject"
-            table.append([group, what, f"{res.n_suspect} / {res.n_validation}", f"{res.t_statistic:.2f}",
-                          f"{res.p_value:.3g}", verdict])
-    return "\n".join([
-        f"\nDataset inference (Maini et al. 2024; `mia_jax.dataset_inference`): a logistic regression on the "
-        f"{len(feats)} single-pass scores fitted on half of each set, one-sided Welch t-test on the held-out halves "
-        f"(seed {seed}, chosen before the run). The second row of each dataset splits its non-members in two random "
-        "halves: a valid test does not reject there.\n",
-        markdown(["Dataset", "Suspect vs validation", "Held-out texts", "t", "p-value", "At 0.05"], table)])
 
 
 # ----------------------------------------------------------------------------- the command
@@ -472,34 +305,6 @@ def build_parser() -> entry.ArgumentParser:
     return ap
 
 
-def header_fields(srcs) -> dict:
-    """What a --header may name as ``{run[FOLDER][name]}`` (FOLDER: a --from folder's name): every key of its
-    info.json (n_evaluated, n_shots_held_out, shots_per_prefix, per_cell, ...), ``single_pass`` (how many methods
-    share the single forward pass) and ``GROUP_s`` (each cost.json group's seconds, e.g. ``lowercase_s``)."""
-    out = {}
-    for folder in srcs or []:
-        cost = json.loads((Path(folder) / "cost.json").read_text(encoding="utf-8"))
-        out[Path(folder).name] = {**json.loads((Path(folder) / "info.json").read_text(encoding="utf-8")),
-                                  "single_pass": len(cost["single-pass"]["methods"]),
-                                  **{f"{g.replace('-', '_')}_s": f"{c['seconds']:.0f}" for g, c in cost.items()}}
-    return {"run": out}
-
-
-def _write_report(args, text: str) -> None:
-    if args.header:
-        try:
-            head = args.header.read_text(encoding="utf-8").format_map(header_fields(args.src))
-        except UnicodeDecodeError:
-            raise UserError(f"--header {args.header} is not UTF-8 text") from None
-        except KeyError as e:
-            raise UserError(f"--header names {{{e.args[0]}}}, which the --from folders do not record") from None
-        except (ValueError, IndexError, AttributeError) as e:
-            raise UserError(f"--header is not a template ({e}); write a brace as {{{{ or }}}}") from None
-        text = head.rstrip() + "\n\n" + text
-    if args.md:
-        files.write_all(args.md.absolute().parent, {args.md.name: text})
-    print(text)
-
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
@@ -507,13 +312,13 @@ def _main(argv) -> int:
         if args.out:
             raise UserError("--out goes with a run (--wikimia or --eval), not with --from; use --md for the report")
         text = "\n".join(section(f, args.n_bootstrap) for f in args.src)  # all computed before anything is written
-        _write_report(args, text)
+        write_report(args, text)
         return 0
     if not args.out or not (args.wikimia or args.eval):
         raise UserError("give --wikimia N or --eval FILE, and --out DIR (or --from DIR ...)")
     command = " ".join(["scripts/detectors.py", *(sys.argv[1:] if argv is None else argv)])
     out = run(args, command)
-    _write_report(args, section(out, args.n_bootstrap))
+    write_report(args, section(out, args.n_bootstrap))
     return 0
 
 

@@ -2,12 +2,12 @@
 of any existing folder changed (nor anything written in the working folder).
 
 The entry points are found, not listed: each ``mia-jax`` subcommand (from ``mia_jax.cli.build_parser()``), each
-``scripts/*.py`` and ``train/*.py`` with a ``__main__`` block. Each follows one convention (``PROG``,
-``build_parser()``, a guarded ``main(argv) -> int``; checked here), and its cases are generated from its parser: every
-option typed with a validating type of :mod:`mia_jax.entry` gets the bad values of that type; every ``--from``
-(``entry.source_dir(kind, example=...)``) gets a copy of its committed example with each recorded file cut, emptied,
-deleted or garbled, and an ``--out`` holding another run. A new entry point, or a new option, is covered without
-editing this file. The process-level cases (a platform the machine lacks, a malformed XLA_FLAGS, a full disk,
+``scripts/*.py``, ``scripts/bench/*.py`` and ``train/*.py`` with a ``__main__`` block. Each follows one convention
+(``PROG``, ``build_parser()``, a guarded ``main(argv) -> int``; checked here), and its cases are generated from its
+parser: every option typed with a validating type of :mod:`mia_jax.entry` gets the bad values of that type; every
+``--from`` (``entry.source_dir(kind, example=...)``) gets a copy of its committed example with each recorded file cut,
+emptied, deleted or garbled, and an ``--out`` holding another run. A new entry point, or a new option, is covered
+without editing this file. The process-level cases (a platform the machine lacks, a malformed XLA_FLAGS, a full disk,
 Ctrl-C pressed three times) run real subprocesses of ``mia-jax``.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _script_module(path: Path):
 
 
 def entry_point_files() -> list[Path]:
-    return [p for folder in ("scripts", "train") for p in sorted((REPO / folder).glob("*.py"))
+    return [p for folder in ("scripts", "scripts/bench", "train") for p in sorted((REPO / folder).glob("*.py"))
             if MAIN_BLOCK.search(p.read_text(encoding="utf-8"))]
 
 

@@ -1,4 +1,4 @@
-"""scripts/gpu_suite.py --smoke on the CPU: every part runs (tiny random Llama with SmolLM2's tokenizer, 8 WikiMIA
+"""scripts/bench/gpu_suite.py --smoke on the CPU: every part runs (tiny random Llama with SmolLM2's tokenizer, 8 WikiMIA
 texts) and the JSON holds every figure, finite and positive; the warm run reads every program from the cache."""
 import contextlib
 import importlib.util
@@ -39,8 +39,8 @@ EXPECTED += TRAINER
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in NEEDS), reason=f"needs {', '.join(NEEDS)}")
 def test_smoke_run_writes_every_figure(tmp_path, monkeypatch):
     out = tmp_path / "suite.json"
-    done = subprocess.run([sys.executable, "scripts/gpu_suite.py", "--smoke", "--models-dir", str(tmp_path / "prep"),
-                           "--work", str(tmp_path / "work"), "--json", str(out)],
+    done = subprocess.run([sys.executable, "scripts/bench/gpu_suite.py", "--smoke", "--models-dir",
+                           str(tmp_path / "prep"), "--work", str(tmp_path / "work"), "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     suite = json.loads(out.read_text())
@@ -64,7 +64,7 @@ def test_smoke_run_writes_every_figure(tmp_path, monkeypatch):
         assert heading in done.stdout
     assert "host CPU:" in done.stdout
     # two shapes (the real suite's case): the side-by-side table stays one table, its notes below it
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))
     import gpu_suite_report
 
     two = dict(suite, shapes={**suite["shapes"], "tiny2": suite["shapes"]["tiny"]},
@@ -83,7 +83,7 @@ def test_trainer_part(tiny_llama_dir, tmp_path, monkeypatch, capsys):
     two windows of 1 and 3 steps, the checkpoints removed after the run."""
     import jax
 
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))
     import gpu_suite
     import gpu_suite_report
 
@@ -108,11 +108,11 @@ def test_trainer_part(tiny_llama_dir, tmp_path, monkeypatch, capsys):
 
 
 def test_benchmark_eval_times_the_device_steps_by_part(tiny_llama_dir, monkeypatch, capsys):
-    """``scripts/benchmark_eval.py --parts``: the budget's table row, then the device steps alone and by part with
+    """``scripts/bench/benchmark_eval.py --parts``: the budget's table row, then the device steps alone and by part with
     the CPU model and XLA's matmul rate."""
     import re
 
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))
     import benchmark_eval
 
     assert benchmark_eval.main(["--model", str(tiny_llama_dir), "--limit", "12", "--tokens-per-batch", "256",

@@ -1,6 +1,6 @@
-"""The scripts under scripts/ (other than reproduce_wikimia.py and detectors.py, tested beside their modules) follow
-the entry convention: a bad count or a missing input is one line and exit 2 at parse time, in-process, with nothing
-written; compare_runs.py reads its results files strictly."""
+"""The scripts under scripts/ and scripts/bench/ (other than reproduce_wikimia.py and detectors.py, tested beside their
+modules) follow the entry convention: a bad count or a missing input is one line and exit 2 at parse time, in-process,
+with nothing written; compare_runs.py reads its results files strictly."""
 import importlib.util
 import json
 import sys
@@ -13,14 +13,16 @@ from helpers import assert_clean_error, snapshot
 from mia_jax import entry
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+BENCH = SCRIPTS / "bench"  # the measurement scripts and their helper module (bench_tools)
 _LOADED = {}
 
 
 def script(name: str):
     if name not in _LOADED:
-        if str(SCRIPTS) not in sys.path:
-            sys.path.insert(0, str(SCRIPTS))
-        spec = importlib.util.spec_from_file_location(f"_script_{name}", SCRIPTS / f"{name}.py")
+        folder = BENCH if (BENCH / f"{name}.py").is_file() else SCRIPTS
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+        spec = importlib.util.spec_from_file_location(f"_script_{name}", folder / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         _LOADED[name] = module

@@ -193,9 +193,9 @@ def test_peak_tflops_is_display_only_everywhere():
 
 
 def test_one_flop_count_for_the_scripts(setup, monkeypatch):
-    """scripts/benchmark.py and benchmark_train.py count with train.speed (6 N per token plus attention)."""
+    """scripts/bench/benchmark.py and benchmark_train.py count with train.speed (6 N per token plus attention)."""
     loaded, _ = setup
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))
     import benchmark
     import benchmark_train
 

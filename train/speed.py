@@ -1,6 +1,6 @@
 """Throughput of training: the model FLOP count, and ``speed.jsonl``, the trainer's per-step wall-clock log.
 
-Model FLOPs (the project's one count: scripts/benchmark.py, benchmark_train.py and gpu_suite.py call these): the
+Model FLOPs (the project's one count: scripts/bench/benchmark.py, benchmark_train.py and gpu_suite.py call these): the
 forward pass over a sequence of n tokens costs, per token, 2 x every weight matrix of the decoder layers plus
 2 x V x D for the LM head, and 4 n^2 x layers x attention width for attention (QK^T and PV, the causal mask not
 discounted); padding is not useful work and is not counted. A training step costs 3 x the forward (the backward

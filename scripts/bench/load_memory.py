@@ -1,7 +1,7 @@
 """Host memory of loading a model: eager (``models.load``) vs streamed onto a mesh (``sharding.load_sharded``).
 
-    python scripts/load_memory.py --model gemma3-270m --devices 8 --mesh model=8
-    python scripts/load_memory.py --synthetic 1024,16,32000 --mesh model=8   # random Llama, safetensors bf16
+    python scripts/bench/load_memory.py --model gemma3-270m --devices 8 --mesh model=8
+    python scripts/bench/load_memory.py --synthetic 1024,16,32000 --mesh model=8   # random Llama, safetensors bf16
 
 Each load runs in its own subprocess (with XLA_FLAGS=--xla_force_host_platform_device_count=DEVICES), which
 reports its peak RSS (``ru_maxrss``) above the RSS right before loading, the bytes of the loaded
@@ -23,14 +23,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the toolkit of this checkout, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the toolkit of this checkout, installed or not
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
 
 from bench_tools import bench_main, three_ints  # noqa: E402
 
 from mia_jax import entry  # noqa: E402
 
-PROG = "python scripts/load_memory.py"
+PROG = "python scripts/bench/load_memory.py"
 
 
 synthetic_shape = three_ints("D,L,V", "hidden size, layers, vocabulary", "1024,16,32000", "synthetic_shape")

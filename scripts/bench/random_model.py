@@ -2,8 +2,8 @@
 model's tokenizer), for speed benchmarks on a machine the real weights cannot reach (the lent GPU takes a 64 MiB
 working tree; SmolLM2's GGUF is 94 MB). Speed does not depend on weight values. Two steps::
 
-    python scripts/random_model.py prepare DIR [--models smollm2 gemma3-270m llama-1b]  # here: config + tokenizer
-    python scripts/random_model.py build OUT DIR/smollm2 [...] [--layers N] [--numpy]   # there: + model.safetensors
+    python scripts/bench/random_model.py prepare DIR [--models smollm2 gemma3-270m llama-1b]  # here: no weights
+    python scripts/bench/random_model.py build OUT DIR/smollm2 [...] [--layers N] [--numpy]   # there: + weights
 
 ``prepare`` reads each packaged GGUF's config (``cfg.to_hf()``) and tokenizer, no weights. A preset (``PRESETS``:
 ``llama-1b``, a ~1.07B-parameter Llama shape -- hidden 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192, tied
@@ -29,7 +29,7 @@ from pathlib import Path
 from mia_jax import entry
 from mia_jax.errors import UserError
 
-PROG = "python scripts/random_model.py"
+PROG = "python scripts/bench/random_model.py"
 
 # preset shapes: a packaged base model (its config's other fields and its tokenizer) and the sizes that change
 PRESETS = {

@@ -3,8 +3,8 @@ text per forward pass, full ``log_softmax``, Min-K% / Min-K%++ / loss in NumPy p
 ``run.py`` loop; ``benchmark.py``'s approach (c)). The anchor that ``mia-jax eval`` is timed against as a whole
 command (``farm-bench --vs``, BENCHMARKS.md), and the reference its scores are compared with::
 
-    python scripts/published_loop.py --model smollm2 --length 32 --out /tmp/published.jsonl
-    python scripts/published_loop.py --compare /tmp/published.jsonl runs/wikimia-32-smollm2/results.jsonl
+    python scripts/bench/published_loop.py --model smollm2 --length 32 --out /tmp/published.jsonl
+    python scripts/bench/published_loop.py --compare /tmp/published.jsonl runs/wikimia-32-smollm2/results.jsonl
 
 Needs torch and transformers (the test extra). The count of the k% lowest is the toolkit's exact max(1, floor(k n))
 (the authors' ``int(n * k)`` differs from it for a few lengths), so the two sides compute the same quantity.
@@ -28,7 +28,7 @@ from mia_jax import entry  # noqa: E402
 from mia_jax.data import WIKIMIA_LENGTHS  # noqa: E402
 from mia_jax.errors import UserError  # noqa: E402
 
-PROG = "python scripts/published_loop.py"
+PROG = "python scripts/bench/published_loop.py"
 
 
 def build_parser() -> entry.ArgumentParser:

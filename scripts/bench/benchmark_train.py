@@ -1,7 +1,7 @@
 """Training-step benchmark: the project's train step (JAX) vs a plain PyTorch AdamW loop, same model and batches.
 
-    python scripts/benchmark_train.py --model smollm2 --steps 4
-    python scripts/benchmark_train.py --model smollm2 --steps 2 --approaches jax
+    python scripts/bench/benchmark_train.py --model smollm2 --steps 4
+    python scripts/bench/benchmark_train.py --model smollm2 --steps 2 --approaches jax
 
 Both approaches train the float32 model loaded from the same GGUF file on the same batches of real Pile text
 (``mia_jax/data/files/pile_sample.jsonl`` packed into ``--seq-len``-token sequences by ``train.data.pack``; step s takes
@@ -14,7 +14,7 @@ micro-batches, the mean next-token loss over the step's real tokens, gradient cl
   decoder layer recomputed in the backward pass, which on this CPU was faster than keeping the activations, and
   smaller) and ``--loss-chunk``.
 - torch: ``transformers.LlamaForCausalLM`` (or Gemma3ForCausalLM) built from the GGUF as in
-  ``scripts/benchmark.py``, eager, ``torch.optim.AdamW``, ``clip_grad_norm_``; the loss from full logits
+  ``scripts/bench/benchmark.py``, eager, ``torch.optim.AdamW``, ``clip_grad_norm_``; the loss from full logits
   (``F.cross_entropy``), as a plain training loop computes it.
 
 Each approach (and the matmul-rate measurement) runs in its own subprocess, so peak memory is its own: the
@@ -59,7 +59,7 @@ from bench_tools import (PeakRSS, add_accelerator_args, bench_main, matmul_rate,
 
 from mia_jax import entry  # noqa: E402
 
-PROG = "python scripts/benchmark_train.py"
+PROG = "python scripts/bench/benchmark_train.py"
 
 LR, CLIP, WEIGHT_DECAY = 1e-4, 1.0, 0.01
 
@@ -254,7 +254,7 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--repeats", type=entry.positive_int, default=2, help="repeats of each profiled piece (best taken)")
     ap.add_argument("--no-profile", action="store_true", help="skip the JAX per-phase profile")
     ap.add_argument("--omp-wait-policy", default="PASSIVE",
-                    help="OMP_WAIT_POLICY for torch (as scripts/benchmark.py; 'default' keeps torch's own)")
+                    help="OMP_WAIT_POLICY for torch (as scripts/bench/benchmark.py; 'default' keeps torch's own)")
     add_accelerator_args(ap, "the torch loop")
     ap.add_argument("--compute-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="compute dtype of both approaches (master weights and optimizer state stay float32)")

@@ -1,6 +1,6 @@
 """Tokens/s of the scoring path (`mia-jax eval`'s runner) on WikiMIA at several token budgets per step.
 
-    python scripts/benchmark_eval.py --model smollm2 --length 32 --tokens-per-batch 1024 2048 4096
+    python scripts/bench/benchmark_eval.py --model smollm2 --length 32 --tokens-per-batch 1024 2048 4096
 
 Compile time is reported separately: a first pass over the data compiles every step shape, the
 second pass is timed as steady state. Padding: token slots of the steps not holding a text's token. ``--parts``: then
@@ -20,7 +20,7 @@ from mia_jax import batching, compilation, entry, models, runner
 from mia_jax.data import wikimia
 from mia_jax.scorers import DEFAULT_METHODS, expand_methods
 
-PROG = "python scripts/benchmark_eval.py"
+PROG = "python scripts/bench/benchmark_eval.py"
 
 
 def build_parser() -> entry.ArgumentParser:

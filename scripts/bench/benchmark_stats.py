@@ -4,7 +4,7 @@ Memory is XLA's own accounting of the compiled program (arguments + outputs + te
 ``compiled.memory_analysis()``), so the figures are exact and repeatable; wall time is the median of
 a few steady-state runs after compilation.
 
-    python scripts/benchmark_stats.py --shapes 8,128,49152 8,128,262144
+    python scripts/bench/benchmark_stats.py --shapes 8,128,49152 8,128,262144
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from bench_tools import three_ints  # noqa: E402
 from mia_jax import entry  # noqa: E402
 from mia_jax.stats import TokenStats, token_stats_from_hidden  # noqa: E402
 
-PROG = "python scripts/benchmark_stats.py"
+PROG = "python scripts/bench/benchmark_stats.py"
 
 
 shape = three_ints("B,T,V", "batch, tokens, vocabulary", "8,128,49152", "shape")

@@ -1,8 +1,8 @@
 """Long-text forward benchmark (issue 14): time and peak memory of one forward pass of the real SmolLM2 over a
 long text, the old full attention against the chunked one, beside transformers + torch (SDPA).
 
-    python scripts/benchmark_long.py                                   # 8192 and 128 tokens, every approach
-    python scripts/benchmark_long.py --tokens 8192 2048 --approaches auto torch
+    python scripts/bench/benchmark_long.py                                   # 8192 and 128 tokens, every approach
+    python scripts/bench/benchmark_long.py --tokens 8192 2048 --approaches auto torch
 
 Approaches, on the same token ids (Pile test-split Wikipedia documents joined until the length is reached):
 
@@ -10,7 +10,7 @@ Approaches, on the same token ids (Pile test-split Wikipedia documents joined un
   head, the code before issue 14);
 - ``auto``: the toolkit as shipped (the chunked online-softmax attention from T * S >= CHUNKED_MIN_SCORES);
 - ``torch``: transformers + torch with ``attn_implementation="sdpa"``, the model built from the same GGUF file
-  by ``scripts/benchmark.py``'s ``transformers_model``.
+  by ``scripts/bench/benchmark.py``'s ``transformers_model``.
 
 What is timed is the forward to the final-norm hidden states [1, T, D] (the toolkit's scorers compute the
 per-token statistics from them in vocabulary chunks; the [T, V] logits would add the same 1.5 GiB to every
@@ -42,9 +42,9 @@ from bench_tools import bench_main, runnable, torch_env  # noqa: E402
 
 from mia_jax import entry  # noqa: E402
 
-PROG = "python scripts/benchmark_long.py"
+PROG = "python scripts/bench/benchmark_long.py"
 
-PILE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "pile" / "wikipedia_en.jsonl"
+PILE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "pile" / "wikipedia_en.jsonl"
 APPROACHES = ["full", "auto", "torch"]
 
 
@@ -165,7 +165,8 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--source", type=entry.input_file, default=str(PILE),
                     help="JSONL of documents with a `text` field")
     ap.add_argument("--json", type=entry.out_file, help="write every figure here")
-    ap.add_argument("--omp-wait-policy", default="PASSIVE", help="OMP_WAIT_POLICY for torch (as scripts/benchmark.py)")
+    ap.add_argument("--omp-wait-policy", default="PASSIVE",
+                    help="OMP_WAIT_POLICY for torch (as scripts/bench/benchmark.py)")
     ap.add_argument("--worker", choices=APPROACHES, help=argparse.SUPPRESS)
     ap.add_argument("--worker-tokens", type=entry.positive_int, help=argparse.SUPPRESS)
     return ap

@@ -4,12 +4,12 @@ read from the kernel (``os.wait4``'s rusage of that child); and the large corpus
 holding every text) for the speed comparison. With tensorflow-datasets present, the small corpus is also built as a
 TFDS dataset (``--tfds``) and scored through ``--data tfds:...``.
 
-    python scripts/benchmark_corpus.py [--texts 1000] [--scale 20] [--stream-window 500] [--model DIR]
-    python scripts/benchmark_corpus.py --processes 2     # each corpus scored by 2 processes, as on a pod
+    python scripts/bench/benchmark_corpus.py [--texts 1000] [--scale 20] [--stream-window 500] [--model DIR]
+    python scripts/bench/benchmark_corpus.py --processes 2     # each corpus scored by 2 processes, as on a pod
 
-The model is a random-weight Llama of the ``tiny`` preset's sizes (``scripts/random_model.py``: hidden 64, 2 layers)
-over a 512-id BPE tokenizer trained here, unless ``--model`` names one: a fast model is the strict case for the
-speed claim, since what streaming adds (reading, writing shards, a window's pipeline drain) is per text, not per
+The model is a random-weight Llama of the ``tiny`` preset's sizes (``scripts/bench/random_model.py``: hidden 64,
+2 layers) over a 512-id BPE tokenizer trained here, unless ``--model`` names one: a fast model is the strict case for
+the speed claim, since what streaming adds (reading, writing shards, a window's pipeline drain) is per text, not per
 FLOP. Texts are random words from a fixed list, 20 to
 120 words each (seeded). Tokens per second come from each run's run.json (scoring seconds: reading, tokenizing,
 packing, the steps and the writes). Each measured run is the second of two identical ones: the first, not measured,
@@ -36,7 +36,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # 
 
 from mia_jax import entry  # noqa: E402
 
-PROG = "python scripts/benchmark_corpus.py"
+PROG = "python scripts/bench/benchmark_corpus.py"
 WORDS = ("the of river city old stone bridge north market winter light paper garden music station quiet harbour "
          "engine letter field morning council history railway museum village church summer island forest school "
          "season album team player record league film series bank trade law court ancient modern").split()
@@ -70,7 +70,8 @@ def corpus(path: Path, n: int, seed: int = 0) -> Path:
     return path
 
 
-# the random model: the `tiny` preset's sizes (scripts/random_model.py) over a byte-level BPE tokenizer of VOCAB ids
+# the random model: the `tiny` preset's sizes (scripts/bench/random_model.py) over a byte-level BPE tokenizer of
+# VOCAB ids
 VOCAB = 512
 TINY = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, intermediate_size=128, max_position_embeddings=2048, rms_norm_eps=1e-5,

@@ -2,7 +2,7 @@
 the paired bootstrap interval of their difference (e.g. ``--dtype bfloat16`` against float32, or this version of the
 toolkit against an earlier one)::
 
-    python scripts/compare_runs.py runs/wikimia-32-smollm2 runs/wikimia-32-smollm2-bf16
+    python scripts/bench/compare_runs.py runs/wikimia-32-smollm2 runs/wikimia-32-smollm2-bf16
 
 Each argument is a run folder (its ``results.jsonl``) or a results file. The texts must be the same, in the same
 order, with labels (a labeled ``mia-jax eval``). "relative" is |A - B| / max(1, |A|), the largest over the texts
@@ -23,7 +23,7 @@ from mia_jax.errors import UserError
 from mia_jax.comparisons import paired_bootstrap
 from mia_jax.metrics import scores_by_method
 
-PROG = "python scripts/compare_runs.py"
+PROG = "python scripts/bench/compare_runs.py"
 
 
 def run_or_results(text: str) -> Path:
