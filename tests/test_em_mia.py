@@ -172,3 +172,20 @@ def test_bad_options_exit_2_with_one_line(tiny_llama_dir, tmp_path, capsys, extr
                  "--no-progress", *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and not out.exists()
+
+
+def test_a_text_that_conditions_nothing_has_no_score_and_says_why():
+    cond = np.log(np.full((4, 4), 0.5)) * np.array([1.0, 1.1, 0.9, 1.2])[None, :]
+    cond[2] = np.nan  # no text of the block could be read after text 2
+    loss = np.log(np.full(4, 0.4))
+    scores, reasons = em.em_mia(loss, em.PrefixMatrix([np.arange(4)], [cond], 10), ["a", "b", "c", "d"])
+    assert np.isnan(scores[2]) and "could be read after it" in reasons[2]
+    assert np.isfinite(scores[[0, 1, 3]]).all() and set(reasons) == {2}
+
+
+def test_a_text_that_fills_the_context_still_scores_as_a_prefix(tiny):
+    long_text = " ".join(DATA.texts[40:60])  # over the tiny model's 64 tokens alone: read after no prefix
+    texts = TEXTS[:4] + [long_text]
+    recs = runner.score_dataset(tiny, texts, ["loss", "em_mia"], progress=False)
+    assert np.isfinite(metrics.scores_by_method(recs, ["em_mia"])["em_mia"]).all()
+    assert not any("nan_reasons" in r for r in recs)

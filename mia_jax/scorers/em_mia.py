@@ -31,7 +31,8 @@ its defaults ``--membership_score NegPref --prefix_score AUC-ROC --max_iter 10``
   dropped after the prefix, the prefix cut from its start when the pair exceeds the context (the authors join
   padded prefixes and score the text's tokens after its first; they do not truncate). A text that fills the context
   alone has no conditional score: its R entries are NaN and left out of the AUROCs (the authors set a NaN ReCaLL
-  score to 0).
+  score to 0); its own score, which is its prefix score, stands. A text after which no text of its block could be
+  read has no prefix score: 0 in the iterations (as the authors' NaN -> 0), NaN with the reason in the result.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from mia_jax.scorers.base import register_multi_pass
 from mia_jax.scorers.recall import no_room_for_prefix, recall
 
 PASS_KIND = "em_mia_prefixes"
-DEFAULT_PREFIXES = 32  # candidate prefixes per text: 32 forwards per text (the authors: every text, N)
+DEFAULT_PREFIXES = 16  # candidate prefixes per text: 16 prefixed reads per text (the authors: every text, N)
 DEFAULT_ITERATIONS = 10  # the authors' --max_iter
 MIN_PREFIXES = 4  # a block needs texts on both sides of its median
 
@@ -124,16 +125,9 @@ def prefix_pass(name, loaded, texts, *, resume, method="loss", em_mia=None, **_)
     def fold(recs):
         values = scores_by_method(recs, [method])[method] if recs else np.zeros(0)
         no_room_for_prefix(name, recs, values, {})
-        reasons, conditional, start = {}, [], 0
-        for b in parts:
-            m = values[start: start + b.size * b.size].reshape(b.size, b.size).T  # [x, p] -> [p, x]
-            conditional.append(m)
-            start += b.size * b.size
-            for j, x in enumerate(b):
-                if not np.isfinite(m[:, j]).any():
-                    why = next((r.get("skip_reason") for r, (i, _) in zip(recs, pairs) if i == x), None)
-                    reasons[int(x)] = f"{name}: no prefix could be read before the text ({why or 'no room'})"
-        return PrefixMatrix(parts, conditional, opts["iterations"]), reasons, {}
+        ends = np.cumsum([b.size * b.size for b in parts])[:-1]
+        conditional = [m.reshape(b.size, b.size).T for b, m in zip(parts, np.split(values, ends))]  # [p, x]
+        return PrefixMatrix(parts, conditional, opts["iterations"]), {}, {}
 
     made.fold = fold
     return made
@@ -144,9 +138,14 @@ def em_mia(loss: np.ndarray, matrix: PrefixMatrix, texts: Sequence[str]):
     """EM-MIA: -AUROC of the text as a ReCaLL prefix against the pseudo-labels of the others, iterated (Kim et al.)."""
     loss = np.asarray(loss, np.float64)
     scores = np.full(loss.shape, np.nan)
+    reasons = {}
     for b, cond in zip(matrix.blocks, matrix.conditional):
         ratio, _ = recall(loss[b][None, :], cond, texts)
         scores[b] = em_iterations(ratio, loss[b], matrix.iterations)
-    reasons = {int(i): "em_mia: the text has no unconditional score" for i in np.flatnonzero(~np.isfinite(loss))}
+        for i in b[~np.isfinite(ratio).any(axis=1)]:  # as a prefix it conditioned no text: no prefix score
+            reasons[int(i)] = ("em_mia: no text of its block could be read after it (each fills the model's context "
+                               "alone)")
+    for i in np.flatnonzero(~np.isfinite(loss)):
+        reasons[int(i)] = "em_mia: the text has no unconditional score"
     scores[list(reasons)] = np.nan
     return scores, reasons
