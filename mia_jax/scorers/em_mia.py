@@ -27,9 +27,12 @@ its defaults ``--membership_score NegPref --prefix_score AUC-ROC --max_iter 10``
   on one scale (minus an AUROC) but each block's pseudo-labels come from its own median.
 - Initialisation: the unconditional mean log-likelihood (the authors' ``Loss``; their script also runs Ref, Zlib,
   Min-K% and Min-K%++ initialisations and reports each).
+- Only the authors' default rules: their other prefix scores (Kendall-Tau, RankDist) and membership updates
+  (TopPref, which re-reads every text after the top prefixes joined; Avg, a baseline) are not implemented.
 - Reading a text after a prefix is ReCaLL's pass (``scorers.recall``): tokenized apart and joined, the text's BOS
-  dropped after the prefix, the prefix cut from its start when the pair exceeds the context (the authors join
-  padded prefixes and score the text's tokens after its first; they do not truncate). A text that fills the context
+  dropped after the prefix, every token of the text scored, the prefix cut from its start when the pair exceeds
+  the context (the authors' ``modeling_utils.infer`` joins the left-padded prefix and the text, BOS included, scores
+  the text's tokens from its second on, and does not truncate). A text that fills the context
   alone has no conditional score: its R entries are NaN and left out of the AUROCs (the authors set a NaN ReCaLL
   score to 0); its own score, which is its prefix score, stands. A text after which no text of its block could be
   read has no prefix score: 0 in the iterations (as the authors' NaN -> 0), NaN with the reason in the result.
