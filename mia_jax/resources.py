@@ -18,6 +18,8 @@ passes, ``score_options`` for every scoring call) and the entries of the run's f
 - ``tag_tab``: ``tag_tab``'s keywords per sentence: ``--tag-tab-k`` (``scorers.tagtab``).
 - ``infilling``: ``infilling``'s fraction and future tokens: ``--infilling-k``, ``--infilling-future``
   (``scorers.infilling``).
+- ``em_mia``: ``em_mia``'s candidate prefixes and iterations: ``--em-mia-prefixes``, ``--em-mia-iterations``,
+  ``--em-mia-seed`` (``scorers.em_mia``).
 
 A new method with an option adds its entry here (:class:`Need`: options, builder, fingerprint entries); :func:`build`
 runs every entry in order.
@@ -33,7 +35,7 @@ from mia_jax import data, entry, freq
 from mia_jax.audits import windowed
 from mia_jax.errors import UserError
 from mia_jax.files import sha256
-from mia_jax.scorers import acmia, infilling, parse_method, recall, sampling, tagtab
+from mia_jax.scorers import acmia, em_mia, infilling, parse_method, recall, sampling, tagtab
 from mia_jax.scorers.base import check_resources
 
 RECALL_METHODS = ("recall", "con_recall")
@@ -262,6 +264,32 @@ def build_infilling(args, methods: Sequence[str], texts: Sequence[str], loaded, 
     out.fingerprint["infilling"] = dict(opts)
 
 
+def em_mia_options(p: argparse.ArgumentParser) -> None:
+    """``--em-mia-prefixes``, ``--em-mia-iterations`` and ``--em-mia-seed`` on ``p``."""
+    p.add_argument("--em-mia-prefixes", metavar="N", type=entry.positive_int,
+                   help=f"candidate prefixes per text of 'em_mia': the texts are split into blocks of at most N and "
+                        f"each is read after every text of its block (N forwards per text; default: "
+                        f"{em_mia.DEFAULT_PREFIXES}; the authors use every text, i.e. N >= the number of texts)")
+    p.add_argument("--em-mia-iterations", metavar="T", type=entry.positive_int,
+                   help=f"EM rounds of 'em_mia' (default: {em_mia.DEFAULT_ITERATIONS}, as the authors)")
+    p.add_argument("--em-mia-seed", type=entry.nonneg_int, help="seed of 'em_mia''s split into blocks (default: 0)")
+
+
+def build_em_mia(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+    """EM-MIA's options (checked, with their defaults) into its pass and the fingerprint; an option given without
+    ``em_mia`` among the ``methods`` is refused."""
+    given = {k: getattr(args, f"em_mia_{k}", None) for k in ("prefixes", "iterations", "seed")}
+    if "em_mia" not in methods:
+        if any(v is not None for v in given.values()):
+            raise UserError("--em-mia-* options are given but 'em_mia' is not among --methods")
+        return
+    defaults = {"prefixes": em_mia.DEFAULT_PREFIXES, "iterations": em_mia.DEFAULT_ITERATIONS, "seed": 0}
+    v = {k: defaults[k] if x is None else x for k, x in given.items()}
+    opts = em_mia.check_options(v["prefixes"], v["iterations"], v["seed"])
+    out.pass_options["em_mia"] = dict(opts)
+    out.fingerprint["em_mia"] = dict(opts)
+
+
 _REPORT_ONLY = "report only: the flags are recomputed from the records at the end of every run"
 
 # in the order their options are listed and their entries enter the fingerprint
@@ -292,6 +320,10 @@ NEEDS: dict[str, Need] = {n.name: n for n in (
     Need("infilling", infilling_options, build_infilling, ("infilling",), {
         "infilling_k": "in the fingerprint's infilling options, the default too",
         "infilling_future": "in the fingerprint's infilling options, the default too"}),
+    Need("em_mia", em_mia_options, build_em_mia, ("em_mia",), {
+        "em_mia_prefixes": "in the fingerprint's em_mia options, the default too",
+        "em_mia_iterations": "in the fingerprint's em_mia options, the default too",
+        "em_mia_seed": "in the fingerprint's em_mia options, the default too"}),
 )}
 
 

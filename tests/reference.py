@@ -240,3 +240,27 @@ def sliding_window_coverage_ref(candidate, reference, min_n) -> float:
     for lo, hi in spans:
         flags[lo:hi] = [True] * (hi - lo)
     return sum(flags) / len(c)
+
+
+def em_mia_ref(ratio, init, iterations) -> np.ndarray:
+    """EM-MIA (Kim et al. 2026, the authors' NegPref / AUC-ROC rule) in float64 loops: pseudo-labels y = 1[f > median
+    f]; r(p) = P(R[p, member] > R[p, non-member]) + P(tie) / 2 over the pairs of finite entries (NaN with one
+    class); f = -r, NaN -> 0."""
+    ratio = np.asarray(ratio, np.float64)
+    f = [0.0 if not math.isfinite(v) else float(v) for v in init]
+    for _ in range(iterations):
+        srt = sorted(f)
+        n = len(srt)
+        med = srt[n // 2] if n % 2 else (srt[n // 2 - 1] + srt[n // 2]) / 2
+        y = [v > med for v in f]
+        new = []
+        for row in ratio:
+            pos = [v for v, yy in zip(row, y) if yy and math.isfinite(v)]
+            neg = [v for v, yy in zip(row, y) if not yy and math.isfinite(v)]
+            if not pos or not neg:
+                new.append(0.0)
+                continue
+            wins = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in pos for b in neg)
+            new.append(-wins / (len(pos) * len(neg)))
+        f = new
+    return np.asarray(f)

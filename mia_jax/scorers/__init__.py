@@ -22,6 +22,7 @@ from mia_jax.scorers.base import (MULTI_PASS, REGISTRY, RESOURCES, MultiPassMeth
                                   parse_method, requirements, temperature_resource)
 from mia_jax.scorers import (acmia, camia, dcpdd, gradient, infilling, likelihood, multipass,  # noqa: F401
                              pac, recall, sampling, tagtab)  # (importing registers)
+from mia_jax.scorers import em_mia  # noqa: F401 (registers; after recall, whose prefix reading it shares)
 from mia_jax.scorers import min_k as _min_k_module  # noqa: F401 (registers; the name min_k is the function below)
 from mia_jax.scorers.dispatch import (LOGIT_METHODS, check_ids, device_scores, pack_token_resources, resource_arrays,
                                       score_batch, scores_from_logits, token_resources)

@@ -69,6 +69,15 @@ def prefix_digest(prefixes: dict[str, str] | None) -> dict[str, str] | None:
     return {k: hashlib.sha256(v.encode("utf-8")).hexdigest() for k, v in sorted(prefixes.items())}
 
 
+def no_room_for_prefix(name: str, recs: Sequence[dict], values: np.ndarray, reasons: dict[int, str]) -> None:
+    """In place: NaN (with its reason) for each record of a prefixed pass whose text filled the model's context
+    alone and so was read without its prefix (``n_context`` 0)."""
+    for i, r in enumerate(recs):
+        if "skip_reason" not in r and not r.get("n_context"):
+            values[i] = np.nan
+            reasons[i] = f"{name}: the text fills the model's context alone, no room for the prefix"
+
+
 def _prefix_pass(side: str):
     def make(name, loaded, texts, *, resume, method="loss", recall_prefixes=None, **_):
         prefix = (recall_prefixes or {}).get(side)
@@ -79,12 +88,9 @@ def _prefix_pass(side: str):
         made = passes.same_texts(loaded, list(texts), name, resume, method, prefixes=[prefix] * len(texts))
         fold = made.fold
 
-        def fold_without_room(recs):  # a text that fills the context alone was read without the prefix: no score
+        def fold_without_room(recs):
             values, reasons, counts = fold(recs)
-            for i, r in enumerate(recs):
-                if "skip_reason" not in r and not r.get("n_context"):
-                    values[i] = np.nan
-                    reasons[i] = f"{name}: the text fills the model's context alone, no room for the prefix"
+            no_room_for_prefix(name, recs, values, reasons)
             return values, reasons, counts
 
         made.fold = fold_without_room
