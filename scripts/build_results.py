@@ -17,8 +17,9 @@ process, from the repository's root, with the relative paths the tables record):
   ``mia-jax audit-unlearning --from ...`` (unlearning, unlearning_control), ``mia-jax window-metrics
   results/audits/concat/<run> --data results/audits/concat/contam.jsonl`` (its table into ``<run>.windows.md``), and
   ``results/audits.md`` from its template ``results/audits/README.md`` (``mia_jax.audits.overview_report``);
-- the detectors: ``python scripts/detectors.py --from results/detectors/wikimia32 results/detectors/contamination
-  results/detectors/contamination-sample --header results/detectors/README.md --md results/detectors.md``.
+- the detectors: ``python scripts/detectors.py --from results/detectors/wikimia32 results/detectors/wikimia32-2025
+  results/detectors/contamination results/detectors/contamination-sample --header results/detectors/README.md --md
+  results/detectors.md``.
 
 ``--seeds N`` runs the same steps in a temporary copy while recording every Holm family of comparisons
 (:mod:`mia_jax.verdict_log`), recomputes each family under N other bootstrap seeds (each comparison at its first
@@ -53,7 +54,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONTAMINATION = "results/contamination"
 SWEEPS = {"lr": ["lr", "gemma-lr"], "size": ["size"], "news": ["news"], "occurrence": ["occurrence"],
           "traps": ["traps"]}  # traps: only when its folder exists
-DETECTORS = ["results/detectors/wikimia32", "results/detectors/contamination", "results/detectors/contamination-sample"]
+DETECTORS = ["results/detectors/wikimia32", "results/detectors/wikimia32-2025", "results/detectors/contamination",
+             "results/detectors/contamination-sample"]
 AUDITS = [("audit-books", "books"), ("audit-books", "books_control"), ("audit-unlearning", "unlearning"),
           ("audit-unlearning", "unlearning_control")]
 META = {"info.json", "unlearning.json"}  # an audit's record of itself: equal but for its "rebuilt" key
