@@ -218,13 +218,10 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
             if log is not None:
                 log.write(step + 1, item["index"])
             preempted = step + 1 < total and preemption.agreed()  # a notice to any process: all stop after this step
-            save_s = None
-            if preempted or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total:
-                t_save = time.perf_counter()
-                # the metrics list goes on growing while the checkpoint is written: it gets a copy
-                _save(mngr, step + 1, params, opt_state, {"metrics": list(metrics), "fingerprint": run_fingerprint,
-                                                          "mesh": sharding.mesh_str(mesh)}, data, workdir)
-                save_s = time.perf_counter() - t_save
+            due = preempted or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or step + 1 == total
+            # the metrics list goes on growing while the checkpoint is written: it gets a copy
+            meta = {"metrics": list(metrics), "fingerprint": run_fingerprint, "mesh": sharding.mesh_str(mesh)}
+            save_s = _save(mngr, step + 1, params, opt_state, meta, data, workdir) if due else None
             speed.write(step + 1, time.perf_counter() - t0, int(m["tokens"]), save_s, saving)
             bar.set_postfix(loss=f"{metrics[-1]['loss']:.4f}", **speed.postfix())
             bar.update(1)
@@ -316,11 +313,12 @@ def _restore_or_init(mngr: ocp.CheckpointManager, model: nnx.Module, opt, target
             int(latest))
 
 
-def _save(mngr: ocp.CheckpointManager, step: int, params, opt_state, meta: dict, data, workdir: Path) -> None:
+def _save(mngr: ocp.CheckpointManager, step: int, params, opt_state, meta: dict, data, workdir: Path) -> float:
     """Start the checkpoint of ``step`` (state, ``meta`` and the input iterator ``data``'s position), after the
     previous one's write is complete: the arrays are copied to the host and the small items written before this
-    returns, the arrays written in the background (``_wait``). On a failure the unfinished folder settles before the
-    error goes on (``_settle``)."""
+    returns, the arrays written in the background (``_wait``). Returns the seconds it blocked (the wait for the
+    previous write included). On a failure the unfinished folder settles before the error goes on (``_settle``)."""
+    t0 = time.perf_counter()
     try:
         mngr.wait_until_finished()
         mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params,
@@ -329,6 +327,7 @@ def _save(mngr: ocp.CheckpointManager, step: int, params, opt_state, meta: dict,
     except BaseException:
         _settle(workdir / "checkpoints")
         raise
+    return time.perf_counter() - t0
 
 
 def _wait(mngr: ocp.CheckpointManager, workdir: Path) -> None:
