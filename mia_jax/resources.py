@@ -140,6 +140,19 @@ def build_samia(args, methods: Sequence[str], texts: Sequence[str], loaded, out:
     out.fingerprint["samia"] = dict(out.pass_options["samia"])
 
 
+def _method_options(args, method: str, methods: Sequence[str], prefix: str, names: Sequence[str],
+                    flags: str) -> dict | None:
+    """{name: value, None where not given} of ``method``'s options ``args.<prefix>_<name>``, or None when ``method``
+    is not among ``methods``; an option given without it is a UserError ("``flags`` given but 'method' is not among
+    --methods")."""
+    given = {k: getattr(args, f"{prefix}_{k}", None) for k in names}
+    if method in methods:
+        return given
+    if any(v is not None for v in given.values()):
+        raise UserError(f"{flags} given but '{method}' is not among --methods")
+    return None
+
+
 def ngram_options(p: argparse.ArgumentParser) -> None:
     """``--ngram-samples``, ``--ngram-seed``, ``--ngram-min-n`` and ``--ngram-sampling`` on ``p``."""
     p.add_argument("--ngram-samples", type=entry.positive_int,
@@ -157,10 +170,9 @@ def ngram_options(p: argparse.ArgumentParser) -> None:
 def build_ngram(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """The options of ``ngram_coverage`` (resolved with its defaults) into its pass and the fingerprint; an option
     given without the method, or ``--ngram-samples`` / ``--ngram-seed`` with ``--ngram-sampling samia``: UserError."""
-    given = {k: getattr(args, f"ngram_{k}", None) for k in ("samples", "seed", "min_n", "sampling")}
-    if "ngram_coverage" not in methods:
-        if any(v is not None for v in given.values()):
-            raise UserError("--ngram-* options are given but 'ngram_coverage' is not among --methods")
+    given = _method_options(args, "ngram_coverage", methods, "ngram", ("samples", "seed", "min_n", "sampling"),
+                            "--ngram-* options are")
+    if given is None:
         return
     if given["sampling"] == "samia":
         if given["samples"] is not None or given["seed"] is not None:
@@ -254,10 +266,9 @@ def infilling_options(p: argparse.ArgumentParser) -> None:
 def build_infilling(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """The options of ``infilling`` (resolved with its defaults) into its pass and the fingerprint; an option given
     without the method is refused."""
-    given = {"k": getattr(args, "infilling_k", None), "future": getattr(args, "infilling_future", None)}
-    if "infilling" not in methods:
-        if any(v is not None for v in given.values()):
-            raise UserError("--infilling-k / --infilling-future are given but 'infilling' is not among --methods")
+    given = _method_options(args, "infilling", methods, "infilling", ("k", "future"),
+                            "--infilling-k / --infilling-future are")
+    if given is None:
         return
     opts = infilling.check_options(**{k: v for k, v in given.items() if v is not None})
     out.pass_options["infilling"] = opts
@@ -278,10 +289,9 @@ def em_mia_options(p: argparse.ArgumentParser) -> None:
 def build_em_mia(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """EM-MIA's options (checked, with their defaults) into its pass and the fingerprint; an option given without
     ``em_mia`` among the ``methods`` is refused."""
-    given = {k: getattr(args, f"em_mia_{k}", None) for k in ("prefixes", "iterations", "seed")}
-    if "em_mia" not in methods:
-        if any(v is not None for v in given.values()):
-            raise UserError("--em-mia-* options are given but 'em_mia' is not among --methods")
+    given = _method_options(args, "em_mia", methods, "em_mia", ("prefixes", "iterations", "seed"),
+                            "--em-mia-* options are")
+    if given is None:
         return
     defaults = {"prefixes": em_mia.DEFAULT_PREFIXES, "iterations": em_mia.DEFAULT_ITERATIONS, "seed": 0}
     v = {k: defaults[k] if x is None else x for k, x in given.items()}

@@ -40,25 +40,25 @@ def test_words_are_the_authors_casual_tokens():
     assert ng.coverage(ng.words("on the mat."), ng.words("the cat sat on the mat. Then"), 3) == 1.0
 
 
-def test_coverage_matches_the_float64_reference():
-    rng = np.random.default_rng(0)
-    for _ in range(400):
+def random_cases(seed: int, max_vocab: int, max_words: int, count: int = 400):
+    """``count`` seeded (candidate, reference, n) cases: word lists over a small vocabulary (so n-grams repeat)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
         n = int(rng.integers(1, 5))
-        vocab = [f"w{i}" for i in range(int(rng.integers(2, 6)))]
-        cand = list(rng.choice(vocab, int(rng.integers(0, 14))))
-        ref = list(rng.choice(vocab, int(rng.integers(0, 14))))
+        vocab = [f"w{i}" for i in range(int(rng.integers(2, max_vocab)))]
+        cand = list(rng.choice(vocab, int(rng.integers(0, max_words))))
+        yield cand, list(rng.choice(vocab, int(rng.integers(0, max_words)))), n
+
+
+def test_coverage_matches_the_float64_reference():
+    for cand, ref, n in random_cases(0, 6, 14):
         assert ng.coverage(cand, ref, n) == pytest.approx(ngram_coverage_ref(cand, ref, n), abs=1e-15), (cand, ref, n)
 
 
 def test_coverage_equals_the_authors_sliding_window():
     """Their span search records the union of the matching n-grams (for every end, the longest match ending there):
     the same coverage, on word-sequence matches."""
-    rng = np.random.default_rng(1)
-    for _ in range(400):
-        n = int(rng.integers(1, 5))
-        vocab = [f"w{i}" for i in range(int(rng.integers(2, 5)))]
-        cand = list(rng.choice(vocab, int(rng.integers(0, 16))))
-        ref = list(rng.choice(vocab, int(rng.integers(0, 16))))
+    for cand, ref, n in random_cases(1, 5, 16):
         assert ng.coverage(cand, ref, n) == pytest.approx(sliding_window_coverage_ref(cand, ref, n), abs=1e-15), \
             (cand, ref, n)
 

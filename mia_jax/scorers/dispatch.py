@@ -101,9 +101,9 @@ def _arrays(methods, resources) -> dict:
         value = _given(resources, r)
         if value is None:
             check_resources(methods, resources)  # says how to make it
-        arrays[r] = value if isinstance(value, (np.ndarray, jax.Array)) else RESOURCES[r].to_array(value)
-        if RESOURCES[r].per_token is not None:
-            arrays[r] = RESOURCES[r].to_array(arrays[r]) if isinstance(arrays[r], np.ndarray) else arrays[r]
+        # a host array of a per-token resource is still checked and cast (``to_array``), once
+        as_given = isinstance(value, jax.Array) or (isinstance(value, np.ndarray) and RESOURCES[r].per_token is None)
+        arrays[r] = value if as_given else RESOURCES[r].to_array(value)
     return arrays
 
 

@@ -160,7 +160,8 @@ def infilling_scores(loaded, ids, mask, *, k: float = DEFAULT_K, future: int | N
     todo = [(r, int(t)) for r in range(len(ids)) for t in np.flatnonzero(differs[r])
             if _future_end(t, lengths[r], opts["future"]) >= t + 1]
     changed = dict(zip(todo, _changed_logprobs(fns, state, ids, top, todo))) if todo else {}
-    scores, extra = np.full(len(ids), np.nan), np.zeros(len(ids))
+    scores = np.full(len(ids), np.nan)
+    extra = np.bincount(np.array([r for r, _ in changed], int), minlength=len(ids)).astype(np.float64)  # texts read
     for r in range(len(ids)):
         ratios = []
         for t in np.flatnonzero(mask[r]):
@@ -172,7 +173,6 @@ def infilling_scores(loaded, ids, mask, *, k: float = DEFAULT_K, future: int | N
                 future = slice(t + 1, _future_end(t, lengths[r], opts["future"]) + 1)
                 total += float((lp[r, future] - changed[(r, t)][future]).sum())
             ratios.append(total / sigma[r, t])
-        extra[r] = sum(1 for key in changed if key[0] == r)
         if ratios and np.isfinite(ratios).all():
             m = int(k_count(opts["k"], len(ratios)))
             scores[r] = float(np.sort(ratios)[:m].mean())
