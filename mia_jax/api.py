@@ -17,7 +17,7 @@ import numpy as np
 
 from mia_jax import models
 from mia_jax.errors import UserError
-from mia_jax.metrics import scores_by_method
+from mia_jax.evaluation.metrics import scores_by_method
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
 
@@ -47,7 +47,8 @@ def score(model, texts: Iterable[str], methods: Sequence[str] = DEFAULT_METHODS,
     bare ``min_k`` / ``max_k`` / ``min_k_pp`` becomes one method per fraction in ``k`` (``min_k@0.2``). Multi-pass
     methods run their second pass (``ref`` needs ``ref``, a model as ``model``). ``dtype``: the forward's (default
     bfloat16 on GPU/TPU, float32 on CPU). Bad arguments: UserError."""
-    from mia_jax import runner  # ~50 ms (tqdm, the windowed audit): not at `import mia_jax`, only to score
+    import mia_jax.methods  # noqa: F401 (registers the multi-pass methods)
+    from mia_jax.engine import runner  # ~50 ms (tqdm, the windowed audit): not at `import mia_jax`, only to score
 
     texts = text_list(texts)
     methods = expand_methods([methods] if isinstance(methods, str) else list(methods), list(k))

@@ -227,7 +227,7 @@ def align(steps: Sequence[Step], max_length: int, gather: Callable, done: Callab
     process with the most; step k's rows the most any process has at its step k; segments the most of any step
     of that length. A process with fewer steps runs empty ones. Steps finished on every process (``done(items)``,
     e.g. after a resume) are dropped. ``gather`` maps this process's integer vector to the ``[processes, n]``
-    array of every process's (``sharding.allgather_ints``)."""
+    array of every process's (``processes.allgather_ints``)."""
     buckets = bucket_lengths(max_length)
     mine = {t: [s for s in steps if s.length == t] for t in buckets}
     n_max = gather([len(mine[t]) for t in buckets]).max(axis=0)

@@ -14,7 +14,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Callable
 
-from mia_jax import data, entry
+from mia_jax import data
+from mia_jax.runs import entry
 from mia_jax.audits import concat
 from mia_jax.data import known
 from mia_jax.errors import UserError

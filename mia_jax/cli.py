@@ -1,12 +1,12 @@
 """The ``mia-jax`` command: one subcommand per module of :mod:`mia_jax.commands` (``eval``: labeled data -> scores +
 metrics, ``score``: unlabeled texts, ``generate``, ``freq-table``: DC-PDD's reference frequencies,
 ``dataset-inference``: a p-value for a whole set, online detection's ``concat`` / ``window-metrics``, the audits
-``audit-unlearning`` and ``audit-books``), run under the entry guard (:func:`mia_jax.entry.run`)."""
+``audit-unlearning`` and ``audit-books``), run under the entry guard (:func:`mia_jax.runs.entry.run`)."""
 from __future__ import annotations
 
 import argparse
 
-from mia_jax import entry
+from mia_jax.runs import entry
 
 PROG = "mia-jax"
 _HINT: list[str] = []  # the Ctrl-C hint of the subcommand being run
@@ -42,14 +42,14 @@ def _main(argv=None) -> int:
 
 def main(argv=None) -> int:
     """``mia-jax`` with the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status: 0, 2 for a
-    user error (one line), 130 for Ctrl-C (:func:`mia_jax.entry.run`)."""
+    user error (one line), 130 for Ctrl-C (:func:`mia_jax.runs.entry.run`)."""
     _HINT.clear()
     return entry.run(PROG, _main, argv, resume_hint=lambda: "".join(_HINT[:1]))
 
 
 def console() -> None:
     """The ``mia-jax`` console script: :func:`main` on ``sys.argv``, then the process ends without the interpreter's
-    teardown (:func:`mia_jax.entry.exit_now`)."""
+    teardown (:func:`mia_jax.runs.entry.exit_now`)."""
     entry.exit_now(main())
 
 

@@ -23,9 +23,12 @@ from typing import Sequence
 
 import numpy as np
 
-from mia_jax import blind, data, files, metrics, rundir, runner
+from mia_jax.evaluation import blind, metrics
+from mia_jax import data
+from mia_jax.runs import files, rundir
+from mia_jax.engine import runner
 from mia_jax.errors import UserError
-from mia_jax.neighbors import SelfNeighbors
+from mia_jax.methods.neighbors import SelfNeighbors
 from mia_jax.reproduce_report import K_SWEEP, SETTINGS, report_outputs
 
 

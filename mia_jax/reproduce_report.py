@@ -11,8 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
-from mia_jax import blind, files, report
-from mia_jax.comparisons import (compare_to_best, evaluate_mean, family_note, holm_adjust, tied_with_best,
+from mia_jax.evaluation import blind, report
+from mia_jax.runs import files
+from mia_jax.evaluation.comparisons import (compare_to_best, evaluate_mean, family_note, holm_adjust, tied_with_best,
                                  verdict_resamples)
 
 K_SWEEP = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

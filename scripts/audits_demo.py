@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mia_jax import entry, rundir  # noqa: E402
+from mia_jax.runs import entry, rundir  # noqa: E402
 from mia_jax.errors import UserError  # noqa: E402
 
 PROG = "python scripts/audits_demo.py"

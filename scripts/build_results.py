@@ -22,8 +22,8 @@ process, from the repository's root, with the relative paths the tables record):
   results/detectors.md``.
 
 ``--seeds N`` runs the same steps in a temporary copy while recording every Holm family of comparisons
-(:mod:`mia_jax.verdict_log`), recomputes each family under N other bootstrap seeds (each comparison at its first
-count of resamples, more near the threshold, as in the build) and prints every verdict that changes with the seed;
+(:mod:`mia_jax.evaluation.verdict_log`), recomputes each family under N other bootstrap seeds (each comparison at its
+first count of resamples, more near the threshold, as in the build) and prints every verdict that changes with the seed;
 it exits 1 if any does.
 
 ``--check`` runs the same steps in a temporary copy of results/ and compares every file with the committed one; the
@@ -43,7 +43,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mia_jax import comparisons, entry, files, verdict_log
+from mia_jax.evaluation import comparisons, verdict_log
+from mia_jax.runs import entry, files
 from mia_jax.audits import overview_report
 from mia_jax.audits.concat import window_metrics, window_metrics_markdown
 from mia_jax.cli import main as cli_main
@@ -118,7 +119,7 @@ STEPS = {"contamination study (train.study)": _contamination, "WikiMIA reproduct
 
 def build(logs: dict | None = None) -> None:
     """Every step, in place, in the current folder (a repository root, or a copy holding its results/); with
-    ``logs`` ({}), each step's verdicts recorded there (:mod:`mia_jax.verdict_log`) under its name."""
+    ``logs`` ({}), each step's verdicts recorded there (:mod:`mia_jax.evaluation.verdict_log`) under its name."""
     for name, step in STEPS.items():
         with contextlib.redirect_stdout(io.StringIO()), \
                 (verdict_log.recording() if logs is not None else contextlib.nullcontext()) as log:

@@ -31,12 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, data, entry, files, models, rundir, runner
+from mia_jax.evaluation import blind
+from mia_jax import data, models
+from mia_jax.runs import entry, files, rundir
+from mia_jax.engine import runner
 from mia_jax.commands import options
 from mia_jax.errors import UserError
-from mia_jax.report import nonfinite_warning
+from mia_jax.evaluation.report import nonfinite_warning
 from mia_jax.scorers import MULTI_PASS, REGISTRY
-from mia_jax.scorers import recall as rc
+from mia_jax.methods import recall as rc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # detectors_report beside this file
 from detectors_report import BASELINE, EXAMPLES, SEALED, all_methods, section, write_report  # noqa: E402
@@ -168,7 +171,7 @@ def _score_groups(args, out: Path, loaded, ref, gen, methods, e_texts, e_labels,
     """Each group of ``method_groups(methods)`` scored into ``out/runs/GROUP`` (resumed from its pass files), timed
     into ``cost.json`` only when it ran whole; returns the scores by method and text, the evaluated texts whose logits
     were NaN or infinite (in any group's passes) and the path of ``cost.json`` (absent when no group was timed)."""
-    from mia_jax import freq
+    from mia_jax.methods import freq
 
     table_path = out / "freq_table.npz"
     if not table_path.exists():
@@ -204,7 +207,7 @@ def _score_groups(args, out: Path, loaded, ref, gen, methods, e_texts, e_labels,
 
 def run(args, command: str) -> Path:
     """Score every method into ``args.out`` (validated and claimed first); returns the folder."""
-    from mia_jax import neighbors as nb
+    from mia_jax.methods import neighbors as nb
 
     _check_skip(args.skip)
     models.resolve_model(args.model)  # a missing model: one line before any data is read
@@ -273,7 +276,7 @@ def build_parser() -> entry.ArgumentParser:
     ap.add_argument("--ref-model", help="reference model for 'ref' (left out without one)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--wikimia", type=entry.positive_int, help="WikiMIA length (32, 64, 128 or 256)")
-    src.add_argument("--eval", type=entry.data_input,
+    src.add_argument("--eval", type=data.data_input,
                      help="a contamination run's corpus/eval.jsonl (text, label, dataset), or a labeled TFDS dataset "
                           "tfds:NAME[/CONFIG][:SPLIT] built in --data-dir (text or input, label)")
     options.data_dir(ap)

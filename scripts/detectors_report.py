@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import comparisons, files, metrics, pvalue, rounding, rundir
+from mia_jax.evaluation import comparisons, metrics, pvalue, rounding
+from mia_jax.runs import files, rundir
 from mia_jax.errors import UserError
-from mia_jax.report import markdown, nonfinite_warning, with_ci
+from mia_jax.evaluation.report import markdown, nonfinite_warning, with_ci
 from mia_jax.scorers import MULTI_PASS, REGISTRY, expand_methods
 
 BASELINE = "min_k_pp@0.2"
@@ -167,7 +168,7 @@ def di_section(rows, methods, seed: int) -> str:
     """Dataset inference (Maini et al. 2024) per dataset from the per-example scores: the members against the
     non-members of the same dataset, and two random halves of the non-members against each other (the test must not
     reject there). Features: every single-pass method of the run (one forward pass); split seed ``seed``."""
-    from mia_jax.dataset_inference import dataset_inference
+    from mia_jax.evaluation.dataset_inference import dataset_inference
 
     feats = [m for m in methods if m.split("@")[0] in REGISTRY]
     table = []
@@ -188,10 +189,10 @@ def di_section(rows, methods, seed: int) -> str:
             table.append([group, what, f"{res.n_suspect} / {res.n_validation}", f"{res.t_statistic:.2f}",
                           f"{res.p_value:.3g}", verdict])
     return "\n".join([
-        f"\nDataset inference (Maini et al. 2024; `mia_jax.dataset_inference`): a logistic regression on the "
-        f"{len(feats)} single-pass scores fitted on half of each set, one-sided Welch t-test on the held-out halves "
-        f"(seed {seed}, chosen before the run). The second row of each dataset splits its non-members in two random "
-        "halves: a valid test does not reject there.\n",
+        f"\nDataset inference (Maini et al. 2024; `mia_jax.evaluation.dataset_inference`): a logistic regression on "
+        f"the {len(feats)} single-pass scores fitted on half of each set, one-sided Welch t-test on the held-out "
+        f"halves (seed {seed}, chosen before the run). The second row of each dataset splits its non-members in two "
+        "random halves: a valid test does not reject there.\n",
         markdown(["Dataset", "Suspect vs validation", "Held-out texts", "t", "p-value", "At 0.05"], table)])
 
 

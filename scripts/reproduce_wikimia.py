@@ -22,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from mia_jax import entry, files, models, reproduce, reproduce_report, rundir
+from mia_jax.runs import entry, files, rundir
+from mia_jax import models, reproduce, reproduce_report
 from mia_jax.batching import check_tokens_per_batch
 from mia_jax.data import WIKIMIA_LENGTHS, wikimia
 from mia_jax.errors import UserError

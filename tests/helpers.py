@@ -61,7 +61,7 @@ def write_tiny_llama(path, seed: int = 0, tie: bool = True, **overrides) -> None
 def ctrl_c_at_batch(n: int):
     """Within the block, the runner's ``n``-th scored batch raises KeyboardInterrupt (as Ctrl-C does there), before
     its records are saved."""
-    from mia_jax.records import Sink
+    from mia_jax.engine.records import Sink
 
     real, calls = Sink.add, []
 

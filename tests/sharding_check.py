@@ -57,7 +57,7 @@ def meshes(out_dir):
     import jax
     import numpy as np
 
-    from mia_jax import runner, sharding
+    from mia_jax.engine import runner, sharding
     from mia_jax.stats import token_stats_from_hidden, token_stats_from_hidden_sharded
 
     report = {"devices": len(jax.devices()), "cases": {}}
@@ -145,7 +145,8 @@ def batch_layout(lm, ref, mesh):
     import numpy as np
     from flax import nnx
 
-    from mia_jax import batching, score_step, sharding
+    from mia_jax import batching
+    from mia_jax.engine import score_step, sharding
 
     t0 = time.perf_counter()
     ids = np.random.default_rng(1).integers(0, batching.real_vocab_size(lm), (BATCH_ROWS, BATCH_T)).astype(np.int32)
@@ -203,8 +204,9 @@ def score_step_layout(lm, ref, mesh, rows_follow_mesh):
     import numpy as np
     from flax import nnx
 
-    from mia_jax import batching, sharding
-    from mia_jax.score_step import make_score_step
+    from mia_jax import batching
+    from mia_jax.engine import sharding
+    from mia_jax.engine.score_step import make_score_step
 
     rng = np.random.default_rng(2)
     step = batching.Step(BATCH_ROWS, BATCH_T, 2, [[(2 * r, 0, 6), (2 * r + 1, 6, 7)] for r in range(BATCH_ROWS)])
@@ -226,7 +228,8 @@ def streamed(folder, eager, ref):
     import numpy as np
     from flax import nnx
 
-    from mia_jax import models, runner, sharding
+    from mia_jax import models
+    from mia_jax.engine import runner, sharding
 
     mesh = sharding.make_mesh("data=2,fsdp=2,model=2")
     blocks = []
@@ -252,7 +255,8 @@ def process(index, count, port, out_dir):
     import jax
 
     jax.distributed.initialize(f"127.0.0.1:{port}", int(count), int(index))
-    from mia_jax import runner, sharding
+    from mia_jax.engine import runner, sharding
+    from mia_jax.runs import processes
 
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,7 +269,7 @@ def process(index, count, port, out_dir):
                              progress=False, mesh=mesh)
         if jax.process_index() == 0:
             Path(out_dir, "process.json").write_text(json.dumps({"seconds": time.perf_counter() - T0}))
-        sharding.sync("done")
+        processes.sync("done")
 
 
 def _copy(model):

@@ -18,7 +18,7 @@ from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 from mia_jax.scorers import TokenBatch, acmia, resource_arrays, score_batch
 from mia_jax.scorers.base import register
-from mia_jax.sharding import make_mesh
+from mia_jax.engine.sharding import make_mesh
 from mia_jax.stats import TemperedStats, TokenStats, token_stats, token_stats_from_hidden, \
     token_stats_from_hidden_sharded
 

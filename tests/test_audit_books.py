@@ -17,7 +17,8 @@ from scipy.stats import beta, binomtest
 import helpers
 from helpers import assert_clean_error, check_rebuilds_again, check_refused_into, cut_mid_row, drop_line, snapshot
 
-from mia_jax import entry, metrics
+from mia_jax.runs import entry
+from mia_jax.evaluation import metrics
 from mia_jax.audits import books as B
 from mia_jax.audits import books_rates as R
 from mia_jax.audits import books_rebuild
@@ -208,7 +209,7 @@ def test_load_books(tmp_path):
 
 def reseal(folder):
     """Seal ``folder`` again after a test edited a file (as if the run had written it so)."""
-    from mia_jax import rundir
+    from mia_jax.runs import rundir
 
     rundir.seal(folder, list(books_report.REBUILD_READS))
 

@@ -14,7 +14,8 @@ from helpers import (assert_clean_error, check_rebuilds_again, check_refused_int
                      write_tiny_llama, write_tiny_mlm)
 from helpers import snapshot as folder_snapshot
 
-from mia_jax import cli, rundir
+from mia_jax import cli
+from mia_jax.runs import rundir
 from mia_jax.audits import common
 from mia_jax.audits import unlearning as U
 from mia_jax.audits import unlearning_probes as P
@@ -348,7 +349,7 @@ def test_analyse_by_hand():
 
 
 def test_chunks_csv_round_trips_floats(tmp_path):
-    from mia_jax.report import write_csv
+    from mia_jax.evaluation.report import write_csv
 
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.lognormal(0, 5, 200), [0.1 + 0.2, 1 / 3, 5e-324, 1.7976931348623157e308, 1e-300]])

@@ -205,7 +205,7 @@ def loaded(tiny_llama_dir):
 
 
 def test_empty_prompts_refused(loaded):
-    from mia_jax import generate
+    from mia_jax.engine import generate
 
     assert raises(generate.encode_prompts, loaded, [""]) == "prompt 1 is empty: give some text to continue"
     assert raises(generate.encode_prompts, loaded, ["fine", " \n\t"]) == (

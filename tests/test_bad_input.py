@@ -166,7 +166,7 @@ def test_a_second_process_on_the_same_folder(finished, tiny_llama_dir, tmp_path)
     out = shutil.copytree(finished, tmp_path / "run")
     before = snapshot(out)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom mia_jax import rundir\n"
+        [sys.executable, "-c", "import sys, time\nfrom mia_jax.runs import rundir\n"
          "with rundir.claim(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n", str(out)],
         stdout=subprocess.PIPE, text=True, env=ENV)
     try:

@@ -11,10 +11,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.pipeline import make_pipeline
 
-from mia_jax.blind import WARN_AUROC, blind_bow_scores, warning
+from mia_jax.evaluation.blind import WARN_AUROC, blind_bow_scores, warning
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
-from mia_jax.metrics import auroc
+from mia_jax.evaluation.metrics import auroc
 
 
 def test_wikimia32_members_are_separable_without_any_model():
@@ -59,7 +59,7 @@ def test_groups_keep_each_texts_windows_in_one_fold_and_stop_the_leak():
     """40 documents of 3 windows each; every window of a document carries the document's own word, and the label is
     the document's. Plain k-fold spreads a document's windows over folds (the fold model saw its word: AUROC near 1,
     a leak); grouped k-fold keeps them in one fold (the word is unseen: every window scores the same, AUROC 0.5)."""
-    from mia_jax.blind import assign_folds
+    from mia_jax.evaluation.blind import assign_folds
 
     groups = np.repeat(np.arange(40), 3)
     labels = (groups % 2).astype(int)
@@ -89,7 +89,7 @@ def test_too_few_groups():
 def test_the_child_process_gives_the_very_scores_of_this_process():
     """``Child`` (the eval's baseline in a process of its own) returns the same float64s as ``blind_bow_scores``
     here (the JSON between them writes floats by repr), and its UserError as this process would raise it."""
-    from mia_jax.blind import Child
+    from mia_jax.evaluation.blind import Child
 
     ds = wikimia(32)
     texts, labels = ds.texts[:300], ds.labels[:300]
@@ -102,7 +102,7 @@ def test_the_child_process_is_killed_when_the_main_thread_ends_first():
     """The eval's main thread ends (an error, a Ctrl-C) while the child still works: the thread that waits for the
     child kills it, and the eval exits without waiting for the child's work to finish."""
     code = ("import subprocess, sys, threading\n"
-            "import mia_jax.blind as b\n"
+            "import mia_jax.evaluation.blind as b\n"
             "real = subprocess.Popen\n"
             "def popen(cmd, **kw):  # the child: 300 s of sleep instead of the baseline\n"
             "    p = real([sys.executable, '-c', 'import time; time.sleep(300)'], **kw)\n"
@@ -134,7 +134,7 @@ def test_the_child_gets_an_input_far_larger_than_a_pipe_while_the_main_thread_ho
     import threading
     import time
 
-    from mia_jax.blind import Child
+    from mia_jax.evaluation.blind import Child
 
     ds = wikimia(32)
     texts = [" ".join([t] * 60) for t in ds.texts[:300]]  # ~3.6 MB of JSON
@@ -157,7 +157,7 @@ def test_a_child_that_never_answers_ends_the_wait_within_its_stall_bound(monkeyp
     has not moved for ``stall_s`` seconds; the wait ends within that bound plus one poll, not never."""
     import time
 
-    import mia_jax.blind as b
+    import mia_jax.evaluation.blind as b
 
     monkeypatch.setattr(subprocess, "Popen", _stalled_popen(subprocess.Popen))
     child = b.Child(["x"] * 10, [1, 0] * 5, stall_s=1.5)

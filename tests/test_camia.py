@@ -12,7 +12,9 @@ from flax import nnx
 from reference import scores_x64
 from tokenizers import Tokenizer, processors
 
-from mia_jax import batching, metrics, models, runner
+from mia_jax import batching, models
+from mia_jax.evaluation import metrics
+from mia_jax.engine import runner
 from mia_jax.data import wikimia
 from mia_jax import scorers
 from mia_jax.scorers import TokenBatch, camia, score_batch

@@ -12,7 +12,8 @@ import pytest
 from helpers import assert_clean_error, ctrl_c_at_batch
 from sklearn.metrics import roc_auc_score
 
-from mia_jax import batching, blind, metrics, models
+from mia_jax import batching, models
+from mia_jax.evaluation import blind, metrics
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 

@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from mia_jax import comparisons, metrics
+from mia_jax.evaluation import comparisons, metrics
 from mia_jax.cli import main
 
 ROWS = [{"input": f"text number {i} about {'a thing that happened' if i % 2 else 'an event of the year'}",

@@ -13,7 +13,7 @@ import pytest
 from helpers import assert_clean_error, snapshot
 from sklearn.metrics import roc_auc_score
 
-from mia_jax import blind
+from mia_jax.evaluation import blind
 from mia_jax.audits import concat
 from mia_jax.commands import concat as concat_command
 from mia_jax.data import wikimia
@@ -178,7 +178,7 @@ def write_run(run, rows, data_rows, methods=("loss", "min_k_pp@0.2")):
         w.writerows(rows)
     data = run.parent / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in data_rows))
-    from mia_jax.files import sha256
+    from mia_jax.runs.files import sha256
     (run / "run.json").write_text(json.dumps({"data": {"files": {str(data): sha256(data)}}}))
     return data
 

@@ -10,7 +10,9 @@ import pytest
 from helpers import complete_records, interrupt_when, start, wait_for
 from sklearn.metrics import roc_auc_score
 
-from mia_jax import comparisons, metrics, models, rundir
+from mia_jax.evaluation import comparisons, metrics
+from mia_jax import models
+from mia_jax.runs import rundir
 from train import contaminate, tables
 from train.records import EXAMPLES, RUN_FILES, read_examples, write_examples
 from train.sweep_tables import occurrence_curve
@@ -133,7 +135,7 @@ def test_oracle_ref_pass_reuses_the_base_pass(tiny_run):
     (counted in run.json) and equal the losses of a ref pass computed afresh with the base model."""
     import numpy as np
 
-    from mia_jax import runner
+    from mia_jax.engine import runner
 
     out = tiny_run
     info = json.loads((out / "run.json").read_text())
@@ -463,7 +465,7 @@ def _corrupt(run: Path, how: str) -> None:
         (run / "manifest.json").unlink()
         reseal = False
     if reseal:  # as if the run had written the bad file (rundir.seal cannot count the rows of some of them)
-        from mia_jax.files import sha256
+        from mia_jax.runs.files import sha256
 
         (run / "manifest.json").write_text(json.dumps({"files": {n: {"sha256": sha256(run / n), "bytes": (
             run / n).stat().st_size, "rows": None} for n in RUN_FILES}}))
@@ -490,7 +492,7 @@ def test_rebuild_bad_inputs_are_one_line(tmp_path, capsys, how, needle):
     sweep = fake_sweep(tmp_path / "sweep")
     _corrupt(sweep / "lr_0.0001", how)
     if how not in ("truncated", "changed", "no-manifest"):  # the sweep's own record of its runs' files
-        from mia_jax.files import sha256
+        from mia_jax.runs.files import sha256
 
         names = [f"lr_{lr}/{n}" for lr in ("1e-05", "0.0001") for n in RUN_FILES]
         (sweep / "manifest.json").write_text(json.dumps({"files": {n: {"sha256": sha256(sweep / n), "bytes": (

@@ -1,6 +1,6 @@
-"""Dataset inference (mia_jax.dataset_inference): calibrated under the null (two halves of one unseen set, synthetic
-and real scores), powerful on a member-like set, the t-test as scipy's Welch test and as its formula, bad input
-refused with one line, results.jsonl read, and the command end to end (last stdout line `p-value: X`)."""
+"""Dataset inference (mia_jax.evaluation.dataset_inference): calibrated under the null (two halves of one unseen set,
+synthetic and real scores), powerful on a member-like set, the t-test as scipy's Welch test and as its formula, bad
+input refused with one line, results.jsonl read, and the command end to end (last stdout line `p-value: X`)."""
 import gzip
 import json
 import shutil
@@ -11,12 +11,12 @@ import pytest
 from helpers import assert_clean_error, snapshot
 from scipy import stats
 
-from mia_jax import dataset_inference as di
-from mia_jax import entry
+from mia_jax.evaluation import dataset_inference as di
+from mia_jax.runs import entry
 from mia_jax.cli import main
 from mia_jax.commands import dataset_inference as di_command
 from mia_jax.data import wikimia
-from mia_jax.dataset_inference import dataset_inference, load_features, welch_greater
+from mia_jax.evaluation.dataset_inference import dataset_inference, load_features, welch_greater
 from mia_jax.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]

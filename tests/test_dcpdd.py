@@ -12,11 +12,13 @@ from helpers import TEXTS, write_tiny_gguf
 from reference import scores_x64
 from tokenizers import Tokenizer
 
-from mia_jax import batching, freq, models, runner, score_step
+from mia_jax import batching, models
+from mia_jax.methods import freq
+from mia_jax.engine import runner, score_step
 from mia_jax.commands import freq_table
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
-from mia_jax.freq import FreqTable, count_tokens, tokenizer_sha256
+from mia_jax.methods.freq import FreqTable, count_tokens, tokenizer_sha256
 from mia_jax.scorers import REGISTRY, TokenBatch, score_batch
 from mia_jax.scorers.dcpdd import A_CLIP, first_occurrence
 from mia_jax.stats import TokenStats

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import ENV, REPO, assert_clean_error, snapshot, write_tiny_llama
 
-from mia_jax import metrics, rundir
+from mia_jax.evaluation import metrics
+from mia_jax.runs import rundir
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "detectors.py"
 
@@ -139,7 +140,7 @@ def _synthetic_run(det, folder: Path, per_class: int, datasets=("alpha", "beta")
     (folder / "cost.json").write_text(json.dumps(
         {"single-pass": {"methods": methods, "seconds": 1.0, "texts": len(rows), "forward_per_text": 1,
                          "backward_per_text": 0, "tokens": 100, "tokens_per_second": 100.0}}))
-    from mia_jax import files
+    from mia_jax.runs import files
 
     files.write_jsonl_gz(folder / det.EXAMPLES, rows)
     rundir.seal(folder, det.SEALED)
@@ -220,7 +221,7 @@ def test_a_second_process_is_refused_with_the_first_ones_pid(det, finished, tmp_
     out = _copy(finished, tmp_path)
     before = snapshot(out)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom mia_jax import rundir\n"
+        [sys.executable, "-c", "import sys, time\nfrom mia_jax.runs import rundir\n"
          "with rundir.claim(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n", str(out)],
         stdout=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
     try:

@@ -19,7 +19,7 @@ from reference import REFERENCES, count, method_references, scores_x64
 import mia_jax
 from mia_jax import device_scores, scorers, scores_from_logits
 from mia_jax.errors import UserError
-from mia_jax.freq import FreqTable
+from mia_jax.methods.freq import FreqTable
 from mia_jax.scorers import REGISTRY, expand_methods, k_count, requirements, resource_arrays, zlib_bytes
 from mia_jax.stats import TemperedStats, TokenStats, token_stats
 

@@ -6,10 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from mia_jax import metrics, models, runner
+from mia_jax.evaluation import metrics
+from mia_jax import models
+from mia_jax.engine import runner
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
-from mia_jax.scorers import em_mia as em
+from mia_jax.methods import em_mia as em
 from tests.reference import em_mia_ref
 from tests.test_recall import conditional_loss
 
@@ -130,7 +132,7 @@ def test_pass_matrix_is_the_models_conditional_likelihood(tiny, tmp_path):
 
 
 def write_data(tmp_path):
-    from mia_jax.files import write_jsonl
+    from mia_jax.runs.files import write_jsonl
 
     data = tmp_path / "eval.jsonl"
     write_jsonl(data, [{"input": t, "label": y} for t, y in zip(TEXTS, LABELS)])

@@ -1,4 +1,4 @@
-"""The guard of every entry point (mia_jax.entry): which failures become one line and exit 2, which stay bugs."""
+"""The guard of every entry point (mia_jax.runs.entry): which failures become one line and exit 2, which stay bugs."""
 import errno
 import signal
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 from helpers import ENV, assert_clean_error
 
-from mia_jax import entry
+from mia_jax.runs import entry
 from mia_jax.errors import UserError
 
 
@@ -54,7 +54,7 @@ def test_flags_xla_for_cpu_does_not_know_are_left_to_an_installed_tpu_runtime(tm
 def test_ctrl_c_is_one_line_and_the_command_exits_at_once():
     """As the command (argv None): one line, stdout flushed, exit 130 straight away (os._exit: no interpreter
     shutdown with JAX's threads mid-step, which segfaulted at times, and no atexit hook to catch a second Ctrl-C)."""
-    code = ("import sys; from mia_jax import entry\n"
+    code = ("import sys; from mia_jax.runs import entry\n"
             "def main(argv):\n    print('half a report', end='')\n    raise KeyboardInterrupt\n"
             "import atexit; atexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
             "sys.exit(entry.run('prog', main, resume_hint=lambda: 'run it again'))\n")
@@ -69,7 +69,7 @@ def test_exit_now_runs_the_exit_hooks_but_not_the_teardown(end, thread):
     """``entry.exit_now`` (how the ``mia-jax`` console script ends): the status, stdout and stderr flushed, the
     atexit hooks run, but not the interpreter's teardown (a module object's finalizer, which ``sys.exit`` runs,
     does not run); with a thread still working that is not a daemon, the normal exit, after the thread."""
-    code = ("import atexit, sys, threading, time; from mia_jax import entry\n"
+    code = ("import atexit, sys, threading, time; from mia_jax.runs import entry\n"
             "class Held:\n    def __del__(self):\n        print('teardown', file=sys.stderr, flush=True)\n"
             "held = Held()\n"
             "atexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
@@ -86,7 +86,7 @@ def test_exit_now_runs_the_exit_hooks_but_not_the_teardown(end, thread):
 def test_the_command_guards_ctrl_c_before_jax_loads():
     """``mia-jax``'s module loads no JAX (``mia_jax`` names its API lazily), so the guard is in place before the
     slow imports (a Ctrl-C there was a 40-line traceback); as the command, SIGINT is raised once from the start."""
-    code = ("import sys, signal; import mia_jax.cli; from mia_jax import entry\n"
+    code = ("import sys, signal; import mia_jax.cli; from mia_jax.runs import entry\n"
             "print('jax' in sys.modules)\n"
             "sys.exit(entry.run('prog', lambda argv: print(signal.getsignal(signal.SIGINT) is entry._on_sigint)))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)

@@ -4,7 +4,7 @@ of any existing folder changed (nor anything written in the working folder).
 The entry points are found, not listed: each ``mia-jax`` subcommand (from ``mia_jax.cli.build_parser()``), each
 ``scripts/*.py``, ``scripts/bench/*.py`` and ``train/*.py`` with a ``__main__`` block. Each follows one convention
 (``PROG``, ``build_parser()``, a guarded ``main(argv) -> int``; checked here), and its cases are generated from its
-parser: every option typed with a validating type of :mod:`mia_jax.entry` gets the bad values of that type; every
+parser: every option typed with a validating type of :mod:`mia_jax.runs.entry` gets the bad values of that type; every
 ``--from`` (``entry.source_dir(kind, example=...)``) gets a copy of its committed example with each recorded file cut,
 emptied, deleted or garbled, and an ``--out`` holding another run. A new entry point, or a new option, is covered
 without editing this file. The process-level cases (a platform the machine lacks, a malformed XLA_FLAGS, a full disk,
@@ -30,7 +30,8 @@ from typing import Callable
 import pytest
 from helpers import ENV, REPO, assert_clean_error, complete_records, snapshot, start, stderr_of, wait_for
 
-from mia_jax import entry, rundir
+from mia_jax import data
+from mia_jax.runs import entry, rundir
 from mia_jax.commands.options import RESUME
 
 MAIN_BLOCK = re.compile(r'^if __name__ == "__main__":', re.M)
@@ -117,7 +118,7 @@ def _bad_values(action, tmp: Path) -> list[str]:
         return numbers[t]
     if t is entry.input_file:
         return [str(tmp / "missing.jsonl"), str(tmp / "a_folder")]
-    if t is entry.data_input:  # a file, or a TFDS dataset spec
+    if t is data.data_input:  # a file, or a TFDS dataset spec
         return [str(tmp / "missing.jsonl"), str(tmp / "a_folder"), "tfds:Not A Name", "tfds:"]
     if t is entry.input_dir:
         return [str(tmp / "missing_dir"), str(tmp / "a_file")]
@@ -137,7 +138,7 @@ def _bad_values(action, tmp: Path) -> list[str]:
 
 CASES = [(p, a) for p in POINTS for a in p.parser._actions if a.option_strings and a.type is not None
          and (a.type in (entry.positive_int, entry.nonneg_int, entry.positive_float, entry.nonneg_float,
-                         entry.fraction, entry.input_file, entry.data_input, entry.input_dir, entry.out_dir,
+                         entry.fraction, entry.input_file, data.data_input, entry.input_dir, entry.out_dir,
                          entry.out_file)
               or isinstance(a.type, entry.source_dir))]
 

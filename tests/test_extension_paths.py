@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from test_contaminate import TINY, fake_run
 
-from mia_jax import benchmarks, data, resources
+from mia_jax import benchmarks, data
+from mia_jax.methods import resources
 from mia_jax.cli import main
 from mia_jax.errors import UserError
 from mia_jax.models import checkpoint, llama

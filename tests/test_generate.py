@@ -1,4 +1,4 @@
-"""mia_jax.generate and the models' KV-cache `decode`: cached logits equal a full forward over the final
+"""mia_jax.engine.generate and the models' KV-cache `decode`: cached logits equal a full forward over the final
 sequence for every architecture (left-padded batches, sliding windows), seeded sampling, top-k / top-p,
 sample_completions, EOS, truncation, the CLI; transformers' own generate as a reference for the learned-position
 models."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mia_jax import generate as G
+from mia_jax.engine import generate as G
 from mia_jax.cli import main
 from mia_jax.errors import UserError
 from mia_jax.models import checkpoint, gemma3, gpt2, gpt_neox, llama, opt

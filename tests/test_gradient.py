@@ -3,10 +3,12 @@ loop and to torch autograd on the same weights."""
 import numpy as np
 import pytest
 
-from mia_jax import metrics, models, runner
+from mia_jax.evaluation import metrics
+from mia_jax import models
+from mia_jax.engine import runner
 from mia_jax.batching import real_vocab_size
 from mia_jax.data import wikimia
-from mia_jax.scorers.gradient import NORMS
+from mia_jax.methods.gradient import NORMS
 
 TEXTS = [" ".join(t.split()[:n]) for t, n in zip(wikimia(32).texts[:5], (12, 5, 9, 2, 7))] + ["x"]
 

@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mia_jax import metrics, models, runner
+from mia_jax.evaluation import metrics
+from mia_jax import models
+from mia_jax.engine import runner
 from mia_jax.batching import real_vocab_size
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
-from mia_jax.scorers import infilling as inf
+from mia_jax.methods import infilling as inf
 from reference import count
 
 TEXTS = [" ".join(t.split()[:n]) for t, n in zip(wikimia(32).texts[:4], (12, 6, 9, 3))] + ["x"]

@@ -9,7 +9,7 @@ import pytest
 
 from mia_jax.cli import main
 from mia_jax.data import stream
-from mia_jax import report
+from mia_jax.evaluation import report
 from mia_jax.data import sample
 from mia_jax.data.sample import LIMIT_SEED, balanced_sample, limit_rows
 

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score
 from sklearn.metrics import roc_curve as sklearn_roc_curve
 
-from mia_jax import bootstrap as bs
-from mia_jax import comparisons as cmp
-from mia_jax import metrics as m
+from mia_jax.evaluation import bootstrap as bs
+from mia_jax.evaluation import comparisons as cmp
+from mia_jax.evaluation import metrics as m
 
 # ---------------------------------------------------------------- brute-force float64 references
 

@@ -8,9 +8,9 @@ import pytest
 from helpers import tpr_ref
 from sklearn.metrics import roc_auc_score
 
-from mia_jax import bootstrap as bs
-from mia_jax import comparisons as cmp
-from mia_jax import metrics as m
+from mia_jax.evaluation import bootstrap as bs
+from mia_jax.evaluation import comparisons as cmp
+from mia_jax.evaluation import metrics as m
 
 
 def cluster_ref(labels, vectors, clusters, groups, n_bootstrap, seed, fpr=0.05):

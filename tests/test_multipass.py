@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from helpers import write_tiny_llama
 
-from mia_jax import metrics, models, runner
+from mia_jax.evaluation import metrics
+from mia_jax import models
+from mia_jax.engine import runner
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 from mia_jax.scorers import score_batch

@@ -20,7 +20,8 @@ import pytest
 
 from processes import start_processes, wait_processes
 
-from mia_jax import preemption, sharding
+from mia_jax.runs import processes
+from mia_jax.runs import preemption
 from mia_jax.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,7 +135,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_the_same_command_resu
 
 def test_a_killed_process_ends_the_other_in_bounded_time_with_one_line_and_a_rerun_reuses_every_shard(
         tiny_llama_dir, corpus):
-    """SIGKILL of process 1 (a lost host): process 0 ends within ``sharding.HEARTBEAT_S`` (at once: the peer's
+    """SIGKILL of process 1 (a lost host): process 0 ends within ``processes.HEARTBEAT_S`` (at once: the peer's
     connections are closed), without a Python traceback: with this project's one line and exit 1 when its failed
     collective is seen first, else by JAX's runtime, which aborts the process with its own log lines when its
     coordination service reports the lost task; the same command then reuses every shard finished before the kill
@@ -145,8 +146,8 @@ def test_a_killed_process_ends_the_other_in_bounded_time_with_one_line_and_a_rer
     _when(out / "passes" / "main" / "00001.jsonl")
     procs[1].kill()
     t0 = time.monotonic()
-    res = _wait(procs, timeout=sharding.HEARTBEAT_S + 30)
-    assert time.monotonic() - t0 < sharding.HEARTBEAT_S
+    res = _wait(procs, timeout=processes.HEARTBEAT_S + 30)
+    assert time.monotonic() - t0 < processes.HEARTBEAT_S
     assert res[1][0] == -signal.SIGKILL and res[0][0] in (1, -signal.SIGABRT) and "Traceback" not in res[0][1], res
     if res[0][0] == 1:  # this project's line came before the runtime's own abort (a race: see README)
         last = res[0][1].strip().splitlines()[-1]
@@ -161,13 +162,13 @@ def test_a_killed_process_ends_the_other_in_bounded_time_with_one_line_and_a_rer
 
 def test_a_killed_coordinator_ends_the_other_process_in_bounded_time(tiny_llama_dir, corpus):
     """SIGKILL of process 0, the coordinator: JAX's runtime ends process 1 itself (its own log lines, then exit 1
-    when this project's line comes first or SIGABRT), without a Python traceback, within ``sharding.HEARTBEAT_S``."""
+    when this project's line comes first or SIGABRT), without a Python traceback, within ``processes.HEARTBEAT_S``."""
     root, small, _ = corpus
     out = root / "coordinator"
     procs = _start(tiny_llama_dir, small, [out, out])
     _when(out / "passes" / "main" / "00000.jsonl")
     procs[0].kill()
     t0 = time.monotonic()
-    res = _wait(procs, timeout=sharding.HEARTBEAT_S + 30)
-    assert time.monotonic() - t0 < sharding.HEARTBEAT_S
+    res = _wait(procs, timeout=processes.HEARTBEAT_S + 30)
+    assert time.monotonic() - t0 < processes.HEARTBEAT_S
     assert res[1][0] in (1, -signal.SIGABRT) and "Traceback" not in res[1][1], res

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from helpers import ctrl_c_at_batch, write_tiny_mlm
 
-from mia_jax import metrics, models, runner
+from mia_jax.evaluation import metrics
+from mia_jax import models
+from mia_jax.engine import runner
 from mia_jax.cli import main
 from mia_jax.data import wikimia
-from mia_jax.neighbors import MLMNeighbors, SelfNeighbors, cached_neighbors, drop_identical, n_replaced
+from mia_jax.methods.neighbors import MLMNeighbors, SelfNeighbors, cached_neighbors, drop_identical, n_replaced
 from mia_jax.scorers import MULTI_PASS
 
 DS = wikimia(32)

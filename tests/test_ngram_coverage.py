@@ -1,5 +1,5 @@
-"""The n-gram coverage attack (mia_jax.ngram_coverage): the coverage by hand and against a float64 reference written
-from the paper's definition, its orientation on a text the model reproduces, the registered method through the
+"""The n-gram coverage attack (mia_jax.methods.ngram_coverage): the coverage by hand and against a float64 reference
+written from the paper's definition, its orientation on a text the model reproduces, the registered method through the
 runner and `mia-jax eval` on the tiny random Llama (finite, seeded, sharing SaMIA's samples), and bad options."""
 import functools
 import json
@@ -7,12 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from mia_jax import generate, metrics, models, runner
-from mia_jax import ngram_coverage as ng
-from mia_jax import samia as sm
+from mia_jax.engine import generate, runner
+from mia_jax.evaluation import metrics
+from mia_jax import models
+from mia_jax.methods import ngram_coverage as ng
+from mia_jax.methods import samia as sm
 from mia_jax.cli import main
 from mia_jax.errors import UserError
-from mia_jax.scorers import MULTI_PASS, sampling
+from mia_jax.scorers import MULTI_PASS
+from mia_jax.methods import sampling
 from reference import ngram_coverage_ref, sliding_window_coverage_ref
 
 

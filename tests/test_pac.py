@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from reference import scores_x64
 
-from mia_jax import metrics, models, runner
-from mia_jax.augment import EdaAugmenter, n_swaps, random_swap
+from mia_jax.evaluation import metrics
+from mia_jax import models
+from mia_jax.engine import runner
+from mia_jax.methods.augment import EdaAugmenter, n_swaps, random_swap
 from mia_jax.data import wikimia
-from mia_jax.neighbors import SelfNeighbors, cache_key, cached_neighbors
+from mia_jax.methods.neighbors import SelfNeighbors, cache_key, cached_neighbors
 from mia_jax.scorers import TokenBatch, score_batch
 from mia_jax.stats import TokenStats
 

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mia_jax import batching, models, runner
+from mia_jax import batching, models
+from mia_jax.engine import runner
 from mia_jax.data import wikimia
 
 METHODS = ["loss", "ppl", "zlib", "min_k@0.2", "max_k@0.2", "min_k_pp@0.2", "entropy", "rank", "gap_k@0.2",
@@ -176,7 +177,7 @@ def test_a_second_run_compiles_nothing(tiny_llama_dir, tmp_path):
 
 
 def test_cache_can_be_turned_off(monkeypatch, tmp_path):
-    from mia_jax import compilation
+    from mia_jax.engine import compilation
 
     monkeypatch.setenv(compilation.ENV, "off")
     assert compilation.resolve() is None

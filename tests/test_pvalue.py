@@ -1,4 +1,4 @@
-"""The Monte-Carlo resolution of a bootstrap p (mia_jax.pvalue) and the verdicts built on it
+"""The Monte-Carlo resolution of a bootstrap p (mia_jax.evaluation.pvalue) and the verdicts built on it
 (comparisons.holm_adjust): the interval against scipy's exact binomial interval, the floor printed as "< 1/(B+1)"
 wherever a p of 0 is printed, a comparison near 0.05 whose verdict no longer depends on the seed, resamples added
 only where a verdict needs them, "undecided" at the most, and the seed audit naming a verdict that changes."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from mia_jax import comparisons as cmp
-from mia_jax import pvalue
+from mia_jax.evaluation import comparisons as cmp
+from mia_jax.evaluation import pvalue
 from train import claims
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,7 +150,7 @@ def test_a_column_grows_in_one_bootstrap_with_the_pairwise_numbers():
 def test_auroc_only_skips_the_resampled_tprs_and_keeps_the_aurocs():
     """``bootstrap.auroc_only()`` (what holm_adjust wraps an AUROC comparison's recomputation in): the same resampled
     AUROCs to the bit, every resampled TPR NaN (not computed); outside it both are computed again."""
-    from mia_jax import bootstrap
+    from mia_jax.evaluation import bootstrap
 
     labels, a, b = near_threshold()
     whole = cmp.paired_bootstrap(labels, a, b, n_bootstrap=3000, seed=4)

@@ -6,10 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mia_jax import batching, metrics, models, runner
+from mia_jax import batching, models
+from mia_jax.evaluation import metrics
+from mia_jax.engine import runner
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
-from mia_jax.scorers import recall as rc
+from mia_jax.methods import recall as rc
 
 DATA = wikimia(32)
 TEXTS = [" ".join(t.split()[:6]) for t in DATA.texts[:6]]  # short: text + prefix fit the tiny model's 64 tokens
@@ -93,7 +95,7 @@ def test_missing_shots_is_a_clear_error(tiny, tmp_path):
 
 def test_eval_with_recall_shots_on_the_command_line(tiny_llama_dir, tmp_path, capsys):
     from mia_jax.cli import main
-    from mia_jax.files import write_jsonl
+    from mia_jax.runs.files import write_jsonl
 
     data, shots = tmp_path / "eval.jsonl", tmp_path / "shots.jsonl"
     write_jsonl(data, [{"input": t, "label": y} for t, y in zip(TEXTS, DATA.labels[:6])])
@@ -120,7 +122,7 @@ def test_eval_with_recall_shots_on_the_command_line(tiny_llama_dir, tmp_path, ca
 ])
 def test_recall_without_usable_shots_exits_2_with_one_line(tiny_llama_dir, tmp_path, capsys, extra, message):
     from mia_jax.cli import main
-    from mia_jax.files import write_jsonl
+    from mia_jax.runs.files import write_jsonl
 
     data = tmp_path / "eval.jsonl"
     write_jsonl(data, [{"input": t, "label": y} for t, y in zip(TEXTS, DATA.labels[:6])])

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from mia_jax import metrics, report
+from mia_jax.evaluation import metrics, report
 
 
 @pytest.fixture(scope="module")

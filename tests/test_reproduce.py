@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from helpers import assert_clean_error, check_rebuild_twice, snapshot
 
-from mia_jax import comparisons, files, metrics, reproduce, reproduce_report, rundir
+from mia_jax.evaluation import comparisons, metrics
+from mia_jax.runs import files, rundir
+from mia_jax import reproduce, reproduce_report
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "reproduce_wikimia.py"
 

@@ -1,4 +1,4 @@
-"""mia_jax.rundir: the lock, the fingerprint decision, and that nothing is written before it."""
+"""mia_jax.runs.rundir: the lock, the fingerprint decision, and that nothing is written before it."""
 import json
 import os
 import signal
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mia_jax import entry, rundir
+from mia_jax.runs import entry, rundir
 from mia_jax.errors import UserError
 
 
@@ -156,7 +156,7 @@ def test_claims_nest_within_a_process(tmp_path):
 def test_a_second_process_is_refused_with_the_first_ones_pid(tmp_path):
     out = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom mia_jax import rundir\n"
+        [sys.executable, "-c", "import sys, time\nfrom mia_jax.runs import rundir\n"
          "with rundir.claim(sys.argv[1], {'a': 1}):\n    print('held', flush=True)\n    time.sleep(60)\n", str(out)],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     try:

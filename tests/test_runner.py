@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from reference import ref_token_arrays, reference_scores
 
-from mia_jax import batching, models, runner, score_step
-from mia_jax.records import Sink
+from mia_jax import batching, models
+from mia_jax.engine import runner, score_step
+from mia_jax.engine.records import Sink
 from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 
@@ -115,7 +116,7 @@ def test_a_one_device_mesh_gives_the_same_records(tiny_llama_dir, tmp_path):
     device of this process; 8 devices and 2 processes are in test_sharding.py."""
     import jax
 
-    from mia_jax import sharding
+    from mia_jax.engine import sharding
 
     loaded = models.load(str(tiny_llama_dir))  # its own copy: score_texts places the parameters in place
     texts = wikimia(32).texts[:7] + [""]
@@ -140,7 +141,7 @@ def test_cpu_runs_two_steps_at_once_and_writes_their_records_in_order(tiny, tmp_
     import threading
     import time
 
-    from mia_jax import inflight
+    from mia_jax.engine import inflight
 
     texts = wikimia(32).texts[:40]
     real, lock = runner.shared_score_step, threading.Lock()

@@ -1,11 +1,11 @@
-"""mia_jax.samia: the prefix split, ROUGE-1 recall (by hand and against the rouge-score package with the authors'
-whitespace tokens), the mean over samples, and sampling on a tiny random Llama: shapes, seeds, skipped texts,
-greedy / top-1 equal to mia_jax.generate, and a text's samples independent of the other texts in its batch."""
+"""mia_jax.methods.samia: the prefix split, ROUGE-1 recall (by hand and against the rouge-score package with the
+authors' whitespace tokens), the mean over samples, and sampling on a tiny random Llama: shapes, seeds, skipped texts,
+greedy / top-1 equal to mia_jax.engine.generate, and a text's samples independent of the other texts in its batch."""
 import numpy as np
 import pytest
 
-from mia_jax import generate as G
-from mia_jax import samia
+from mia_jax.engine import generate as G
+from mia_jax.methods import samia
 from mia_jax.errors import UserError
 from mia_jax.models import checkpoint
 

@@ -3,7 +3,10 @@ import json
 
 import numpy as np
 
-from mia_jax import metrics, models, runner, samia
+from mia_jax.evaluation import metrics
+from mia_jax import models
+from mia_jax.engine import runner
+from mia_jax.methods import samia
 from mia_jax.cli import main
 from mia_jax.data import wikimia
 

@@ -5,7 +5,7 @@ import pytest
 from reference import count, ref_token_arrays, reference_scores
 
 from mia_jax.errors import UserError
-from mia_jax.freq import FreqTable
+from mia_jax.methods.freq import FreqTable
 from mia_jax.scorers import (REGISTRY, TokenBatch, expand_methods, k_count, parse_method, resource_arrays,
                             score_batch)
 from mia_jax.stats import token_stats
@@ -104,7 +104,7 @@ def test_method_parsing():
 
 
 def test_multi_pass_methods_have_their_own_registry():
-    from mia_jax import passes
+    from mia_jax.engine import passes
     from mia_jax.scorers import MULTI_PASS, MultiPassMethod, Scorer, is_multi_pass, lookup
 
     assert {"lowercase", "ref", "neighbor", "recall", "con_recall", "pac", "samia"} <= set(MULTI_PASS)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import assert_clean_error, snapshot
 
-from mia_jax import entry
+from mia_jax.runs import entry
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 BENCH = SCRIPTS / "bench"  # the measurement scripts and their helper module (bench_tools)

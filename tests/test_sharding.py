@@ -225,7 +225,7 @@ def test_two_processes_give_the_single_host_results(runs):
 
 def test_mesh_spec_parsing():
     from mia_jax.errors import UserError
-    from mia_jax.sharding import parse_mesh
+    from mia_jax.engine.sharding import parse_mesh
 
     assert parse_mesh(None, 8) == {"data": 8, "fsdp": 1, "model": 1}
     assert parse_mesh("model=2", 8) == {"data": 4, "fsdp": 1, "model": 2}
@@ -240,7 +240,7 @@ def test_mesh_spec_parsing():
 def test_fit_spec_leaves_indivisible_dimensions_unsharded():
     from jax.sharding import PartitionSpec as P
 
-    from mia_jax.sharding import PARTITION_RULES, fit_spec
+    from mia_jax.engine.sharding import PARTITION_RULES, fit_spec
 
     class FakeMesh:
         shape = {"data": 2, "fsdp": 2, "model": 4}
@@ -258,7 +258,7 @@ def test_every_architecture_shards_its_large_matrices():
     from flax import nnx
 
     from mia_jax.models import gemma3, gpt2, gpt_neox, llama, opt
-    from mia_jax.sharding import state_specs
+    from mia_jax.engine.sharding import state_specs
 
     class FakeMesh:
         shape = {"data": 1, "fsdp": 2, "model": 2}

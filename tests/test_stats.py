@@ -123,7 +123,7 @@ def test_jit_and_vmap_compose():
 def test_vocabulary_sharded_variant_on_one_device_equals_the_kernel():
     """The shard_map path (global ids, psum/pmax combination) on a 1-device mesh; 8-device meshes are
     checked in test_sharding.py."""
-    from mia_jax.sharding import make_mesh
+    from mia_jax.engine.sharding import make_mesh
     from mia_jax.stats import token_stats_from_hidden_sharded
 
     rng = np.random.default_rng(7)
@@ -174,7 +174,7 @@ def test_a_nan_logit_makes_its_positions_statistics_nan(chunk, where):
 def test_a_nan_row_of_the_unembedding_makes_every_position_nan():
     """A NaN row of the LM head (a broken tied embedding) gives every position one NaN logit: every statistic NaN,
     in the hidden-state kernel and in its vocabulary-sharded variant; a NaN padding row changes nothing."""
-    from mia_jax.sharding import make_mesh
+    from mia_jax.engine.sharding import make_mesh
     from mia_jax.stats import token_stats_from_hidden_sharded
 
     rng = np.random.default_rng(12)

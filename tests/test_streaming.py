@@ -1,5 +1,5 @@
-"""Streaming scoring (mia_jax.data.stream, mia_jax.shards): every input format read in its row / row-group order with
-the texts, labels, digest and duplicate report of the in-memory reader; the reader and the scorer never hold more
+"""Streaming scoring (mia_jax.data.stream, mia_jax.engine.shards): every input format read in its row / row-group order
+with the texts, labels, digest and duplicate report of the in-memory reader; the reader and the scorer never hold more
 than a window of texts (counted); a streamed eval writes what the in-memory eval writes; a streamed `score` killed
 with SIGKILL once some shards exist resumes from every finished shard (counted from its run.json and its log) and
 ends byte-identical to an uninterrupted run."""
@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from helpers import assert_clean_error, start, stderr_of, wait_for
 
-from mia_jax import data, runner
+from mia_jax import data
+from mia_jax.engine import runner
 from mia_jax.cli import main
 from mia_jax.commands import scoring
 from mia_jax.data import stream
 from mia_jax.data.sample import stratified_sample
-from mia_jax.fingerprint import texts_sha256
+from mia_jax.runs.fingerprint import texts_sha256
 
 WORDS = ("the river city old stone bridge north market winter light paper garden music station quiet "
          "harbour engine letter field morning").split()
@@ -211,7 +212,7 @@ def test_the_blind_baseline_of_a_streamed_corpus_larger_than_its_bound_reads_a_s
     sample's alone, counted."""
     from sklearn.metrics import roc_auc_score
 
-    from mia_jax import blind
+    from mia_jax.evaluation import blind
     from mia_jax.commands import scoring_report
 
     recs = rows(101, seed=3)

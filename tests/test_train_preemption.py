@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 
 from processes import kill_processes, start_processes, wait_processes
 
-from mia_jax import preemption
+from mia_jax.runs import preemption
 from train import grain_input
 
 REPO = Path(__file__).resolve().parents[1]
@@ -212,8 +212,8 @@ def test_packed_records_on_a_process_other_than_0(tiny_llama_dir, tmp_path, monk
     written = grain_input.packed_records(shared, docs, tok, 16, 0)  # process 0 (the only process here)
     mtime = (shared / grain_input.RECORDS).stat().st_mtime_ns
     broadcast = []
-    monkeypatch.setattr(grain_input.sharding, "is_main_process", lambda: False)
-    monkeypatch.setattr(grain_input.sharding, "broadcast_json", lambda obj: broadcast.append(obj) or written.sha256)
+    monkeypatch.setattr(grain_input.processes, "is_main_process", lambda: False)
+    monkeypatch.setattr(grain_input.processes, "broadcast_json", lambda obj: broadcast.append(obj) or written.sha256)
     real_write = grain_input.write_records
 
     def no_write(*args, **kwargs):

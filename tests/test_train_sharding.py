@@ -143,7 +143,7 @@ def test_contaminate_refuses_bad_meshes_with_one_line(tmp_path):
     divide the micro-batch, is refused before anything is written (a folder holding an earlier run is unchanged);
     a model axis that does not divide the heads, or a memory estimate over the budget, before any training step.
     Exit code 2, one line, no traceback."""
-    from mia_jax import rundir
+    from mia_jax.runs import rundir
 
     earlier = tmp_path / "earlier"
     with rundir.claim(earlier, {"an": "earlier run"}):
@@ -180,7 +180,7 @@ def test_paper_config_fits_eight_80gb_accelerators_only_when_sharded():
     from jax.sharding import AbstractMesh
 
     from mia_jax.models import Llama, LlamaConfig
-    from mia_jax.sharding import AXES, parse_mesh
+    from mia_jax.engine.sharding import AXES, parse_mesh
     from train.config import load_config
     from train.placement import estimate_bytes
 

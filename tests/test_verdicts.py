@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mia_jax import comparisons as cmp
-from mia_jax import report, rounding, verdict_log
+from mia_jax.evaluation import comparisons as cmp
+from mia_jax.evaluation import report, rounding, verdict_log
 from train import claims
 
 

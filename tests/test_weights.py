@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 from tokenizers import models as tok_models
 
 from mia_jax.models import bert, gemma3, gpt2, gpt_neox, layers, llama, load, opt, phi3
-from mia_jax.sharding import PARTITION_RULES, path_str
+from mia_jax.engine.sharding import PARTITION_RULES, path_str
 from train.export import save_hf
 
 SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from reference import ref_token_arrays, reference_scores
 
-from mia_jax import batching, models, runner
+from mia_jax import batching, models
+from mia_jax.engine import runner
 from mia_jax.data import wikimia
 
 pytestmark = [

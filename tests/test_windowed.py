@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 from helpers import write_tiny_llama
 
-from mia_jax import batching, models, runner
+from mia_jax import batching, models
+from mia_jax.engine import runner
 from mia_jax.errors import UserError
 
 WINDOW = 32

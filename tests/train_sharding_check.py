@@ -86,7 +86,7 @@ def flat(params):
     import jax
     import numpy as np
 
-    from mia_jax.sharding import path_str
+    from mia_jax.engine.sharding import path_str
 
     return {path_str(p): np.asarray(x, np.float64) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
 
@@ -109,7 +109,7 @@ def shardings(model, mesh):
     import jax
     import numpy as np
 
-    from mia_jax import sharding
+    from mia_jax.engine import sharding
     from train import placement
     from train.trainer import make_train_step, optimizer
 
@@ -145,7 +145,7 @@ def meshes(out_dir):
     import jax
     import numpy as np
 
-    from mia_jax import sharding
+    from mia_jax.engine import sharding
     from mia_jax.errors import UserError
     from train.trainer import train
 
@@ -190,7 +190,7 @@ def meshes(out_dir):
 
 
 def run(spec, workdir, out_json, kill_at=None):
-    from mia_jax import sharding
+    from mia_jax.engine import sharding
     from train.trainer import train
 
     ran = []
@@ -211,15 +211,17 @@ def run(spec, workdir, out_json, kill_at=None):
 def process(i, n, port, out_dir):
     os.environ.update({"MIA_JAX_DISTRIBUTED": "1", "MIA_JAX_COORDINATOR": f"127.0.0.1:{port}",
                        "MIA_JAX_NUM_PROCESSES": str(n), "MIA_JAX_PROCESS_ID": str(i)})
-    from mia_jax import sharding
+    from mia_jax.runs import processes
 
-    assert sharding.initialize_distributed()
+    assert processes.initialize_distributed()
     import jax
     import numpy as np
 
     from train.trainer import train
 
     assert jax.process_count() == int(n) and len(jax.devices()) == 2 * int(n)
+    from mia_jax.engine import sharding
+
     mesh = sharding.make_mesh("fsdp=2,model=2")
     res = train(tiny_llama(), batches(328, 3), config(), Path(out_dir) / "multi_work", {"t": 1}, mesh=mesh)
     if jax.process_index() == 0:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mia_jax import rundir
+from mia_jax.runs import rundir
 from train import claims, sweep_tables, traps_tables
 from train.config import ExperimentConfig
 

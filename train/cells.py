@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mia_jax.report import with_ci
+from mia_jax.evaluation.report import with_ci
 from train.records import EXAMPLES
 
 DATASET_NAMES = {"boolq": "BoolQ", "commonsenseqa": "CommonsenseQA", "imdb": "IMDB", "truthfulqa": "TruthfulQA",

@@ -9,9 +9,9 @@ import re
 
 import numpy as np
 
-from mia_jax import comparisons, metrics, rounding
-from mia_jax.pvalue import p_text
-from mia_jax.report import markdown, with_ci
+from mia_jax.evaluation import comparisons, metrics, rounding
+from mia_jax.evaluation.pvalue import p_text
+from mia_jax.evaluation.report import markdown, with_ci
 from train.cells import DATASET_NAMES, headline, method_name
 from train.records import same_examples, score_vector
 from train.sweep_tables import group_scores

@@ -38,7 +38,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticKnownError
 
 from mia_jax.errors import UserError
-from mia_jax.metrics import MIN_PER_CLASS
+from mia_jax.evaluation.metrics import MIN_PER_CLASS
 from train.config_parse import apply_override, read_sections, validated
 
 Downstream = Literal["boolq", "commonsenseqa", "imdb", "truthfulqa"]

@@ -24,7 +24,9 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
-from mia_jax import entry, rundir, sharding
+from mia_jax.runs import processes
+from mia_jax.runs import entry, rundir
+from mia_jax.engine import sharding
 from mia_jax.models.checkpoint import cache_dir
 from mia_jax.scorers import expand_methods
 from train import experiment
@@ -67,7 +69,7 @@ def build_parser() -> entry.ArgumentParser:
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    sharding.initialize_distributed(args.distributed)  # before anything touches a device
+    processes.initialize_distributed(args.distributed)  # before anything touches a device
     run(args)
     return 0
 
@@ -128,7 +130,7 @@ def _sweep(args, cfg: ExperimentConfig, methods: list[str], out: Path) -> Path:
 
     if args.ablation:  # the sweep's table / figure, from the runs' per-example scores (as `python -m train.tables`)
         text = ""
-        if sharding.is_main_process():
+        if processes.is_main_process():
             # the sweep's fingerprint (its ablation: train/ablations.py) sealed with its runs' records
             rundir.seal(out, [rundir.FINGERPRINT, *(f"{sub}/{name}" for sub, *_ in runs for name in RUN_FILES)])
             text = rebuild(out)

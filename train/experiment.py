@@ -3,7 +3,7 @@
 Folder of a run (every step resumes from what is already there; a folder holding a run of another
 config is refused)::
 
-    run_config.json       the resolved config (compared on resume; see mia_jax.rundir)
+    run_config.json       the resolved config (compared on resume; see mia_jax.runs.rundir)
     corpus/               documents.jsonl, eval.jsonl, manifest.json (train/corpus.py)
     train/                Orbax checkpoints (with the data position), fingerprint.json, metrics.jsonl, batches.jsonl
                           (train/trainer.py), speed.jsonl (per-step wall time, tokens/s, MFU; train/speed.py);
@@ -32,10 +32,13 @@ from pathlib import Path
 
 import jax
 
-from mia_jax import __version__, models, rundir, runner, sharding
+from mia_jax.runs import processes
+from mia_jax import __version__, models
+from mia_jax.runs import rundir
+from mia_jax.engine import runner, sharding
 from mia_jax.errors import UserError
-from mia_jax.files import write_jsonl
-from mia_jax.neighbors import SelfNeighbors
+from mia_jax.runs.files import write_jsonl
+from mia_jax.methods.neighbors import SelfNeighbors
 from mia_jax.scorers import expand_methods
 from train import placement
 from train.config import ExperimentConfig
@@ -190,7 +193,7 @@ def train_and_export(base, data, tcfg, sep: int, out: Path, *, on_step=None, mes
     summary (steps, tokens, losses, tokens/s)."""
     from train.trainer import apply_params, fingerprint, train  # Orbax and Optax: loaded only to train
 
-    main = sharding.is_main_process()
+    main = processes.is_main_process()
     batches = Batches(data, tcfg.batch_size, tcfg.grad_accum, tcfg.epochs, tcfg.shuffle, tcfg.seed, tcfg.sampler)
     run_fp = fingerprint(tcfg, model_files=base.files, data=data.digest(), separator=sep)
     done_path = out / "train" / "done.json"
@@ -210,7 +213,7 @@ def train_and_export(base, data, tcfg, sep: int, out: Path, *, on_step=None, mes
     if main:
         done_path.write_text(json.dumps({"fingerprint": run_fp, "train": train_info}, indent=2) + "\n")
     del trained_model
-    sharding.sync("model exported")
+    processes.sync("model exported")
     return train_info
 
 
@@ -224,7 +227,7 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
     mesh = sharding.make_mesh(cfg.train.mesh)
     # on one device the plain load and jit; on a mesh every tensor streams to its sharding (training and scoring)
     scoring_mesh = mesh if mesh.size > 1 else None
-    main = sharding.is_main_process()
+    main = processes.is_main_process()
 
     def load(path):
         if scoring_mesh is None:
@@ -254,7 +257,7 @@ def _run(cfg: ExperimentConfig, out: Path, cache: Path, on_step) -> dict:
     t0 = time.perf_counter()
     if "ref" in methods and main:
         seed_ref_pass(base_dir / "passes" / "main.jsonl", out / "scores" / "trained" / "passes" / "ref.jsonl")
-    sharding.sync("ref pass seeded")
+    processes.sync("ref pass seeded")
     trained = load(str(out / "model"))
     trained_records = score(trained, texts, labels, methods, out / "scores" / "trained", cfg, ref=base,
                             report=scoring["trained"], mesh=scoring_mesh, neighbors=generator)

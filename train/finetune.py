@@ -28,7 +28,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mia_jax import entry, models, rundir, sharding
+from mia_jax.runs import processes
+from mia_jax.runs import entry, rundir
+from mia_jax import models
 from mia_jax.commands import options
 from mia_jax.data import load_records
 from mia_jax.errors import UserError
@@ -97,7 +99,7 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
         info = train_and_export(loaded, data, cfg.train, sep, out, on_step=on_step)
         info = {"model": loaded.name, "texts": texts_name, "n_texts": len(texts), "train": vars(cfg.train),
                 "command": " ".join(sys.argv), **info}
-        if sharding.is_main_process():
+        if processes.is_main_process():
             (out / "train.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     print(f"{info['steps']} steps (objective {cfg.train.objective}), loss "
           f"{info['first_loss']:.3f} -> {info['final_loss']:.3f}; model in {out / 'model'}", file=sys.stderr)
@@ -106,7 +108,7 @@ def finetune(model: str, texts: list[str], out: str | Path, overrides=(), *, pro
 
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
-    sharding.initialize_distributed(args.distributed)  # before anything touches a device
+    processes.initialize_distributed(args.distributed)  # before anything touches a device
     ds = load_records(str(args.texts), args.text_field, None, encoding=args.encoding)
     finetune(args.model, list(ds.texts), args.out, args.overrides, progress=not args.no_progress,
              overwrite=args.overwrite, texts_name=str(args.texts), inputs=[args.texts, *ds.files])

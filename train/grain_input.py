@@ -42,7 +42,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from mia_jax import sharding
+from mia_jax.runs import processes
 from mia_jax.errors import UserError
 from train.data import Batches, pack_stream
 
@@ -151,9 +151,9 @@ def packed_records(folder: str | Path, documents: Iterable[str], tokenizer, seq_
     On several processes every process calls this: process 0 finds or writes the file, the others wait for it (its
     digest, broadcast) and then open it on a shared folder, or write their own copy where it is absent (one disk per
     host)."""
-    main = sharding.is_main_process()
+    main = processes.is_main_process()
     data = _packed_records(folder, documents, tokenizer, seq_len, separator, sha256) if main else None
-    digest = sharding.broadcast_json(data.sha256 if main else None)  # a barrier: process 0's file is complete
+    digest = processes.broadcast_json(data.sha256 if main else None)  # a barrier: process 0's file is complete
     return data if main else _packed_records(folder, documents, tokenizer, seq_len, separator, digest)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mia_jax import files, rundir
+from mia_jax.runs import files, rundir
 from mia_jax.errors import UserError
 from train import ablations
 from train.records import EXAMPLES, RUN, RUN_FILES, by_dataset

@@ -1,6 +1,6 @@
 """Where the trainer's arrays live on a device mesh, and the checks made before any training step.
 
-The mesh and the partition rules are scoring's (``mia_jax.sharding``): ``--mesh data=..,fsdp=..,model=..`` /
+The mesh and the partition rules are scoring's (``mia_jax.engine.sharding``): ``--mesh data=..,fsdp=..,model=..`` /
 ``train.mesh``, and one ``PartitionSpec`` per parameter from the family's weight spec (``sharding.state_specs``;
 there is no second set of rules for training). On that mesh:
 
@@ -26,7 +26,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from mia_jax import sharding
+from mia_jax.engine import sharding
 from mia_jax.errors import UserError
 
 BATCH_SPEC = P(None, sharding.BATCH_AXES, None)  # [grad_accum, micro, seq_len]: micro over data x fsdp

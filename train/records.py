@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, files
+from mia_jax.evaluation import blind
+from mia_jax.runs import files
 
 EXAMPLES = "examples.jsonl.gz"
 RUN = "run.json"

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import blind, comparisons, files, metrics, rounding
-from mia_jax.report import csv_bytes, figure_bytes, fmt, markdown, pyplot
+from mia_jax.evaluation import blind, comparisons, metrics, rounding
+from mia_jax.runs import files
+from mia_jax.evaluation.report import csv_bytes, figure_bytes, fmt, markdown, pyplot
 from train.cells import (AVG, DATASET_NAMES, HEADLINE, NEIGHBOR_NOTE, NO_NEIGHBOR_NOTE, ORACLE, any_nan, ci_cell,
                          method_name, na, nan_cell, reason, rebuild_line)
 from train.records import by_dataset, records_and_eval, score_vector

@@ -13,7 +13,7 @@ import numpy as np
 
 from mia_jax.data import corpora
 from mia_jax.errors import UserError
-from mia_jax.files import sha256
+from mia_jax.runs.files import sha256
 
 BUNDLED = Path(__file__).parent / "data"
 DOWNSTREAM_FILES = {

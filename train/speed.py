@@ -34,7 +34,7 @@ def layer_weights(model) -> list:
     import jax
     from flax import nnx
 
-    from mia_jax import sharding
+    from mia_jax.engine import sharding
 
     return [v for p, v in jax.tree_util.tree_flatten_with_path(nnx.state(model))[0]
             if sharding.path_str(p).startswith("layers/w") and np.ndim(v) >= 3]

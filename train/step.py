@@ -21,7 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from mia_jax.models.attention import ENV as ATTENTION_ENV
-from mia_jax.sharding import gathered_for_lookup
+from mia_jax.engine.sharding import gathered_for_lookup
 from train.loss import DEFAULT_CHUNK, chunked_cross_entropy
 
 

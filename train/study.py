@@ -39,9 +39,10 @@ import json
 import sys
 from pathlib import Path
 
-from mia_jax import comparisons, entry, files, pvalue, rundir, verdict_log
+from mia_jax.evaluation import comparisons, pvalue, verdict_log
+from mia_jax.runs import entry, files, rundir
 from mia_jax.errors import UserError
-from mia_jax.report import fmt, with_ci
+from mia_jax.evaluation.report import fmt, with_ci
 from train.ablations import ABLATIONS
 from train import claims
 from train.claims import claims_markdown

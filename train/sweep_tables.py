@@ -4,15 +4,15 @@
   paired comparison of the learning rates on the same examples.
 * Figure 5a / 5b: Min-K% AUROC against the contamination rate (% of corpus tokens) over background sizes.
 * Figure 5c: AUROC of the members inserted k times against all non-members, per k, with the comparison of the
-  largest k against k = 1 (the same non-members, :func:`mia_jax.metrics.subset_bootstrap`).
+  largest k against k = 1 (the same non-members, :func:`mia_jax.evaluation.metrics.subset_bootstrap`).
 """
 from __future__ import annotations
 
 import numpy as np
 from scipy.stats import rankdata
 
-from mia_jax import comparisons, metrics
-from mia_jax.report import csv_bytes, figure_bytes, fmt, markdown, pyplot
+from mia_jax.evaluation import comparisons, metrics
+from mia_jax.evaluation.report import csv_bytes, figure_bytes, fmt, markdown, pyplot
 from train.cells import (AVG, DATASET_NAMES, HEADLINE, any_nan, ci_cell, headline,
                          method_name, na, nan_cell, num, rebuild_line)
 from train.records import by_dataset, records_and_eval, same_examples, score_vector

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mia_jax import entry, files, rundir
+from mia_jax.runs import entry, files, rundir
 from train.ablations import ABLATIONS
 from train.loading import load_source
 from train.run_tables import run_outputs

@@ -17,7 +17,7 @@
 * Throughput: ``speed.jsonl`` in the workdir (train/speed.py): per step its wall time, tokens, tokens/s and MFU
   against ``train.peak_tflops`` (x the mesh's devices), the compile step and the steps of a save marked; the
   progress bar shows tokens/s and MFU. Nothing wall-clock enters ``metrics.jsonl`` or the checkpoints.
-* Preemption: a ``SIGTERM`` to any process (``mia_jax.preemption``) stops every process after the same step, which
+* Preemption: a ``SIGTERM`` to any process (``mia_jax.runs.preemption``) stops every process after the same step, which
   is checkpointed first; the same command resumes from it, exactly.
 * Exact resume: the batches are a pure function of the step (train/data.py) and the step function is
   deterministic, so a run killed after a checkpoint and resumed ends with the same parameters and the same
@@ -45,7 +45,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
-from mia_jax import entry, preemption, rundir, sharding
+from mia_jax.runs import processes
+from mia_jax.runs import entry, preemption, rundir
+from mia_jax.engine import sharding
 from mia_jax.errors import UserError
 from train import placement
 from train.config import TrainConfig
@@ -180,7 +182,7 @@ def train(model: nnx.Module, batches: Batches, cfg: TrainConfig, workdir: str | 
     mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh)
     placement.check(model, mesh, batches.batch_size, batches.grad_accum, batches.seq_len, cfg.remat,
                     cfg.loss_chunk)  # before anything is written
-    main = sharding.is_main_process()
+    main = processes.is_main_process()
     total = batches.total_steps
     opt = optimizer(cfg, total)
     schedule = learning_rate(cfg, total)

@@ -50,9 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import runner
+from mia_jax.engine import runner
 from mia_jax.errors import UserError
-from mia_jax.generate import sample_completions
+from mia_jax.engine.generate import sample_completions
 from train.config import CorpusConfig, TrapsConfig
 from train.sources import Example
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mia_jax import comparisons, metrics
-from mia_jax.report import csv_bytes, figure_bytes, markdown, pyplot
+from mia_jax.evaluation import comparisons, metrics
+from mia_jax.evaluation.report import csv_bytes, figure_bytes, markdown, pyplot
 from train.cells import ORACLE, ci_cell, headline, method_name, na, num, rebuild_line
 # the claims' own constructor and (resamples, seed) rule, other_seed's offset included: the trap claims are
 # Holm-corrected and re-tested under other seeds with the study's other claims (train/study.py)

@@ -71,7 +71,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mia_jax import metrics
+from mia_jax.evaluation import metrics
 from mia_jax.audits.books_rates import (CONFIDENCE, FPR, Threshold, accuracy_threshold, book_rates,
                                         fpr_threshold)
 from mia_jax.audits.books_snippets import SNIPPET_WORDS, SNIPPETS, SnippetPlan, as_books, make_snippets

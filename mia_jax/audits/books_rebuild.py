@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import rundir
+from mia_jax.runs import rundir
 from mia_jax.audits.books import BooksResult, analyse
 from mia_jax.audits.books_report import REBUILD_READS, SNIPPET_COLUMNS
 from mia_jax.audits.books_snippets import Book, Snippet, SnippetPlan

@@ -13,7 +13,7 @@ from mia_jax.audits.books import BooksResult, books_phrase
 from mia_jax.audits.books_rates import flags
 from mia_jax.audits.books_snippets import SnippetPlan
 from mia_jax.audits.common import finite_or_none, label_axes, write_sealed
-from mia_jax.report import csv_bytes, figure_bytes, fmt, jsonable, markdown, markdown_table, pyplot
+from mia_jax.evaluation.report import csv_bytes, figure_bytes, fmt, jsonable, markdown, markdown_table, pyplot
 
 THRESHOLD_NAMES = {"accuracy": "max. validation accuracy", "fpr": "validation FPR <= {fpr:g}",
                    "given": "given (--threshold)"}

@@ -13,7 +13,7 @@ import numpy as np
 from mia_jax import data
 from mia_jax.audits.common import chunk_words
 from mia_jax.errors import UserError
-from mia_jax.files import sha256
+from mia_jax.runs.files import sha256
 
 SNIPPETS = 100
 SNIPPET_WORDS = 512

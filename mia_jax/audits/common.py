@@ -9,10 +9,11 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from mia_jax import rundir, runner
+from mia_jax.runs import rundir
+from mia_jax.engine import runner
 from mia_jax.errors import UserError
-from mia_jax.files import write_all
-from mia_jax.metrics import scores_by_method
+from mia_jax.runs.files import write_all
+from mia_jax.evaluation.metrics import scores_by_method
 
 WORD = re.compile(r"\S+")  # a word: whitespace-separated
 

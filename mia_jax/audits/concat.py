@@ -37,11 +37,11 @@ from typing import Sequence
 import numpy as np
 
 from mia_jax import data as data_io
-from mia_jax.audits import windowed
+from mia_jax.engine import windowed
 from mia_jax.data import Dataset
 from mia_jax.errors import UserError
-from mia_jax.files import sha256, write_all
-from mia_jax.report import markdown_table
+from mia_jax.runs.files import sha256, write_all
+from mia_jax.evaluation.report import markdown_table
 
 PAPER_LENGTHS = (32, 64, 128)
 WINDOW_TEXT = "window_text"  # the last column of windows.csv: each window's decoded tokens
@@ -285,7 +285,7 @@ def read_windows_csv(run_dir: str | Path) -> list[list[str]]:
 def window_metrics(run_dir: str | Path, data: str | Path | None = None, *, by: str = "dataset",
                    method: str | None = None, n_bootstrap: int = 1000, seed: int = 0) -> dict:
     """Window-level metrics of a finished ``eval --window`` run per group of texts: ``{group: report}`` with
-    :func:`mia_jax.audits.windowed.report` on each group's windows (labels and scores read back from the run's
+    :func:`mia_jax.engine.windowed.report` on each group's windows (labels and scores read back from the run's
     ``windows.csv``, or ``windows.csv.gz`` where there is no ``windows.csv``: :func:`read_windows_csv`), with the
     blind baseline's row on the windows' texts where the file has them (column ``window_text``). Groups:
     the ``by`` field of each row of ``data`` (the run's own ``--data`` file, checked against the SHA-256 in

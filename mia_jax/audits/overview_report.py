@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import comparisons, pvalue
+from mia_jax.evaluation import comparisons, pvalue
 from mia_jax.audits.concat import read_windows_csv
-from mia_jax.report import fmt, markdown, with_ci
-from mia_jax.rounding import diff_ci
+from mia_jax.evaluation.report import fmt, markdown, with_ci
+from mia_jax.evaluation.rounding import diff_ci
 
 NAMES = {"min_k@0.2": "Min-K% (k = 20%)", "ppl": "PPL", "zlib": "Zlib", "lowercase": "Lowercase",
          "loss": "Loss", "min_k_pp@0.2": "Min-K%++ (k = 20%)"}

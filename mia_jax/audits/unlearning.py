@@ -19,7 +19,7 @@ Models*, section 7): which texts of a forget set does an "unlearned" model still
    quantity is not finite and positive. Counts are reported for Min-K% and PPL.
 3. Story completion on the flagged chunks (Min-K%), the ``max_probe`` with the ratio closest to 1 first: the first
    ``prompt_words`` words are the prompt, the rest the true continuation; ``n_samples`` continuations are sampled
-   from each model (``mia_jax.generate``, sample j of a chunk drawn with ``row_keys(seed, text_hash(prompt), j)``
+   from each model (``mia_jax.engine.generate``, sample j of a chunk drawn with ``row_keys(seed, text_hash(prompt), j)``
    under *both* models: paired draws) and compared with the true continuation by ROUGE-L F-measure (rouge-score's
    ``RougeScorer(['rougeL'])``: lowercased, non-alphanumerics dropped, no stemming), and, with a sentence encoder
    (``embed_model``, e.g. all-MiniLM-L6-v2), by the cosine similarity of mean-pooled, L2-normalised embeddings (the
@@ -72,7 +72,7 @@ from mia_jax.audits.common import chunk_words, finite_or_none, score_texts
 from mia_jax.audits.unlearning_probes import (N_SAMPLES, PROMPT_WORDS, QA_MAX_NEW_TOKENS, qa_probes,
                                               story_completion)
 from mia_jax.errors import UserError
-from mia_jax.generate import check_sampling
+from mia_jax.engine.generate import check_sampling
 from mia_jax.scorers import expand_methods
 
 CHUNK_WORDS = 512

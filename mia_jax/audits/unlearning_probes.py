@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mia_jax import generate
+from mia_jax.engine import generate
 from mia_jax.audits.common import WORD, finite_or_none, score_texts
 
 PROMPT_WORDS = 200
@@ -42,7 +42,7 @@ def rouge_l(candidates: Sequence[str], reference: str, measure: str = "fmeasure"
     return np.array([getattr(_ROUGE.score(reference, c)["rougeL"], measure) for c in candidates], np.float64)
 
 
-# ----------------------------------------------------------------------------- sampling (mia_jax.generate)
+# ----------------------------------------------------------------------------- sampling (mia_jax.engine.generate)
 
 def continuation_ids(loaded, prompts: Sequence[str], continuations: Sequence[str]) -> list[list[int]]:
     """Each continuation's tokens in context after its prompt (``encode(prompt + " " + continuation)`` after the

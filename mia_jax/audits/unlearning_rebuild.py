@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import files, rundir
+from mia_jax.runs import files, rundir
 from mia_jax.audits.common import cell_bool, cell_float, cell_int, read_csv_rows
 from mia_jax.audits.unlearning import PER_SAMPLE, SIDES, Chunk, UnlearningResult, analyse
 from mia_jax.audits.unlearning_report import CHUNKS_COLUMNS, REBUILD_READS

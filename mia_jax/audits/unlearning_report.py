@@ -12,7 +12,7 @@ import numpy as np
 
 from mia_jax.audits.common import finite_or_none, label_axes, write_sealed
 from mia_jax.audits.unlearning import SIDES, UnlearningResult
-from mia_jax.report import csv_bytes, figure_bytes, fmt, markdown, pyplot
+from mia_jax.evaluation.report import csv_bytes, figure_bytes, fmt, markdown, pyplot
 
 REBUILD_READS = ("unlearning.json", "chunks.csv", "probes.jsonl")  # what --from reads (sealed in manifest.json)
 CHUNKS_COLUMNS = ["chunk", "source_text", "chunk_in_text", "word_offset", "n_words", "min_k_nll_original",

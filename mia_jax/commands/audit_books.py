@@ -7,7 +7,9 @@ import contextlib
 import sys
 from pathlib import Path
 
-from mia_jax import __version__, entry, models, rundir, runner
+from mia_jax import __version__, models
+from mia_jax.runs import entry, rundir
+from mia_jax.engine import runner
 from mia_jax.audits.books import (FPR, METHODS, N_BOOTSTRAP, RATE_METHOD, SNIPPET_WORDS, SNIPPETS, BooksConfig,
                                   BooksResult, audit_books, books_phrase, check_methods, check_options, prepare)
 from mia_jax.audits.books_rebuild import read_info, rebuild

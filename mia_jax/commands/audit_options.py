@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from mia_jax import __version__, entry, rundir
+from mia_jax import __version__
+from mia_jax.runs import entry, rundir
 from mia_jax.audits.common import write_sealed
 from mia_jax.errors import UserError
 

@@ -7,7 +7,9 @@ import contextlib
 import sys
 from pathlib import Path
 
-from mia_jax import __version__, data, entry, models, rundir, runner
+from mia_jax import __version__, data, models
+from mia_jax.runs import entry, rundir
+from mia_jax.engine import runner
 from mia_jax.audits.unlearning import (CHUNK_WORDS, K, MAX_PROBE, MIN_WORDS, N_SAMPLES, PROMPT_WORDS, QA_MAX_NEW_TOKENS,
                                        RATIO, SIDES, UnlearningConfig, UnlearningResult, audit_unlearning,
                                        check_options, make_chunks, min_k_method, tokenizer_digest)
@@ -31,7 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--original", help="the model before unlearning (HF folder, .gguf or a name); required "
                                        "unless --from")
     p.add_argument("--unlearned", help="the model after unlearning; required unless --from")
-    p.add_argument("--texts", metavar="FORGET", type=entry.data_input,
+    p.add_argument("--texts", metavar="FORGET", type=data.data_input,
                    help="the forget set (.jsonl / .csv / .tsv / .parquet, or tfds:NAME[/CONFIG][:SPLIT] built in "
                         "--data-dir); required unless --from")
     from_option(p, "audit-unlearning", "from_dir",
@@ -61,7 +63,7 @@ def add_arguments(p) -> None:
                    help="sampling temperature (default 1: multinomial)")
     p.add_argument("--top-k", type=entry.positive_int, help="sample from the k most likely tokens (default: all)")
     p.add_argument("--seed", type=entry.nonneg_int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--qa", metavar="FILE", type=entry.data_input,
+    p.add_argument("--qa", metavar="FILE", type=data.data_input,
                    help="optional QA probes: JSONL/CSV with question and answer fields (or a TFDS dataset "
                         "tfds:NAME[/CONFIG][:SPLIT] built in --data-dir)")
     p.add_argument("--qa-question-field", default="question")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mia_jax import entry
+from mia_jax.runs import entry
 from mia_jax.audits.concat import PAPER_LENGTHS, check_out_file, contamination_concat, wikimia_concat, write_jsonl
 from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError

@@ -1,5 +1,5 @@
 """``mia-jax dataset-inference``: was this set of texts trained on? Both sets scored into resumable runs (or their
-scores read from earlier runs), then the test of :mod:`mia_jax.dataset_inference` and its report."""
+scores read from earlier runs), then the test of :mod:`mia_jax.evaluation.dataset_inference` and its report."""
 from __future__ import annotations
 
 import argparse
@@ -8,13 +8,16 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from mia_jax import __version__, data, entry, models, neighbors, rundir, runner
+from mia_jax import __version__, data, models
+from mia_jax.runs import entry, rundir
+from mia_jax.methods import neighbors
+from mia_jax.engine import runner
 from mia_jax.commands import options
 from mia_jax.commands.options import RESUME
-from mia_jax.dataset_inference import (DEFAULT_K, DEFAULT_METHODS, MULTI_PASS_OK, Result, dataset_inference,
+from mia_jax.evaluation.dataset_inference import (DEFAULT_K, DEFAULT_METHODS, MULTI_PASS_OK, Result, dataset_inference,
                                        load_features, results_path, run_model)
 from mia_jax.errors import UserError
-from mia_jax.files import sha256
+from mia_jax.runs.files import sha256
 from mia_jax.scorers import expand_methods, is_multi_pass, parse_method
 
 NAME = "dataset-inference"
@@ -24,10 +27,10 @@ RESUME_HINT = RESUME
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``mia-jax dataset-inference`` on ``p``."""
-    p.add_argument("--suspect", metavar="FILE", type=entry.data_input,
+    p.add_argument("--suspect", metavar="FILE", type=data.data_input,
                    help="the suspect texts (.jsonl / .csv / .tsv / .parquet, or tfds:NAME[/CONFIG][:SPLIT] built in "
                         "--data-dir; --text-field)")
-    p.add_argument("--validation", metavar="FILE", type=entry.data_input,
+    p.add_argument("--validation", metavar="FILE", type=data.data_input,
                    help="texts of the same distribution known not to be trained on (same formats)")
     p.add_argument("--suspect-scores", metavar="RESULTS",
                    help="instead of --suspect: a mia-jax run's results.jsonl (or its folder) scored by the same model")

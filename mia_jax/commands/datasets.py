@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mia_jax import data, entry
+from mia_jax import data
+from mia_jax.runs import entry
 from mia_jax.commands import options
 from mia_jax.errors import UserError
 

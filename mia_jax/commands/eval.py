@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mia_jax import entry
+from mia_jax.runs import entry
 from mia_jax.commands import scoring
 from mia_jax.commands.options import RESUME
 

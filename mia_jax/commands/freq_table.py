@@ -1,5 +1,5 @@
 """``mia-jax freq-table``: count a reference corpus's token frequencies with a model's tokenizer (DC-PDD's table,
-method dc_pdd); the table itself: :mod:`mia_jax.freq`."""
+method dc_pdd); the table itself: :mod:`mia_jax.methods.freq`."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from mia_jax import __version__, data, entry, freq
+from mia_jax import __version__, data
+from mia_jax.runs import entry
+from mia_jax.methods import freq
 from mia_jax.commands import options
 from mia_jax.commands.options import RESUME
 from mia_jax.errors import UserError

@@ -1,11 +1,13 @@
 """``mia-jax generate``: text from prompts with a KV cache (greedy by default); the generation itself:
-:mod:`mia_jax.generate`."""
+:mod:`mia_jax.engine.generate`."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from mia_jax import entry, generate, models
+from mia_jax.runs import entry
+from mia_jax.engine import generate
+from mia_jax import models
 from mia_jax.commands import options
 
 NAME = "generate"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from mia_jax import benchmarks, entry
+from mia_jax import benchmarks
+from mia_jax.data import data_input
+from mia_jax.runs import entry
 
 # What Ctrl-C tells the user of a command that keeps its finished work (a command module's RESUME_HINT).
 RESUME = ("every finished batch is in the output folder's passes/*.jsonl: run the same command again to resume from "
@@ -40,7 +42,7 @@ def data(p: argparse.ArgumentParser, *, labeled: bool) -> None:
     ``--encoding`` / ``--text-field``
     (:func:`text`), ``--label-field`` when ``labeled``, and ``--limit``."""
     src = p.add_mutually_exclusive_group(required=not labeled)
-    src.add_argument("--data", type=entry.data_input, help="a .jsonl / .csv / .tsv / .parquet file, or a TFDS "
+    src.add_argument("--data", type=data_input, help="a .jsonl / .csv / .tsv / .parquet file, or a TFDS "
                      "dataset tfds:NAME[/CONFIG][:SPLIT] built in --data-dir (mia-jax datasets build)")
     if labeled:
         src.add_argument("--benchmark", choices=list(benchmarks.BENCHMARKS), help=benchmarks.choice_help())

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import jax
 
-from mia_jax import benchmarks, blind, compilation, data, entry, resources, rundir, sharding
+from mia_jax.runs import processes
+from mia_jax import benchmarks, data
+from mia_jax.evaluation import blind
+from mia_jax.engine import compilation, sharding
+from mia_jax.runs import entry, rundir
+from mia_jax.methods import resources
 from mia_jax.batching import TOKENS_PER_BATCH, check_tokens_per_batch
 from mia_jax.commands import options, scoring_report
 from mia_jax.errors import UserError
@@ -54,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser, labeled: bool) -> None:
 
 
 def add_method_options(p: argparse.ArgumentParser) -> None:
-    """The options of the methods that need more than the model (:data:`mia_jax.resources.NEEDS`) on ``p``."""
+    """The options of the methods that need more than the model (:data:`mia_jax.methods.resources.NEEDS`) on ``p``."""
     resources.add_arguments(p)
 
 
@@ -133,7 +138,7 @@ def held_because(args, methods) -> str:
 def fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh, res) -> dict:
     """What makes a run: every input that can change a record (see NOT_IN_FINGERPRINT for the rest). ``res``: the
     run's ``resources.Resources``; the rest as :func:`run` makes them."""
-    from mia_jax import runner  # here, not at the top: it loads the model code (start-up time)
+    from mia_jax.engine import runner  # here, not at the top: it loads the model code (start-up time)
 
     streamed = isinstance(ds, stream.StreamDataset)
     extra = {"stream_window": ds.window, "texts_digest": (ds.scan.texts_sha256, ds.scan.n)} if streamed else {}
@@ -148,7 +153,7 @@ def fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh, 
 
 def neighbor_generator(args, loaded):
     """The 'neighbor' method's generator: the --neighbor-mlm masked LM, else the target model ``loaded`` itself."""
-    from mia_jax import neighbors  # here, not at the top: it loads the model code (start-up time)
+    from mia_jax.methods import neighbors  # here, not at the top: it loads the model code (start-up time)
 
     if args.neighbor_mlm:
         return neighbors.MLMNeighbors(args.neighbor_mlm, n=args.n_neighbors, seed=args.neighbor_seed,
@@ -160,9 +165,10 @@ def neighbor_generator(args, loaded):
 def run(args, labeled: bool) -> Path:
     """``mia-jax eval`` (``labeled``) or ``score``: check the arguments, load the data and the models, claim the run
     folder and score and report into it; returns the folder."""
-    from mia_jax import models, runner  # here, not at the top: they load the model code (start-up time)
+    from mia_jax import models  # here, not at the top: they load the model code (start-up time)
+    from mia_jax.engine import runner
 
-    sharding.initialize_distributed(args.distributed)  # before anything touches a device
+    processes.initialize_distributed(args.distributed)  # before anything touches a device
     if args.out:
         entry.check_out(args.out)
     check_tokens_per_batch(args.tokens_per_batch)

@@ -15,9 +15,14 @@ from threading import Event
 import jax
 import numpy as np
 
-from mia_jax import __version__, blind, comparisons, compilation, data, metrics, report, resources, sharding, shards
-from mia_jax.audits import concat, windowed
-from mia_jax.bootstrap import tpr_key
+from mia_jax.runs import processes
+from mia_jax import __version__, data
+from mia_jax.evaluation import blind, comparisons, metrics, report
+from mia_jax.engine import compilation, sharding, shards
+from mia_jax.methods import resources
+from mia_jax.audits import concat
+from mia_jax.engine import windowed
+from mia_jax.evaluation.bootstrap import tpr_key
 from mia_jax.data.sample import stratified_sample
 from mia_jax.data.stream import StreamDataset
 from mia_jax.errors import UserError
@@ -69,7 +74,7 @@ def start_blind_baseline(args, ds, labeled: bool, blind_asked: bool, after: Even
     once ``after`` is set (the model loaded), the thread computes the metrics and imports matplotlib for the
     report's plots (~0.4 s off the end) while the texts are scored. None where the report computes it itself (a
     streamed corpus, a process other than the first) or does not report it."""
-    if not labeled or not (blind_asked or not args.no_blind) or ds.texts is None or not sharding.is_main_process():
+    if not labeled or not (blind_asked or not args.no_blind) or ds.texts is None or not processes.is_main_process():
         return None
     child = blind.Child(ds.texts, ds.labels, seed=args.seed) if len(ds.texts) >= blind.CHILD_MIN_TEXTS else None
     pool = ThreadPoolExecutor(1, thread_name_prefix="blind-baseline")
@@ -138,7 +143,7 @@ def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, met
     --methods; ``compare``: the checked --compare pairs; ``res``: the methods' ``resources.Resources``;
     ``blind_future``: the blind baseline already under way (``start_blind_baseline``); the rest as
     :func:`mia_jax.commands.scoring.run` makes them."""
-    from mia_jax import runner  # here, not at the top: it loads the model code (start-up time)
+    from mia_jax.engine import runner  # here, not at the top: it loads the model code (start-up time)
 
     print(f"model {loaded.name} ({loaded.source}), {ds.name}: {len(ds)} texts, methods: {' '.join(methods)}",
           file=sys.stderr)
@@ -167,7 +172,7 @@ def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, met
     counts = _count_lines(meta, loaded.max_length)
     # a labeled eval prints the counts under its table
     _print_scoring(meta, cols.n, n_tokens, seconds, [] if labeled else counts, generator)
-    if not sharding.is_main_process():  # every process holds all records; process 0 writes the outputs
+    if not processes.is_main_process():  # every process holds all records; process 0 writes the outputs
         return
     if args.window is not None:
         meta["windows"] = _window_report(args, ds, loaded, records, methods, out, labeled)

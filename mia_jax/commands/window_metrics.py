@@ -6,10 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-from mia_jax import entry
+from mia_jax.runs import entry
 from mia_jax.audits.concat import check_out_file, window_metrics, window_metrics_markdown
 from mia_jax.commands.options import RESUME
-from mia_jax.files import write_all
+from mia_jax.runs.files import write_all
 
 NAME = "window-metrics"
 HELP = "window-level AUROC of an eval --window run, per dataset"

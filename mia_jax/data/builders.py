@@ -32,7 +32,8 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import writer as tfds_writer
 from tensorflow_datasets.proto import tf_example_pb2
 
-from mia_jax import data, rundir
+from mia_jax import data
+from mia_jax.runs import rundir
 from mia_jax.data import corpora, known, tfds_source
 from mia_jax.errors import UserError
 
@@ -214,7 +215,7 @@ def build(name: str, data_dir: str | os.PathLike, only: Sequence[str] = (), sour
     """Build dataset ``name`` (every config, or those in ``only``) as ArrayRecord into ``data_dir``, offline; a
     config already built there is kept as it is, once it reads (:func:`mia_jax.data.tfds_source.problem`: a broken
     one is refused). Every config's files are checked before the first is written; ``data_dir`` is then locked
-    (:func:`mia_jax.rundir.claim`): a second build into it meanwhile is refused with this one's PID. The same files
+    (:func:`mia_jax.runs.rundir.claim`): a second build into it meanwhile is refused with this one's PID. The same files
     give the same bytes (:class:`SortedFeatures`). ``source``: where to read a dataset that is not bundled (MIMIR).
     Returns (config, version folder, rows, whether it was built now: False for one kept)."""
     if name not in BUILDERS:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from mia_jax import data
 from mia_jax.errors import UserError
-from mia_jax.files import sha256
+from mia_jax.runs.files import sha256
 
 MIMIR_DOMAINS = ("arxiv", "dm_mathematics", "github", "hackernews", "pile_cc", "pubmed_central", "wikipedia_en")
 MIMIR_SPLITS = ("ngram_7_0.2", "ngram_13_0.2", "ngram_13_0.8")

@@ -24,7 +24,7 @@ import numpy as np
 from mia_jax import data
 from mia_jax.data import sample
 from mia_jax.errors import UserError
-from mia_jax.files import sha256
+from mia_jax.runs.files import sha256
 
 TFDS_PREFIX = "tfds:"
 
@@ -211,7 +211,8 @@ class StreamDataset:
     """A corpus to score a window at a time, in the place of a ``data.Dataset``: its ``stream``, the ``scan`` of its
     first pass and the ``window`` (texts per shard); ``name``, ``files``, ``labels`` (int8 [n] or None),
     ``text_field`` and ``duplicates`` as the scan found them. ``texts`` is None: they are read again, a window at a
-    time, by ``mia_jax.shards.score_stream`` (or some of them by :meth:`texts_at`: the blind baseline's sample)."""
+    time, by ``mia_jax.engine.shards.score_stream`` (or some of them by :meth:`texts_at`: the blind baseline's
+    sample)."""
     texts = None
     extra: dict = {}
 

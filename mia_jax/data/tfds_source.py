@@ -36,7 +36,7 @@ from google.protobuf import json_format
 
 from mia_jax.data.dataset import TFDS_DATASETS, Dataset, default_text_field, label_of
 from mia_jax.errors import UserError
-from mia_jax.files import sha256
+from mia_jax.runs.files import sha256
 
 PREFIX = "tfds:"
 _NAME = r"[a-z][a-z0-9_]*"

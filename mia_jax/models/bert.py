@@ -1,6 +1,6 @@
 """BERT and RoBERTa masked LMs in Flax NNX (bidirectional attention with a padding mask, post-LN layers).
 
-Used to propose word replacements for the ``neighbor`` method (``mia_jax.neighbors.MLMNeighbors``); not a
+Used to propose word replacements for the ``neighbor`` method (``mia_jax.methods.neighbors.MLMNeighbors``); not a
 scoring model. Layers are stacked on a leading axis and applied with `jax.lax.scan`. Hugging Face names:
 BertForMaskedLM (``bert.`` encoder, ``cls.predictions`` head) and RobertaForMaskedLM (``roberta.`` encoder,
 ``lm_head``; positions start at ``pad_token_id + 1`` and padding tokens keep position ``pad_token_id``).
@@ -20,7 +20,7 @@ import tokenizers
 from flax import nnx
 
 from mia_jax.errors import UserError
-from mia_jax.files import sha256
+from mia_jax.runs.files import sha256
 from mia_jax.models import hf, layers as L
 from mia_jax.models.layers import ConfigError
 from mia_jax.models.weights import WeightSpec, bias, embedding, init_params, linear, norm

@@ -23,7 +23,7 @@ import tokenizers
 from flax import nnx
 
 from mia_jax.errors import UserError
-from mia_jax.files import sha256
+from mia_jax.runs.files import sha256
 from mia_jax.models import gguf_io, hf
 from mia_jax.models.layers import DTYPES
 from mia_jax.models.tensors import WeightFileError

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from mia_jax.batching import bucket_lengths, pad_ids
 from mia_jax.errors import UserError
-from mia_jax.files import sha256
+from mia_jax.runs.files import sha256
 from mia_jax.models import bert, hf
 
 

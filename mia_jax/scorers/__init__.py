@@ -1,4 +1,4 @@
-"""Scorers: one pure ``jax.numpy`` formula per single-pass method, registered by name; the multi-pass methods.
+"""Scorers: one pure ``jax.numpy`` formula per single-pass method, registered by name, and the methods' registry.
 
 Every score is oriented *higher = more likely a member*. Each single-pass scorer is a typed function of per-token
 arrays with keyword-only options, in the style of optax's losses, e.g. ``min_k(logprob, mask, *, k=0.2)``,
@@ -12,17 +12,17 @@ A method name is a registered base name, optionally with a fraction: ``min_k@0.2
 methods)`` computes methods by name (inside jit / vmap / grad), ``scores_from_logits`` from logits, ``score_batch``
 on the host. ``expand_methods`` turns base names that take a fraction into one method per requested k, so several
 k values come out of one forward pass. Multi-pass methods (``lowercase``, ``ref``, ``neighbor``, ...) have their own
-registry (``MULTI_PASS``, of ``MultiPassMethod``); ``parse_method`` / ``lookup`` know both, and the runner runs their
-second pass.
+registry here (``MULTI_PASS``, of ``MultiPassMethod``), filled by the package :mod:`mia_jax.methods` (their passes and
+combine functions; importing it registers them, as ``mia_jax.score`` and every command do); ``parse_method`` /
+``lookup`` know both, and the runner runs their second pass. This package imports nothing of ``mia_jax`` but
+``stats``, ``checks`` and ``errors``.
 """
 from __future__ import annotations
 
 from mia_jax.scorers.base import (MULTI_PASS, REGISTRY, RESOURCES, MultiPassMethod, Requirements, Resource, Scorer,
                                   TokenBatch, check_resources, expand_methods, is_multi_pass, known_methods, lookup,
                                   parse_method, requirements, temperature_resource)
-from mia_jax.scorers import (acmia, camia, dcpdd, gradient, infilling, likelihood, multipass,  # noqa: F401
-                             pac, recall, sampling, tagtab)  # (importing registers)
-from mia_jax.scorers import em_mia  # noqa: F401 (registers; after recall, whose prefix reading it shares)
+from mia_jax.scorers import acmia, camia, dcpdd, likelihood, pac, tagtab  # noqa: F401 (importing registers)
 from mia_jax.scorers import min_k as _min_k_module  # noqa: F401 (registers; the name min_k is the function below)
 from mia_jax.scorers.dispatch import (LOGIT_METHODS, check_ids, device_scores, pack_token_resources, resource_arrays,
                                       score_batch, scores_from_logits, token_resources)

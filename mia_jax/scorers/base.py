@@ -78,7 +78,7 @@ class Scorer:
 
 @dataclass(frozen=True)
 class MultiPassMethod:
-    """A method that needs a second pass of the scoring path (``mia_jax.passes`` says what each ``pass_kind``
+    """A method that needs a second pass of the scoring path (``mia_jax.engine.passes`` says what each ``pass_kind``
     reads: ``lowercase`` the lowercased texts, ``ref`` the texts with a reference model, ``neighbor`` every text's
     neighbours, ...). ``combine(main, other, texts)`` -> (scores [N], {row: why its score is NaN}), from the
     ``pass_method`` score (a single-pass method, default ``loss``: the mean log-likelihood) of each text on the

@@ -3,7 +3,7 @@ Calibration Method*): token probabilities calibrated by a reference corpus's tok
 
 For a text's predicted tokens x_1..x_n (the runner's targets, ``ids``), with p_i = p(x_i | x_<i; M) the
 model's probability and f(v) = (count(v) + 1) / (N + |V|) the Laplace-smoothed frequency of token v in a reference
-corpus counted with the model's tokenizer (``mia_jax.freq``):
+corpus counted with the model's tokenizer (``mia_jax.methods.freq``):
 
     alpha_i = min(-p_i * log f(x_i), a)                      (a = 0.01)
     score   = (1 / |FOS|) * sum_{i in FOS} alpha_i
@@ -24,8 +24,8 @@ smoothing denominator changes, by the padding rows); they count the first 1024 t
 (``mia-jax freq-table --max-tokens 1024`` does too; default: every token); they cut each text to its first
 ``max_cha`` words before scoring (here: the data as given, cut only to the model's context).
 
-The resource ``freq_table`` is a ``mia_jax.freq.FreqTable`` (preferred: it carries the tokenizer's identity, which
-``freq.for_model`` / ``FreqTable.load(path, tokenizer)`` check against the model's) or a 1-D array of the smoothed
+The resource ``freq_table`` is a ``mia_jax.methods.freq.FreqTable`` (preferred: it carries the tokenizer's identity,
+which ``freq.for_model`` / ``FreqTable.load(path, tokenizer)`` check against the model's) or a 1-D array of the smoothed
 probabilities f(v) themselves; ``scorers.resource_arrays`` turns either into the float32 array ``dc_pdd`` reads
 (``freq=``).
 """
@@ -92,7 +92,7 @@ def _probabilities(resource) -> np.ndarray:
     """The smoothed frequencies, float32 ``[V]``, of a ``FreqTable`` resource or of a 1-D probability array."""
     freq = resource.probabilities() if hasattr(resource, "probabilities") else np.asarray(resource, np.float64)
     if freq.ndim != 1 or not freq.size or not np.all((freq > 0) & (freq <= 1)):
-        raise UserError("freq_table must be a mia_jax.freq.FreqTable or a 1-D array of probabilities in (0, 1]")
+        raise UserError("freq_table must be a mia_jax.methods.freq.FreqTable or a 1-D array of probabilities in (0, 1]")
     return np.asarray(freq, np.float32)
 
 

@@ -33,8 +33,8 @@ LOGIT_METHODS = ("loss", "ppl", "min_k@0.2", "min_k_pp@0.2", "max_k@0.2", "entro
 def resource_arrays(methods: Sequence[str], resources: Mapping[str, Any] | None, *,
                     per_token: bool = True) -> dict[str, np.ndarray]:
     """{resource name: array} for the resources ``methods`` read (``Scorer.resources``), from what a caller holds:
-    for ``freq_table`` a ``mia_jax.freq.FreqTable`` or a 1-D array of probabilities in (0, 1] -> float32 ``[V]``.
-    Validated on the host (UserError: a missing or malformed resource); pass the result as ``device_scores(...,
+    for ``freq_table`` a ``mia_jax.methods.freq.FreqTable`` or a 1-D array of probabilities in (0, 1] -> float32
+    ``[V]``. Validated on the host (UserError: a missing or malformed resource); pass the result as ``device_scores(...,
     resources=)``, e.g. into one's own jitted step. Resources no method reads are left out, and so are the per-token
     ones (``Resource.per_token``, made per text by ``token_resources``) with ``per_token=False``."""
     check_resources(methods, resources)

@@ -12,7 +12,7 @@ likely tokens, the "near"/local one the 30% least likely; the counts are fractio
 
     PAC(x) = PD(x) - mean_j PD(x~_j)
 
-over N = 5 random-swap augmentations x~_j (``mia_jax.augment``). Their evaluation is
+over N = 5 random-swap augmentations x~_j (``mia_jax.methods.augment``). Their evaluation is
 ``roc_auc_score(labels, -PAC)``: a *lower* PAC means member (a member's least likely tokens are less unlikely, so
 its PD is small, and swapping its words widens the gap). This project orients every score higher = member, so:
 
@@ -24,18 +24,14 @@ cached in ``out_dir/neighbors/`` under the augmenter's config; identical augment
 Differences from their code: the counts use the exact ``k_count`` (theirs ``int(n * ratio)``, see
 ``scorers.min_k``); which tokens are scored (a first token without BOS) follows this project's per-model policy
 (theirs reads ``tokenizer.encode(text)`` and scores every token after the first); augmentations are seeded per
-text (see ``mia_jax.augment``).
+text (see ``mia_jax.methods.augment``).
 """
 from __future__ import annotations
 
-from typing import Sequence
 
 import jax
-import numpy as np
 
-from mia_jax import passes
-from mia_jax.augment import DEFAULT_ALPHA, DEFAULT_N, EdaAugmenter
-from mia_jax.scorers.base import register, register_multi_pass
+from mia_jax.scorers.base import register
 from mia_jax.scorers.min_k import lowest_k_mean
 from mia_jax.scorers.reduce import floating
 
@@ -57,39 +53,3 @@ def polarized(logprob, mask, *, near: float = NEAR, far: float = FAR) -> jax.Arr
     [-2.75]
     """
     return lowest_k_mean(logprob, mask, near) + lowest_k_mean(-floating(logprob), mask, far)
-
-
-@register_multi_pass("pac", pass_kind="augment", pass_method="polarized")
-def pac(main: np.ndarray, augmented: np.ndarray, texts: Sequence[str]):
-    """PAC (Ye et al. 2024): polarized(text) - mean polarized(its random-swap augmentations), = -PAC as published."""
-    augmented = np.asarray(augmented, np.float64)
-    scores = np.asarray(main, np.float64) - augmented
-    reasons = {int(i): "pac: no augmentation could be scored" for i in np.flatnonzero(np.isnan(augmented))}
-    return scores, reasons
-
-
-_RENAMED = {"n_neighbors": "n_augmentations", "n_identical_neighbors": "n_identical_augmentations"}
-
-
-@passes.register_pass("augment")
-def augment_pass(name: str, loaded, texts: Sequence[str], *, resume: bool, method: str = "polarized", out_dir=None,
-                 out_path=None, augmenter=None, augment_n: int = DEFAULT_N, augment_alpha: float = DEFAULT_ALPHA,
-                 augment_seed: int = 0, **_) -> passes.Pass:
-    """The target model on every text's random-swap augmentations (``augmenter``, default
-    ``EdaAugmenter(augment_n, augment_alpha, augment_seed)``): ``passes.neighbor_pass`` with the augmenter in
-    place of the neighbour generator (the ``neighbors`` option, the ``neighbor`` method's, is not used). Folded:
-    per text the mean ``method`` score of its augmentations; counts ``n_augmentations`` (scored) and
-    ``n_identical_augmentations`` (dropped), apart from the ``neighbor`` method's."""
-    gen = augmenter if augmenter is not None else EdaAugmenter(augment_n, augment_alpha, augment_seed)
-    inner = passes.neighbor_pass(name, loaded, texts, neighbors=gen, out_dir=out_dir, out_path=out_path,
-                                 resume=resume, method=method)
-    fold = inner.fold
-
-    def renamed(recs):
-        values, reasons, counts = fold(recs)
-        reasons = {i: r.replace("(no word could be replaced)", "(no two different words to swap)")
-                   .replace("neighbours", "augmentations") for i, r in reasons.items()}
-        return values, reasons, {_RENAMED.get(k, k): v for k, v in counts.items()}
-
-    inner.fold = renamed
-    return inner

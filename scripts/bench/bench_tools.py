@@ -12,7 +12,7 @@ from unittest import mock
 
 import numpy as np
 
-from mia_jax import entry
+from mia_jax.runs import entry
 
 
 class PeakRSS:
@@ -239,7 +239,7 @@ def staged_steps(loaded, texts, methods, tokens_per_batch) -> list[tuple]:
     batch)] of one pass."""
     import jax
 
-    from mia_jax import runner
+    from mia_jax.engine import runner
 
     staged, real = [], runner.shared_score_step
 
@@ -281,7 +281,7 @@ def step_parts(loaded, staged, min_seconds) -> dict[str, list[float]]:
     import jax
     from flax import nnx
 
-    from mia_jax import score_step
+    from mia_jax.engine import score_step
     from mia_jax.batching import real_vocab_size
 
     graphdef, vocab = nnx.split(loaded.model)[0], real_vocab_size(loaded)
@@ -304,7 +304,7 @@ def pass_phases(loaded, texts, methods, tokens_per_batch) -> dict[str, float]:
     """Seconds of one more pass, by phase of ``runner.score_texts``: ``encode`` (``_start``: tokenizing, the sink),
     ``plan`` (packing), ``dispatch`` (rows and masks built, each step launched), ``finish`` (waiting for each step's
     scores, then its records), ``rest`` (the pass's wall time less those): where the host's share of a pass goes."""
-    from mia_jax import runner
+    from mia_jax.engine import runner
 
     spent = dict.fromkeys(PHASES.values(), 0.0)
 

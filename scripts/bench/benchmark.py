@@ -50,7 +50,7 @@ from bench_tools import (Compiles, PeakRSS, add_accelerator_args, bench_main, ma
                          set_matmul_precision, timed, torch_env)
 from benchmark_report import report  # noqa: E402
 
-from mia_jax import entry  # noqa: E402
+from mia_jax.runs import entry  # noqa: E402
 
 PROG = "python scripts/bench/benchmark.py"
 METHODS = ["loss", "min_k@0.2", "min_k_pp@0.2"]
@@ -105,7 +105,8 @@ def worker_a(args, loaded, encoded, texts, result):
     import jax.numpy as jnp
     from flax import nnx
 
-    from mia_jax import batching, runner, score_step
+    from mia_jax import batching
+    from mia_jax.engine import runner, score_step
 
     report: dict = {}
     passes, recs, mem = two_passes(lambda: runner.score_texts(

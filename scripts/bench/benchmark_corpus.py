@@ -34,7 +34,7 @@ from bench_tools import cpu_model  # noqa: E402
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
-from mia_jax import entry  # noqa: E402
+from mia_jax.runs import entry  # noqa: E402
 
 PROG = "python scripts/bench/benchmark_corpus.py"
 WORDS = ("the of river city old stone bridge north market winter light paper garden music station quiet harbour "

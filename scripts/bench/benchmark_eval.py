@@ -16,7 +16,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from mia_jax import batching, compilation, entry, models, runner
+from mia_jax import batching, models
+from mia_jax.engine import compilation, runner
+from mia_jax.runs import entry
 from mia_jax.data import wikimia
 from mia_jax.scorers import DEFAULT_METHODS, expand_methods
 

@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside this file
 from bench_tools import bench_main, runnable, torch_env  # noqa: E402
 
-from mia_jax import entry  # noqa: E402
+from mia_jax.runs import entry  # noqa: E402
 
 PROG = "python scripts/bench/benchmark_long.py"
 

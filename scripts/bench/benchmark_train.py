@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside t
 from bench_tools import (PeakRSS, add_accelerator_args, bench_main, matmul_rate, runnable,  # noqa: E402
                          set_matmul_precision, timed, torch_env, torch_sync)
 
-from mia_jax import entry  # noqa: E402
+from mia_jax.runs import entry  # noqa: E402
 
 PROG = "python scripts/bench/benchmark_train.py"
 

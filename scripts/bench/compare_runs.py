@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_jax import entry, files
+from mia_jax.runs import entry, files
 from mia_jax.errors import UserError
-from mia_jax.comparisons import paired_bootstrap
-from mia_jax.metrics import scores_by_method
+from mia_jax.evaluation.comparisons import paired_bootstrap
+from mia_jax.evaluation.metrics import scores_by_method
 
 PROG = "python scripts/bench/compare_runs.py"
 

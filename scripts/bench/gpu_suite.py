@@ -69,7 +69,7 @@ from benchmark import METHODS, model_flops, per_text, reference_scores  # noqa: 
 from gpu_suite_report import figures, report  # noqa: E402
 from gpu_suite_trainer import add_trainer_args, trainer_spec, worker_trainer  # noqa: E402
 
-from mia_jax import entry  # noqa: E402
+from mia_jax.runs import entry  # noqa: E402
 from mia_jax.data import WIKIMIA_LENGTHS  # noqa: E402
 from mia_jax.errors import UserError  # noqa: E402
 
@@ -83,12 +83,13 @@ RESERVE_S = {"toolkit_cold": 90, "toolkit_warm": 30, "torch_batched": 30, "torch
 
 
 def worker_toolkit(spec, result):
-    from mia_jax import compilation
+    from mia_jax.engine import compilation
 
     compilation.enable(spec["cache"])  # before any jit
     import jax
 
-    from mia_jax import batching, models, runner
+    from mia_jax import batching, models
+    from mia_jax.engine import runner
 
     data = json.loads(Path(spec["data"]).read_text())
     texts, ids = data["texts"], data["ids"]

@@ -21,7 +21,7 @@ import shutil
 import time
 from pathlib import Path
 
-from mia_jax import entry
+from mia_jax.runs import entry
 
 
 def _window(value: str) -> int:
@@ -57,7 +57,7 @@ def worker_trainer(spec, result):
     """``train.trainer.train`` at the spec's shape (see the module docstring); ``result``: the speed.jsonl
     lines and what the figures need."""
     if spec.get("cache"):
-        from mia_jax import compilation
+        from mia_jax.engine import compilation
 
         compilation.enable(spec["cache"])  # before any jit
     import jax

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools beside t
 
 from bench_tools import bench_main, three_ints  # noqa: E402
 
-from mia_jax import entry  # noqa: E402
+from mia_jax.runs import entry  # noqa: E402
 
 PROG = "python scripts/bench/load_memory.py"
 
@@ -43,7 +43,8 @@ def child(model: str, mesh: str | None) -> dict:
     import jax
     from flax import nnx
 
-    from mia_jax import models, sharding
+    from mia_jax import models
+    from mia_jax.engine import sharding
 
     def rss_mib() -> float:
         with open("/proc/self/statm") as f:

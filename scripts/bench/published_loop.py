@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_tools, benchma
 import bench_tools  # noqa: E402
 from benchmark import METHODS, per_text, torch_arrays, transformers_model  # noqa: E402
 
-from mia_jax import entry  # noqa: E402
+from mia_jax.runs import entry  # noqa: E402
 from mia_jax.data import WIKIMIA_LENGTHS  # noqa: E402
 from mia_jax.errors import UserError  # noqa: E402
 

@@ -26,7 +26,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mia_jax import entry
+from mia_jax.runs import entry
 from mia_jax.errors import UserError
 
 PROG = "python scripts/bench/random_model.py"
