@@ -1,7 +1,8 @@
 """The report of ``scripts/detectors.py``, from a run folder's sealed files alone (what ``--from`` rebuilds): per
-method AUROC / TPR@5%FPR with 95% bootstrap intervals (the mean over datasets, resampled within each, where a run has
-several), the paired bootstrap against Min-K%++ on the same examples (Holm-corrected over the table), the blind
-baseline, the cost table and dataset inference per dataset; ``--header``'s template fields; writing ``--md``.
+method AUROC / TPR@5%FPR / TPR@1%FPR with 95% bootstrap intervals (the mean over datasets, resampled within each,
+where a run has several), the paired bootstrap against Min-K%++ on the same examples (Holm-corrected over the
+table), the blind baseline, the cost table and dataset inference per dataset; ``--header``'s template fields;
+writing ``--md``.
 """
 from __future__ import annotations
 
@@ -115,11 +116,11 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
             else:
                 res = metrics.evaluate(labels, v, n_bootstrap=n_bootstrap, seed=seed)
         except ValueError as e:  # e.g. every text skipped (Lowercase on lower-case texts): a row saying so
-            table.append([m, f"n/a ({e})", "n/a", "n/a", str(int(np.isnan(v).sum()))])
+            table.append([m, f"n/a ({e})", "n/a", "n/a", "n/a", str(int(np.isnan(v).sum()))])
             continue
         n_nan = str(res.get("n_nan", int(np.isnan(v).sum())))
         if res.get("auroc") is None:  # too few examples of a class (metrics.MIN_PER_CLASS), or one class left
-            table.append([name, _na(res), "n/a", "n/a", n_nan])
+            table.append([name, _na(res), "n/a", "n/a", "n/a", n_nan])
             continue
         if m == "blind" or m == BASELINE:
             vs = "—"
@@ -130,14 +131,16 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
                 family.append((m, vs))
             except ValueError as e:
                 vs = f"n/a ({str(e).replace('n/a: ', '')})"
+        low = comparisons.evaluate_mean(labels, v, groups, n_bootstrap=n_bootstrap, seed=seed, fpr=0.01)
         table.append([name, _ci(res["auroc"], res.get("auroc_ci")),
-                      _ci(res["tpr_at_5pct_fpr"], res.get("tpr_at_5pct_fpr_ci")), vs, n_nan])
+                      _ci(res["tpr_at_5pct_fpr"], res.get("tpr_at_5pct_fpr_ci")),
+                      _ci(low["tpr_at_1pct_fpr"], low.get("tpr_at_1pct_fpr_ci")), vs, n_nan])
     comparisons.holm_adjust([c for _, c in family])
     for row in table:  # the comparison cells, once the family is corrected
-        if isinstance(row[3], dict):
-            c, m = row[3]["auroc"], next(m for m, c in family if c is row[3])
-            row[3] = (f"{rounding.diff_ci(c['diff'], c['ci'])} {c['verdict'].replace('A', m).replace('B', 'Min-K%++')}"
-                      f" (Holm p {pvalue.p_text(c['p_holm'], comparisons.resamples(row[3]))})")
+        if isinstance(row[4], dict):
+            c, m = row[4]["auroc"], next(m for m, c in family if c is row[4])
+            row[4] = (f"{rounding.diff_ci(c['diff'], c['ci'])} {c['verdict'].replace('A', m).replace('B', 'Min-K%++')}"
+                      f" (Holm p {pvalue.p_text(c['p_holm'], comparisons.resamples(row[4]))})")
     avg = " (mean over datasets, resampled within each)" if several else ""
     tps = lambda c: "n/a" if c["tokens_per_second"] is None else f"{c['tokens_per_second']:.0f}"  # noqa: E731
     text = [f"## {info['name']}" + (" (sample)" if info.get("per_cell") else "") + f": {_model_label(info)}\n",
@@ -148,10 +151,14 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
             + (f"; SaMIA with {info.get('samia_samples', 10)} sampled continuations per text"
                if "samia" in info["methods"] else "")
             + f"). Not run: {', '.join(m for m in all_methods() if m not in info['methods']) or 'none'}. "
-            f"AUROC and TPR@5%FPR{avg} with 95% bootstrap intervals; the last "
+            f"AUROC, TPR@5%FPR and TPR@1%FPR{avg} with 95% bootstrap intervals (the largest TPR at a threshold that "
+            f"passes at most 1% of the non-members: with fewer than 100 of them, members scored above every "
+            f"non-member); "
+            f"the last "
             f"column is the paired bootstrap of the method minus Min-K%++ (k=20%) on the same examples.\n\n"
             + comparisons.family_note(len(family), "each method against Min-K%++") + "\n",
-            markdown(["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "vs Min-K%++ (AUROC)", "NaN"], table),
+            markdown(["Method", "AUROC [95% CI]", "TPR@5%FPR [95% CI]", "TPR@1%FPR [95% CI]", "vs Min-K%++ (AUROC)",
+                      "NaN"], table),
             *([f"\n{nonfinite_warning(info['nonfinite_logits'])}\n"] if info.get("nonfinite_logits") else []),
             "\nCost on this machine (each group timed alone, its main pass included, compilation included; the "
             "single-pass methods share one pass, methods reading the same passes are one group):\n",

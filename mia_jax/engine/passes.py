@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mia_jax.engine.records import json_score
 from mia_jax.evaluation.metrics import scores_by_method
 
 Folded = tuple[np.ndarray, dict[int, str], dict[str, list]]
@@ -74,3 +75,18 @@ def prepare(pass_kind: str, name: str, loaded, texts: Sequence[str], *, ref=None
         raise ValueError(f"unknown pass kind {pass_kind!r}; known: {', '.join(PASSES)}")
     return PASSES[pass_kind](name, loaded, texts, ref=ref, neighbors=neighbors, out_dir=out_dir, out_path=out_path,
                              resume=resume, method=method, **options)
+
+
+def final_records(main: list[dict], methods: Sequence[str], extra: dict, counts: dict) -> list[dict]:
+    """The dataset's records: the main pass's, with every method's score (a multi-pass method's from ``extra``:
+    {method: (scores [N], {row: why NaN})}), ``nan_reasons`` where a multi-pass score is NaN for a text the main
+    pass scored, and the passes' per-text ``counts`` ({record field: [N]})."""
+    records = []
+    for i, rec in enumerate(main):
+        rec = dict(rec, scores={m: json_score(extra[m][0][i]) if m in extra else rec["scores"][m] for m in methods})
+        nan_reasons = {m: why[i] for m, (_, why) in extra.items() if i in why and "skip_reason" not in rec}
+        if nan_reasons:
+            rec["nan_reasons"] = nan_reasons
+        rec.update({k: v[i] for k, v in counts.items()})
+        records.append(rec)
+    return records

@@ -48,7 +48,7 @@ from mia_jax.runs.files import write_jsonl
 from mia_jax.engine.inflight import InFlight
 from mia_jax.runs.fingerprint import run_fingerprint
 from mia_jax.evaluation.metrics import scores_by_method
-from mia_jax.engine.records import Sink, json_score, make_record, skip_reason
+from mia_jax.engine.records import Sink, make_record, skip_reason
 from mia_jax.engine.score_step import shared_score_step
 from mia_jax.scorers import (MULTI_PASS, check_ids, check_resources, is_multi_pass, pack_token_resources, parse_method,
                              requirements, resource_arrays, token_resources)
@@ -385,14 +385,7 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
         main_values = scores_by_method(main, [method.pass_method])[method.pass_method]
         scores, reasons = method.combine(main_values, *others, texts)
         extra[m] = scores, {**reasons, **pass_reasons}  # the pass's own reason is the more specific
-    records = []
-    for i, rec in enumerate(main):
-        rec = dict(rec, scores={m: rec["scores"][m] if m in single else json_score(extra[m][0][i]) for m in methods})
-        nan_reasons = {m: extra[m][1][i] for m in multi if i in extra[m][1] and "skip_reason" not in rec}
-        if nan_reasons:
-            rec["nan_reasons"] = nan_reasons
-        rec.update({k: v[i] for k, v in counts.items()})
-        records.append(rec)
+    records = passes.final_records(main, methods, extra, counts)
     if out_dir and processes.is_main_process():
         write_jsonl(Path(out_dir, "results.jsonl"), records)
     return records
