@@ -21,9 +21,16 @@ from mia_jax.evaluation.metrics import scores_by_method
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods
 
 
-def text_list(texts) -> list[str]:
+def text_list(texts: Iterable[str]) -> list[str]:
     """``texts``, any iterable of strings (a list, a tuple, a generator, a NumPy array of str), as a list; a single
-    string, a non-iterable or an element that is not a string: UserError."""
+    string, a non-iterable or an element that is not a string: UserError.
+
+    Args:
+        texts: the texts.
+
+    Returns:
+        The texts as a list of str.
+    """
     if isinstance(texts, (str, bytes)):
         raise UserError("texts must be an iterable of strings, got a single string (a single text goes in a list: "
                         "[text])")
@@ -42,11 +49,24 @@ def score(model, texts: Iterable[str], methods: Sequence[str] = DEFAULT_METHODS,
           progress: bool = False) -> dict[str, np.ndarray]:
     """{method: float64 [len(texts)]} (NaN where a text has no score: empty, a single token, or non-finite logits).
 
-    ``model``: a name (``smollm2``), a local Hugging Face folder or GGUF file, or a model ``mia_jax.models.load``
-    returned. ``texts``: any iterable of strings (``text_list``). ``methods``: registered names (at least one); a
-    bare ``min_k`` / ``max_k`` / ``min_k_pp`` becomes one method per fraction in ``k`` (``min_k@0.2``). Multi-pass
-    methods run their second pass (``ref`` needs ``ref``, a model as ``model``). ``dtype``: the forward's (default
-    bfloat16 on GPU/TPU, float32 on CPU). Bad arguments: UserError."""
+    Multi-pass methods run their second pass. Bad arguments: UserError.
+
+    Args:
+        model: a name (``smollm2``), a local Hugging Face folder or GGUF file, or a model ``mia_jax.models.load``
+            returned.
+        texts: any iterable of strings (``text_list``).
+        methods: registered names (at least one); a bare ``min_k`` / ``max_k`` / ``min_k_pp`` becomes one method
+            per fraction in ``k`` (``min_k@0.2``).
+        k: the fractions of a bare name that takes one.
+        ref: the reference model of the method ``ref`` (which needs it), given as ``model``.
+        tokens_per_batch: the token budget of one scoring step (default per backend).
+        dtype: the forward's (default bfloat16 on GPU/TPU, float32 on CPU).
+        resources: what scorers that name one need (``scorers.check_resources``; e.g. DC-PDD's ``freq_table``).
+        progress: whether to show a progress bar.
+
+    Returns:
+        {method: float64 ``np.ndarray`` [len(texts)]}, higher = more likely a member; NaN where a text has no score.
+    """
     import mia_jax.methods  # noqa: F401 (registers the multi-pass methods)
     from mia_jax.engine import runner  # ~50 ms (tqdm, the windowed audit): not at `import mia_jax`, only to score
 

@@ -18,6 +18,7 @@ from numbers import Real
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from mia_jax.errors import UserError
 
@@ -26,15 +27,26 @@ def _dtype(x):
     return getattr(x, "dtype", None) or np.asarray(x).dtype
 
 
-def floating(name: str, x) -> None:
-    """``x`` must hold floats (float16/bfloat16/float32/float64); integer or bool logits are refused (UserError)."""
+def floating(name: str, x: ArrayLike) -> None:
+    """``x`` must hold floats (float16/bfloat16/float32/float64); integer or bool logits are refused (UserError).
+
+    Args:
+        name: the argument's name, for the message.
+        x: any shape; only its dtype is read.
+    """
     dtype = _dtype(x)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise UserError(f"{name} must be a floating-point array (e.g. float32 or bfloat16), got dtype {dtype}")
 
 
-def integer(name: str, x, *, bool_ok: bool = False) -> None:
-    """``x`` must hold integers (and bools too with ``bool_ok``: a mask); floats are refused (UserError)."""
+def integer(name: str, x: ArrayLike, *, bool_ok: bool = False) -> None:
+    """``x`` must hold integers (and bools too with ``bool_ok``: a mask); floats are refused (UserError).
+
+    Args:
+        name: the argument's name, for the message.
+        x: any shape; only its dtype is read.
+        bool_ok: whether bools pass too.
+    """
     dtype = _dtype(x)
     ok = jnp.issubdtype(dtype, jnp.integer) or (bool_ok and jnp.issubdtype(dtype, jnp.bool_))
     if not ok:
@@ -42,30 +54,55 @@ def integer(name: str, x, *, bool_ok: bool = False) -> None:
         raise UserError(f"{name} must be an {kind} array, got dtype {dtype}")
 
 
-def numeric(name: str, x) -> None:
-    """``x`` must hold numbers, integer or floating (a count such as a rank); bool and others are refused."""
+def numeric(name: str, x: ArrayLike) -> None:
+    """``x`` must hold numbers, integer or floating (a count such as a rank); bool and others are refused.
+
+    Args:
+        name: the argument's name, for the message.
+        x: any shape; only its dtype is read.
+    """
     dtype = _dtype(x)
     if not (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)):
         raise UserError(f"{name} must be a numeric (integer or floating-point) array, got dtype {dtype}")
 
 
-def shape(name: str, x, want: tuple) -> None:
-    """``x``'s shape must be ``want`` (UserError naming both)."""
+def shape(name: str, x: ArrayLike, want: tuple) -> None:
+    """``x``'s shape must be ``want`` (UserError naming both).
+
+    Args:
+        name: the argument's name, for the message.
+        x: any dtype; only its shape is read.
+        want: the expected shape.
+    """
     got = tuple(jnp.shape(x))
     if got != tuple(want):
         raise UserError(f"{name} has shape {got}, expected {tuple(want)}")
 
 
-def concrete(x) -> np.ndarray | None:
-    """``x`` as a host array, or None under a trace (a value not known yet) or spread over several processes."""
+def concrete(x: ArrayLike) -> np.ndarray | None:
+    """``x`` as a host array, or None under a trace (a value not known yet) or spread over several processes.
+
+    Args:
+        x: any array or value.
+
+    Returns:
+        ``np.ndarray`` of ``x``'s shape and dtype, or None.
+    """
     if isinstance(x, jax.core.Tracer) or (isinstance(x, jax.Array) and not x.is_fully_addressable):
         return None
     return np.asarray(x)
 
 
-def token_ids(name: str, ids, vocab: int, where=None) -> None:
+def token_ids(name: str, ids: ArrayLike, vocab: int, where: ArrayLike | None = None) -> None:
     """Integer ``ids`` in ``[0, vocab)`` (only at ``where``, a bool array, when given). The values are checked only
-    when concrete (see the module docstring); a negative id would otherwise wrap around to the vocabulary's end."""
+    when concrete (see the module docstring); a negative id would otherwise wrap around to the vocabulary's end.
+
+    Args:
+        name: the argument's name, for the message.
+        ids: int, any shape: token ids.
+        vocab: the vocabulary size.
+        where: bool broadcastable to ``ids``: the ids checked (None: all).
+    """
     integer(name, ids)
     host = concrete(ids)
     if host is None or host.size == 0:
@@ -84,7 +121,15 @@ def token_ids(name: str, ids, vocab: int, where=None) -> None:
 
 
 def fraction(k, what: str = "k") -> float:
-    """A fraction ``0 < k <= 1`` (a Python or NumPy real, not a bool) as a float; anything else is a UserError."""
+    """A fraction ``0 < k <= 1`` (a Python or NumPy real, not a bool) as a float; anything else is a UserError.
+
+    Args:
+        k: the fraction given.
+        what: what it is, for the message.
+
+    Returns:
+        ``k`` as a float.
+    """
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, Real) or not math.isfinite(float(k)):
         raise UserError(f"{what} must be a fraction in (0, 1], got {k!r}")
     if not 0.0 < float(k) <= 1.0:

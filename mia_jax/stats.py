@@ -1,7 +1,6 @@
 """Fused per-token statistics over the vocabulary: the hot kernel.
 
-For every position with logits ``x`` (over the vocabulary) and a target token ``y`` this computes,
-in float32:
+For every position with logits ``x`` (over the vocabulary) and a target token ``y`` this computes, in float32:
 
 - ``logprob``     log p(y) = x_y - logsumexp(x)
 - ``mu``          E_p[log p] = sum_v p_v log p_v            (the Min-K%++ mean)
@@ -10,11 +9,10 @@ in float32:
 - ``rank``        1 + #{v != y : x_v > x_y}               (1 = the most likely token)
 - ``max_logprob`` max_v log p_v
 
-The vocabulary is scanned in chunks with an online (running max) accumulator that merges a
-chunk's (max, total weight, weighted mean, weighted sum of squared deviations) into the running
-one (Chan et al.'s parallel variance update, weighted by exp(x - max)). Nothing of the form
-E[x^2] - E[x]^2 is ever formed, so logits of +-1e4 or a single huge logit give no cancellation,
-no NaN and no inf. Vocabulary rows with id >= ``vocab_size`` (padding, e.g. Pythia's 50304 rows
+The vocabulary is scanned in chunks with an online (running max) accumulator that merges a chunk's (max, total weight,
+weighted mean, weighted sum of squared deviations) into the running one (Chan et al.'s parallel variance update,
+weighted by exp(x - max)). Nothing of the form E[x^2] - E[x]^2 is ever formed, so logits of +-1e4 or a single huge logit
+give no cancellation, no NaN and no inf. Vocabulary rows with id >= ``vocab_size`` (padding, e.g. Pythia's 50304 rows
 for a 50277-token tokenizer) and logits equal to -inf get zero probability. NaN propagates: a NaN logit in any real
 vocabulary row of a position makes that position's float statistics NaN (``rank``, an integer, stays a count; the
 scorers make a text with a NaN statistic NaN, ``scorers.device_scores``), and +inf gives NaN or inf as IEEE says.
@@ -25,16 +23,14 @@ E_{p_T}[log p_T], Var_{p_T}[log p_T]), with the same online merge over the chunk
 data, not constants of the program (one compiled program serves every value of the same K). A temperature that is
 not positive and finite gives NaN statistics at that temperature. Without ``temperatures`` nothing of this is traced.
 
-``token_stats`` takes logits ``[..., V]``; ``token_stats_from_hidden`` takes hidden states
-``[..., D]`` and an unembedding matrix ``[V, D]`` and never forms the full ``[..., V]`` logits:
-each chunk's logits are a ``[..., C]`` matmul that lives only inside the scan.
-Both are jit-able; ``vocab_size`` and ``chunk_size`` are static.
+``token_stats`` takes logits ``[..., V]``; ``token_stats_from_hidden`` takes hidden states ``[..., D]`` and an
+unembedding matrix ``[V, D]`` and never forms the full ``[..., V]`` logits: each chunk's logits are a ``[..., C]``
+matmul that lives only inside the scan. Both are jit-able; ``vocab_size`` and ``chunk_size`` are static.
 
-``token_stats_from_hidden_sharded`` is the same computation with the unembedding sharded over the
-vocabulary on a mesh axis (tensor parallelism of the LM head): under ``jax.shard_map`` each shard runs
-the online accumulator over its own rows (global ids, so padding rows and the target's rank
-exclusion are handled exactly), and the shards' accumulators are combined with ``pmax`` / ``psum``
-(rescaled to the global max: the multi-way form of ``_merge``). Nothing larger than a
+``token_stats_from_hidden_sharded`` is the same computation with the unembedding sharded over the vocabulary on a mesh
+axis (tensor parallelism of the LM head): under ``jax.shard_map`` each shard runs the online accumulator over its own
+rows (global ids, so padding rows and the target's rank exclusion are handled exactly), and the shards' accumulators are
+combined with ``pmax`` / ``psum`` (rescaled to the global max: the multi-way form of ``_merge``). Nothing larger than a
 ``[B/data, T, chunk]`` block of logits exists on any device.
 """
 from __future__ import annotations
@@ -44,7 +40,8 @@ from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
+from jax.typing import ArrayLike
 
 from mia_jax import checks
 from mia_jax.errors import UserError
@@ -59,7 +56,11 @@ CPU_CHUNK = 1024
 
 def default_chunk() -> int:
     """The scoring passes' default vocabulary chunk on this backend: ``CPU_CHUNK`` on the CPU, else
-    ``DEFAULT_CHUNK``."""
+    ``DEFAULT_CHUNK``.
+
+    Returns:
+        The chunk, in vocabulary rows.
+    """
     return CPU_CHUNK if jax.default_backend() == "cpu" else DEFAULT_CHUNK
 
 
@@ -179,13 +180,13 @@ def _temperatures(temperatures):
 
 def _scan_acc(chunk_logits, n_vocab_rows, limit, chunk_size, target_logit, targets, id_offset=0,
               temperatures=None):
-    """Run the online accumulator over ``chunk_logits(start, c) -> [..., c]`` for c-wide chunks of
-    ``n_vocab_rows`` rows whose global vocabulary ids start at ``id_offset`` (a vocabulary shard's first
-    id; may be traced); ids at or beyond ``limit`` are padding. With ``temperatures`` [K]: (the accumulator, the K
-    accumulators of x / T) from the same chunks (one per temperature: XLA drops the sums no formula reads).
+    """Run the online accumulator over ``chunk_logits(start, c) -> [..., c]`` for c-wide chunks of ``n_vocab_rows`` rows
+    whose global vocabulary ids start at ``id_offset`` (a vocabulary shard's first id; may be traced); ids at or beyond
+    ``limit`` are padding. With ``temperatures`` [K]: (the accumulator, the K accumulators of x / T) from the same
+    chunks (one per temperature: XLA drops the sums no formula reads).
 
-    The last chunk is clamped to end at ``n_vocab_rows`` (no padding copy of the input); rows that
-    an earlier chunk already covered are masked out.
+    The last chunk is clamped to end at ``n_vocab_rows`` (no padding copy of the input); rows that an earlier chunk
+    already covered are masked out.
     """
     c = min(chunk_size, n_vocab_rows)
     n_chunks = -(-n_vocab_rows // c)
@@ -222,16 +223,25 @@ def _scan_vocab(chunk_logits, n_vocab_rows, vocab_size, chunk_size, target_logit
 
 
 @partial(jax.jit, static_argnames=("vocab_size", "chunk_size"))
-def token_stats(logits, targets, *, vocab_size: int | None = None, chunk_size: int = DEFAULT_CHUNK,
-                temperatures=None) -> TokenStats | tuple[TokenStats, TemperedStats]:
+def token_stats(logits: ArrayLike, targets: ArrayLike, *, vocab_size: int | None = None,
+                chunk_size: int = DEFAULT_CHUNK, temperatures: ArrayLike | None = None
+                ) -> TokenStats | tuple[TokenStats, TemperedStats]:
     """Statistics from logits ``[..., V]`` (any float dtype) for integer ``targets`` ``[...]``.
 
-    ``logits[..., t, :]`` must be the prediction for ``targets[..., t]`` (shift before calling:
-    ``token_stats(logits[:, :-1], ids[:, 1:])``). ``vocab_size``: the real vocabulary size; rows
-    at or beyond it are padding and get zero probability. Checked (``mia_jax.checks``, UserError): floating logits,
-    integer targets of the logits' leading shape; the targets' values are not read (this runs under ``jax.jit``): an
-    id outside the vocabulary is the caller's to avoid. ``temperatures``: a float ``[K]`` array (or a tuple) of
-    temperatures; then the result is (``TokenStats``, ``TemperedStats`` ``[..., K]``) from the same pass.
+    Checked (``mia_jax.checks``, UserError): floating logits, integer targets of the logits' leading shape; the
+    targets' values are not read (this runs under ``jax.jit``): an id outside the vocabulary is the caller's to avoid.
+
+    Args:
+        logits: float (any float dtype) [..., V]; ``logits[..., t, :]`` must be the prediction for
+            ``targets[..., t]`` (shift before calling: ``token_stats(logits[:, :-1], ids[:, 1:])``).
+        targets: int [...] the target token ids.
+        vocab_size: the real vocabulary size; rows at or beyond it are padding and get zero probability (static).
+        chunk_size: the vocabulary rows per chunk of the scan (static).
+        temperatures: float [K] (or a tuple) of temperatures, or None.
+
+    Returns:
+        ``TokenStats`` of the targets' shape (float32, ``rank`` int32); with ``temperatures`` (``TokenStats``,
+        ``TemperedStats`` float32 ``[..., K]``) from the same pass.
     """
     checks.floating("logits", logits)
     checks.integer("targets", targets)
@@ -248,14 +258,23 @@ def token_stats(logits, targets, *, vocab_size: int | None = None, chunk_size: i
 
 @partial(jax.jit, static_argnames=("vocab_size", "chunk_size"))
 def token_stats_from_hidden(
-    hidden, unembedding, targets, *, bias=None, vocab_size: int | None = None, chunk_size: int = DEFAULT_CHUNK,
-    temperatures=None,
+    hidden: ArrayLike, unembedding: ArrayLike, targets: ArrayLike, *, bias: ArrayLike | None = None,
+    vocab_size: int | None = None, chunk_size: int = DEFAULT_CHUNK, temperatures: ArrayLike | None = None,
 ) -> TokenStats | tuple[TokenStats, TemperedStats]:
     """Statistics from hidden states ``[..., D]`` and the unembedding (LM head) matrix ``[V, D]``.
 
-    Logits are ``hidden @ unembedding.T (+ bias)``, computed one ``[..., chunk_size]`` slice at a
-    time with float32 accumulation; the full ``[..., V]`` logits are never formed. Checked as ``token_stats``;
-    ``temperatures`` as there.
+    Logits are ``hidden @ unembedding.T (+ bias)``, computed one ``[..., chunk_size]`` slice at a time with float32
+    accumulation; the full ``[..., V]`` logits are never formed. Checked as ``token_stats``.
+
+    Args:
+        hidden: float [..., D] the final hidden states (each position's prediction of ``targets``' token).
+        unembedding: float [V, D] the LM head.
+        targets: int [...] the target token ids.
+        bias: float [V] the LM head's bias, or None.
+        vocab_size, chunk_size, temperatures: as ``token_stats``.
+
+    Returns:
+        As ``token_stats``.
     """
     _check_hidden(hidden, unembedding, targets)
     targets = targets.astype(jnp.int32)
@@ -291,11 +310,9 @@ def _check_hidden(hidden, unembedding, targets) -> None:
 def _combine_shards(acc: _Acc, axis) -> _Acc:
     """The accumulators of all shards along mesh ``axis`` merged into one (inside ``shard_map``).
 
-    Each shard's weight, mean offset and M2 are rescaled to the global max (``pmax``) and summed
-    (``psum``): W = sum w_i s_i, D = sum w_i s_i d_i / W, M2 = sum (m2_i s_i + w_i s_i (d_i - D)^2),
-    with s_i = exp(m_i - m) and d_i relative to the global max, which is ``_merge`` applied to all
-    shards at once.
-    """
+    Each shard's weight, mean offset and M2 are rescaled to the global max (``pmax``) and summed (``psum``): W = sum w_i
+    s_i, D = sum w_i s_i d_i / W, M2 = sum (m2_i s_i + w_i s_i (d_i - D)^2), with s_i = exp(m_i - m) and d_i relative to
+    the global max, which is ``_merge`` applied to all shards at once."""
     m = jax.lax.pmax(acc.m, axis)
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     mi = jnp.where(acc.w > 0, acc.m, m_safe)  # an empty shard sits at the max with zero weight
@@ -310,22 +327,30 @@ def _combine_shards(acc: _Acc, axis) -> _Acc:
 
 
 def token_stats_from_hidden_sharded(
-    hidden, unembedding, targets, *, mesh, bias=None, vocab_size: int | None = None,
-    chunk_size: int = DEFAULT_CHUNK, vocab_axis: str = "model", batch_axes: Sequence[str] = ("data", "fsdp"),
-    temperatures=None,
+    hidden: ArrayLike, unembedding: ArrayLike, targets: ArrayLike, *, mesh: Mesh, bias: ArrayLike | None = None,
+    vocab_size: int | None = None, chunk_size: int = DEFAULT_CHUNK, vocab_axis: str = "model",
+    batch_axes: Sequence[str] = ("data", "fsdp"), temperatures: ArrayLike | None = None,
 ) -> TokenStats | tuple[TokenStats, TemperedStats]:
     """``token_stats_from_hidden`` with the vocabulary sharded over ``vocab_axis`` of ``mesh``.
 
-    ``hidden [B, ...rest, D]`` and ``targets [B, ...rest]`` are split over ``batch_axes`` on their first
-    axis (B must be a multiple of their total size); the unembedding ``[V, D]`` (and ``bias [V]``) over
-    ``vocab_axis`` on their first axis (when V is not a multiple of that axis's size the rows are
-    zero-padded, and the padding rows are masked like any row at or beyond ``vocab_size``). Whatever
-    sharding the arguments have, ``shard_map`` re-lays them out to these specs (e.g. gathers an
-    fsdp-sharded D). Outputs are sharded over ``batch_axes`` and equal the unsharded kernel's (to
-    float32 rounding of the sums; ``rank`` exactly). Call it inside ``jax.jit``, or alone (it is
-    jit-compatible; ``mesh``, ``vocab_size``, ``chunk_size`` and the axis names are static). ``temperatures``
-    (replicated) as ``token_stats``': each shard's tempered accumulators are combined like the others. Checked as
-    ``token_stats_from_hidden``.
+    Whatever sharding the arguments have, ``shard_map`` re-lays them out to the specs below (e.g. gathers an
+    fsdp-sharded D). Call it inside ``jax.jit``, or alone (it is jit-compatible; ``mesh``, ``vocab_size``,
+    ``chunk_size`` and the axis names are static). Checked as ``token_stats_from_hidden``.
+
+    Args:
+        hidden: float [B, ...rest, D], split over ``batch_axes`` on its first axis (B must be a multiple of their
+            total size).
+        unembedding: float [V, D], split over ``vocab_axis`` on its first axis (V not a multiple of that axis's size:
+            rows zero-padded, and the padding rows masked like any row at or beyond ``vocab_size``).
+        targets: int [B, ...rest], split as ``hidden``.
+        bias: float [V] or None, split as ``unembedding``.
+        mesh, vocab_axis, batch_axes: the device mesh, its axis of the vocabulary shards, its axes of the batch.
+        vocab_size, chunk_size, temperatures: as ``token_stats``' (``temperatures`` replicated: each shard's
+            tempered accumulators are combined like the others).
+
+    Returns:
+        As ``token_stats``, sharded over ``batch_axes``: equal to the unsharded kernel's (to float32 rounding of the
+        sums; ``rank`` exactly).
     """
     _check_hidden(hidden, unembedding, targets)
     targets = targets.astype(jnp.int32)

@@ -11,10 +11,14 @@ each step, so a row's tokens depend on its key, prompt and budget, never on the 
 stops at EOS or after its token budget (by default max_new_tokens; 0 = a filler row that emits nothing) and then
 emits pad; the loop ends when every row has stopped or max_new_tokens were generated.
 
+The example is not run by the doctests (``# doctest: +SKIP``): it loads SmolLM2 from its offline package and
+compiles the generation loop, which takes far longer than a doctest should (greedy decoding gives this text).
+
     >>> from mia_jax import models
     >>> from mia_jax.engine import generate
-    >>> loaded = models.load("smollm2")
-    >>> generate.generate(loaded, ["The capital of France is"], max_new_tokens=20)
+    >>> loaded = models.load("smollm2")  # doctest: +SKIP
+    >>> generate.generate(loaded, ["The capital of France is"], max_new_tokens=20)  # doctest: +SKIP
+    [' Paris.\\n\\nThe answer is: 2018-01-22 ']
 """
 
 from __future__ import annotations

@@ -80,33 +80,48 @@ def score_texts(loaded, texts: Sequence[str], methods: Sequence[str], *, labels:
                 stable: tuple[int, int] | None = None) -> list[dict]:
     """Score every text with every method; returns records in input order.
 
-    Texts (each text's tokens but its last) are packed into rows of a token budget (``tokens_per_batch`` per step,
-    default per backend: ``batching.pack``) and each step runs ``score_step.make_score_step``'s program: the
-    forward, the statistics and every method's formula on the device; only per-text scores come back (and per-token
-    statistics with ``window``). ``prefixes`` (one string per text): each text is read after its prefix and only the
-    text's tokens are scored (``encode``; ReCaLL's conditional likelihood, CAMIA's repeated text). ``resources``:
-    what scorers that name one need (``scorers.check_resources``; e.g. DC-PDD's ``freq_table``). ``window``: each
-    record also holds the methods' scores of every ``window``-token chunk of the text from the same pass
-    (``audits.windowed``; online detection). ``compute`` replaces the forward + statistics + scorers of a batch by
-    another batched computation on one text per row, ``batch_size`` rows per step, ``compute(ids [rows, T] int32,
-    mask [rows, T-1], texts) -> {method: float64 [rows]}`` (e.g. ``gradnorm``: a forward and a backward), with the
-    same records and resume.
+    Texts (each text's tokens but its last) are packed into rows of a token budget (``batching.pack``) and each step
+    runs ``score_step.make_score_step``'s program: the forward, the statistics and every method's formula on the
+    device; only per-text scores come back (and per-token statistics with ``window``).
 
-    ``out_path``: records appended as each step finishes (``records.Sink``: a crash loses at most the steps in
-    flight; a preemption notice, none: ``preemption.Preempted`` once the steps in flight are saved), the file
-    rewritten in input order at the end. ``resume=True``: the records in ``out_path`` are kept, only the steps not
-    complete there computed; steps are planned over the whole dataset either way (a byte-identical file).
+    Args:
+        loaded: the model (``models.load``), its tokenizer with it.
+        texts: the texts.
+        methods: single-pass method names.
+        labels: one label per text (1 = member), copied into the records; or None.
+        tokens_per_batch: the token budget of a step (default per backend: ``default_tokens_per_batch``).
+        batch_size: rows per step with ``compute``.
+        chunk_size: the statistics' vocabulary chunk (default ``stats.default_chunk()``).
+        out_path: records appended as each step finishes (``records.Sink``: a crash loses at most the steps in
+            flight; a preemption notice, none: ``preemption.Preempted`` once the steps in flight are saved), the
+            file rewritten in input order at the end.
+        resume: True: the records in ``out_path`` are kept, only the steps not complete there computed; steps are
+            planned over the whole dataset either way (a byte-identical file).
+        progress, desc: a progress bar (process 0's), labelled ``desc``.
+        mesh: (``sharding.make_mesh``) the parameters (``loaded.model``, in place) and the rows sharded over it. On
+            several processes every process calls this with the same arguments; each appends its own records to
+            ``<out_path>.process<i>-of-<n>`` as it goes, and process 0 writes ``out_path`` at the end.
+        report: a dict, filled in: ``texts`` (this process's), ``reused`` (records taken from ``out_path``),
+            ``computed`` (texts scored by a forward pass here), ``batches_computed`` (steps), ``skipped``, ``slots``
+            and ``tokens`` (token slots of the steps run vs the tokens fed), ``scoring_programs`` (the distinct step
+            shapes run).
+        prefixes: one string per text: each text is read after its prefix and only the text's tokens are scored
+            (``encode``; ReCaLL's conditional likelihood, CAMIA's repeated text).
+        resources: what scorers that name one need (``scorers.check_resources``; e.g. DC-PDD's ``freq_table``).
+        compute: replaces the forward + statistics + scorers of a batch by another batched computation on one text
+            per row, ``batch_size`` rows per step, ``compute(ids [rows, T] int32, mask [rows, T-1], texts) ->
+            {method: float64 [rows]}`` (e.g. ``gradnorm``: a forward and a backward), with the same records and
+            resume.
+        window: each record also holds the methods' scores of every ``window``-token chunk of the text from the
+            same pass (``audits.windowed``; online detection).
+        shapes: a set collecting the distinct step shapes over several calls.
+        stable: (row length, segments): every packed row that long (longer texts in rows of their own), steps
+            padded to shapes that calls over other texts share (a corpus scored a window at a time:
+            ``batching.stable_steps``).
 
-    ``mesh`` (``sharding.make_mesh``): the parameters (``loaded.model``, in place) and the rows sharded over it. On
-    several processes every process calls this with the same arguments; each appends its own records to
-    ``<out_path>.process<i>-of-<n>`` as it goes, and process 0 writes ``out_path`` at the end.
-
-    ``report`` (a dict, filled in): ``texts`` (this process's), ``reused`` (records taken from ``out_path``),
-    ``computed`` (texts scored by a forward pass here), ``batches_computed`` (steps), ``skipped``, ``slots`` and
-    ``tokens`` (token slots of the steps run vs the tokens fed), ``scoring_programs`` (the distinct step shapes run;
-    ``shapes``, a set, collects them over several calls). ``stable`` = (row length, segments): every packed row that
-    long (longer texts in rows of their own), steps padded to shapes that calls over other texts share (a corpus
-    scored a window at a time: ``batching.stable_steps``).
+    Returns:
+        One record (a dict: ``index``, ``label``, ``n_tokens``, ``scores`` {method: float or None}, ...; see
+        ``records.make_record``) per text, in input order (gathered from every process).
     """
     tokens_per_batch = _check_arguments(loaded, methods, tokens_per_batch, compute, resources, window)
     p = _start(loaded, texts, methods, labels=labels, prefixes=prefixes, out_path=out_path, resume=resume,
@@ -333,15 +348,27 @@ def score_dataset(loaded, texts: Sequence[str], methods: Sequence[str], *, ref=N
                   labels: Sequence[int] | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
                   report: dict | None = None, pass_options: dict | None = None, **kwargs) -> list[dict]:
     """All methods, single- and multi-pass: the main pass, then one more pass of the same path per multi-pass method
-    (``lowercase``: the lowercased texts; ``ref``: the reference model ``ref``, a LoadedModel with its own tokenizer;
-    ``neighbor``: every text's neighbours, flattened, from the generator ``neighbors`` (default
-    ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``; see ``passes.neighbor_pass``)). Each pass writes
-    ``out_dir/passes/<kind>.jsonl`` as it goes (``<kind>.<score>`` when it folds another score than ``loss``; a pass
-    two methods need runs once, told them as ``wanted``) and resumes from it; ``out_dir/results.jsonl`` holds the
-    final records (``nan_reasons`` says why a method's score is null when the text itself was scored; with
-    ``neighbor``, ``n_neighbors`` and ``n_identical_neighbors`` count the neighbours scored and dropped). ``report``
-    (a dict) receives ``score_texts``' counts per pass name. ``pass_options`` go to the passes that take more
-    (``passes.prepare``), ``kwargs`` to ``score_texts``.
+    (``lowercase``: the lowercased texts; ``ref``: the reference model; ``neighbor``: every text's neighbours,
+    flattened; see ``passes.neighbor_pass``).
+
+    Args:
+        loaded, texts: the model (``models.load``) and the texts.
+        methods: method names, single- and multi-pass.
+        ref: the reference model of ``ref``, a LoadedModel with its own tokenizer.
+        neighbors: the neighbour generator of ``neighbor`` (default ``neighbors.SelfNeighbors(loaded, n=10, seed=0)``).
+        labels: one label per text, as ``score_texts``.
+        out_dir: each pass writes ``out_dir/passes/<kind>.jsonl`` as it goes (``<kind>.<score>`` when it folds
+            another score than ``loss``; a pass two methods need runs once, told them as ``wanted``) and resumes
+            from it; ``out_dir/results.jsonl`` holds the final records.
+        resume: resume every pass from its file.
+        report: a dict, receives ``score_texts``' counts per pass name.
+        pass_options: go to the passes that take more (``passes.prepare``).
+        **kwargs: go to ``score_texts``.
+
+    Returns:
+        One record per text, in input order, as ``score_texts``' with every method's score; ``nan_reasons`` says
+        why a method's score is null when the text itself was scored; with ``neighbor``, ``n_neighbors`` and
+        ``n_identical_neighbors`` count the neighbours scored and dropped.
     """
     pass_options = pass_options or {}
     report = {} if report is None else report

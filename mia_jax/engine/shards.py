@@ -129,11 +129,23 @@ def _read_shard(path: Path) -> list[dict]:
 def score_stream(loaded, stream, scan, methods: Sequence[str], *, window: int, out_dir, resume: bool,
                  report: dict | None = None, desc: str = "scoring", nonfinite_reason: str = "",
                  **kwargs) -> Columns:
-    """Score every text of ``stream`` (a ``data.stream.TextStream``, ``scan`` its first pass) with the single-pass
-    ``methods``, ``window`` texts at a time, into the shards of ``out_dir/passes/main/`` and ``out_dir/results.jsonl``
-    (see the module docstring); ``kwargs`` go to ``runner.score_texts``. ``report`` (a dict, filled in) gets
-    ``score_texts``' counts summed over the windows (``reused`` and ``skipped`` include the reused shards' texts)
-    and ``shards`` / ``shards_reused``. Returns the run's :class:`Columns`."""
+    """Score every text of ``stream`` with the single-pass ``methods``, ``window`` texts at a time, into the shards
+    of ``out_dir/passes/main/`` and ``out_dir/results.jsonl`` (see the module docstring).
+
+    Args:
+        loaded, methods: the model (``models.load``) and the single-pass method names.
+        stream, scan: a ``data.stream.TextStream`` and its first pass (``stream.scan()``: the texts' number, labels).
+        window, out_dir: the texts per shard and the run folder.
+        resume: reuse the finished shards (checked against their SHA-256) and the partial one's steps.
+        report: a dict, filled in: ``score_texts``' counts summed over the windows (``reused`` and ``skipped``
+            include the reused shards' texts) and ``shards`` / ``shards_reused``.
+        desc: the progress bar's label.
+        nonfinite_reason: the skip reason of a text with non-finite logits (counted in ``Columns.nonfinite``).
+        **kwargs: go to ``runner.score_texts``.
+
+    Returns:
+        The run's :class:`Columns`: labels int8 [n] or None, scores {method: float64 ``np.ndarray`` [n]}, counts.
+    """
     from mia_jax.runs import preemption  # here, not at the top: the model code; the report imports Columns early
     from mia_jax.engine import runner
 

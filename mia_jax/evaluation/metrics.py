@@ -57,9 +57,12 @@ The comparisons live in :mod:`mia_jax.evaluation.comparisons`, the resampling th
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from jax.typing import ArrayLike
 
 from mia_jax.evaluation.bootstrap import (FPR_TARGETS, MIN_PER_CLASS, TPR_KEYS, ClusterDraw, as_labels, as_scores,
                                cluster_bootstrap, cluster_ids, interval, stratified_bootstrap, too_few)
@@ -123,8 +126,9 @@ def best_balanced_accuracy(labels, scores) -> tuple[float, float]:
     return float(bal[i]), float(thr[finite][i])
 
 
-def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confidence: float = 0.95,
-             clusters: Sequence | None = None, min_per_class: int = MIN_PER_CLASS) -> dict:
+def evaluate(labels: ArrayLike | Sequence[int], scores: ArrayLike | Sequence[float], *, n_bootstrap: int = 1000,
+             seed: int = 0, confidence: float = 0.95, clusters: Sequence | None = None,
+             min_per_class: int = MIN_PER_CLASS) -> dict:
     """All metrics for one method as a JSON-serialisable dict (see the module docstring).
 
     Fewer than ``min_per_class`` scored members or non-members: every metric ``None`` and ``note`` says why.
@@ -134,9 +138,21 @@ def evaluate(labels, scores, *, n_bootstrap: int = 1000, seed: int = 0, confiden
     ``tpr_at_5pct_fpr_ci`` are stratified percentile-bootstrap intervals, identical for the same ``seed``;
     ``None`` when ``n_bootstrap == 0``.
 
-    ``clusters`` (one hashable key per example): a cluster bootstrap (the module docstring's *Cluster bootstrap*);
-    the dict then also has ``clusters`` (how many among the scored examples), ``bootstrap: "cluster"``,
-    ``cluster_stratified`` (True, False, or None with one class) and ``n_redrawn`` (resamples redrawn)."""
+    Args:
+        labels: int [n], 1 = member, 0 = non-member.
+        scores: float [n] one method's scores, higher = more likely a member (NaN/inf counted and excluded).
+        n_bootstrap, seed: the resamples of the bootstrap intervals (0: none) and their seed.
+        confidence: the intervals' level, in (0, 1) (else ValueError).
+        clusters: one hashable key per example: a cluster bootstrap (the module docstring's *Cluster bootstrap*);
+            the dict then also has ``clusters`` (how many among the scored examples), ``bootstrap: "cluster"``,
+            ``cluster_stratified`` (True, False, or None with one class) and ``n_redrawn`` (resamples redrawn).
+        min_per_class: the fewest scored members and non-members with metrics.
+
+    Returns:
+        {metric: value}: the counts ``n``, ``n_scored``, ``n_nan``, ``n_members``, ``n_nonmembers``; ``auroc``,
+        ``auroc_ci``, the TPRs at each target FPR, ``tpr_at_5pct_fpr_ci``, ``fpr_at_95pct_tpr``,
+        ``best_balanced_accuracy``, ``best_threshold`` (floats, [lo, hi] intervals, or None) and ``note`` (str or None).
+    """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if n_bootstrap < 0:

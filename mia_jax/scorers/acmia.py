@@ -57,6 +57,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from mia_jax.errors import UserError
 from mia_jax.scorers.base import RESOURCES, Resource, register
@@ -84,12 +85,24 @@ def _impossible(logprob_t, term):
 
 
 @register("acmia_ac", resources={RESOURCE: "temperatures"})
-def acmia_ac(logprob, logprob_t, ids, mask, *, temperatures) -> jax.Array:
+def acmia_ac(logprob: ArrayLike, logprob_t: ArrayLike, ids: ArrayLike, mask: ArrayLike, *, temperatures: ArrayLike
+             ) -> jax.Array:
     """ACMIA AC: mean over first-occurring tokens of log p sharpened minus log p flattened by --acmia-temperature
     (T < 1: log p_T - log p; T >= 1: log p - log p_T).
 
     score = (1/|FOS|) sum_{i in FOS} s (log p_T(x_i) - log p(x_i)), s = +1 if T < 1 else -1, T = ``temperatures[0]``
-    (module docstring). ``logprob_t`` ``[..., T, K]``: ``TemperedStats.logprob_t``.
+    (module docstring).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        logprob_t: float [..., T, K] log p_T(x_i) at each temperature (``TemperedStats.logprob_t``).
+        ids: int [..., T] the target token ids (the token each log-prob is of).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        temperatures: float [K] the kernel's temperatures [T, T r] (``resource_arrays``' ``acmia_temperature``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob, logprob_t = jnp.array([[-1.0, -2.0, -1.0]]), jnp.array([[[-1.5], [-2.0], [-9.0]]])
@@ -105,11 +118,21 @@ def acmia_ac(logprob, logprob_t, ids, mask, *, temperatures) -> jax.Array:
 
 
 @register("acmia_derivac", resources={RESOURCE: "temperatures"})
-def acmia_derivac(logprob_t, ids, mask, *, temperatures) -> jax.Array:
+def acmia_derivac(logprob_t: ArrayLike, ids: ArrayLike, mask: ArrayLike, *, temperatures: ArrayLike) -> jax.Array:
     """ACMIA DerivAC: mean over first-occurring tokens of log p at --acmia-temperature T minus log p at T * 2^0.1.
 
     score = (1/|FOS|) sum_{i in FOS} (log p_T(x_i) - log p_{T r}(x_i)), ``temperatures`` = [T, T r], r = 2^0.1
     (module docstring).
+
+    Args:
+        logprob_t: float [..., T, K] log p_T(x_i) at each temperature (``TemperedStats.logprob_t``).
+        ids: int [..., T] the target token ids (the token each log-prob is of).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        temperatures: float [K] the kernel's temperatures [T, T r] (``resource_arrays``' ``acmia_temperature``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob_t = jnp.array([[[-1.0, -1.5], [-3.0, -2.0], [-1.0, -1.5]]])
@@ -123,12 +146,25 @@ def acmia_derivac(logprob_t, ids, mask, *, temperatures) -> jax.Array:
 
 
 @register("acmia_normac", resources={RESOURCE: "temperatures"})
-def acmia_normac(logprob_t, mu_t, var_t, ids, mask, *, temperatures) -> jax.Array:
+def acmia_normac(logprob_t: ArrayLike, mu_t: ArrayLike, var_t: ArrayLike, ids: ArrayLike, mask: ArrayLike, *,
+                 temperatures: ArrayLike) -> jax.Array:
     """ACMIA NormAC: mean over first-occurring tokens of (log p_T - mu_T) / sigma_T of the distribution at
     --acmia-temperature T.
 
     score = (1/|FOS|) sum_{i in FOS} (log p_T(x_i) - mu_T,i) / sigma_T,i, mu_T and sigma_T^2 the mean and variance of
     log p_T under p_T (``TemperedStats.mu_t``, ``var_t``; module docstring).
+
+    Args:
+        logprob_t: float [..., T, K] log p_T(x_i) at each temperature (``TemperedStats.logprob_t``).
+        mu_t: float [..., T, K] E_{p_T}[log p_T] (``TemperedStats.mu_t``).
+        var_t: float [..., T, K] Var_{p_T}[log p_T] (``TemperedStats.var_t``).
+        ids: int [..., T] the target token ids (the token each log-prob is of).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        temperatures: float [K] the kernel's temperatures [T, T r] (``resource_arrays``' ``acmia_temperature``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob_t, mu_t = jnp.array([[[-1.0], [-3.0]]]), jnp.array([[[-2.0], [-2.0]]])
@@ -141,9 +177,16 @@ def acmia_normac(logprob_t, mu_t, var_t, ids, mask, *, temperatures) -> jax.Arra
     return masked_mean(z / jnp.sqrt(real(_at(var_t, temperatures, 0), keep, 1.0)), keep)
 
 
-def temperatures(value) -> np.ndarray:
+def temperatures(value: ArrayLike) -> np.ndarray:
     """The kernel's temperatures float32 [T, T * 2^0.1] of one temperature T (a positive finite number; else
-    UserError)."""
+    UserError).
+
+    Args:
+        value: one temperature T: a number, or an array of one element.
+
+    Returns:
+        float32 ``np.ndarray`` [2]: [T, T * 2^0.1].
+    """
     try:
         t = np.asarray(value, np.float64)
     except (TypeError, ValueError):

@@ -136,7 +136,15 @@ def register(name: str, *, resources: Mapping[str, str] | Sequence[str] = ()):
     named from ``ARRAYS``; keyword-only ``k`` (the method takes a fraction), ``zlib_bytes`` (each text's compressed
     length) and one keyword per resource (``resources``: {resource name: keyword}, or names that are their own
     keywords); any other keyword-only parameter keeps its default. A formula reading ``TemperedStats`` fields takes
-    the array of their temperatures as the resource keyword ``temperatures`` (the kernel computes them there)."""
+    the array of their temperatures as the resource keyword ``temperatures`` (the kernel computes them there).
+
+    Args:
+        name: the method's name (a new one: UserError for a name already registered).
+        resources: the resources the formula reads.
+
+    Returns:
+        A decorator registering the formula (which it returns unchanged); a signature it cannot read: UserError.
+    """
     keywords = dict(resources) if isinstance(resources, Mapping) else {r: r for r in resources}
 
     def deco(fn):
@@ -162,7 +170,16 @@ def register(name: str, *, resources: Mapping[str, str] | Sequence[str] = ()):
 
 def register_multi_pass(name: str, *, pass_kind: str | tuple[str, ...], pass_method: str = "loss"):
     """Register a multi-pass method: ``combine(main, other, texts)`` after a ``pass_kind`` second pass, both the
-    ``pass_method`` score per text."""
+    ``pass_method`` score per text.
+
+    Args:
+        name: the method's name (a new one).
+        pass_kind: the second pass (``MultiPassMethod.pass_kind``), or several.
+        pass_method: the single-pass score each pass gives per text.
+
+    Returns:
+        A decorator registering ``combine`` (which it returns unchanged).
+    """
     def deco(combine):
         _check_unique(name)
         MULTI_PASS[name] = MultiPassMethod(name, pass_kind, combine, _first_line(combine, name), pass_method)
@@ -172,7 +189,12 @@ def register_multi_pass(name: str, *, pass_kind: str | tuple[str, ...], pass_met
 
 
 def check_resources(methods: Sequence[str], resources: Mapping[str, Any] | None) -> None:
-    """Refuse, before any scoring, a method whose resource (``Scorer.resources``) was not given."""
+    """Refuse, before any scoring, a method whose resource (``Scorer.resources``) was not given.
+
+    Args:
+        methods: method names (``min_k@0.2``).
+        resources: {resource name: value}, or None; a resource with a default may be left out.
+    """
     for method in methods:
         scorer, _ = parse_method(method)
         for r in getattr(scorer, "resources", ()):
@@ -191,7 +213,14 @@ class Requirements(NamedTuple):
 
 def requirements(methods: Sequence[str]) -> Requirements:
     """Which of ``ids=``, ``zlib_bytes=`` and ``resources=`` the single-pass ``methods`` need (a multi-pass or
-    unknown method: UserError)."""
+    unknown method: UserError).
+
+    Args:
+        methods: single-pass method names, a tuple or a list (not one string; at least one).
+
+    Returns:
+        The ``Requirements``.
+    """
     if isinstance(methods, str):
         raise UserError(f"methods is a tuple or list of names, got the string {methods!r}")
     if not methods:
@@ -203,7 +232,14 @@ def requirements(methods: Sequence[str]) -> Requirements:
 
 def temperature_resource(methods: Sequence[str]) -> str | None:
     """The resource holding the kernel's temperatures for the single-pass ``methods`` (``Scorer.temperature_resource``),
-    None when none reads tempered statistics; methods asking for different ones: UserError (one set per pass)."""
+    None when none reads tempered statistics; methods asking for different ones: UserError (one set per pass).
+
+    Args:
+        methods: single-pass method names.
+
+    Returns:
+        The resource's name, or None.
+    """
     names = {single_pass(m)[0].temperature_resource for m in methods} - {None}
     if len(names) > 1:
         raise UserError(f"methods {list(methods)} read tempered statistics at the temperatures of different resources "
@@ -222,19 +258,37 @@ def _check_unique(name: str) -> None:
 
 
 def lookup(name: str) -> Scorer | MultiPassMethod | None:
-    """The single-pass scorer or multi-pass method registered under a base name (no ``@k``), or None."""
+    """The single-pass scorer or multi-pass method registered under a base name (no ``@k``), or None.
+
+    Args:
+        name: a base name (``min_k``).
+
+    Returns:
+        Its ``Scorer`` or ``MultiPassMethod``; None when no method has that name.
+    """
     return REGISTRY.get(name) or MULTI_PASS.get(name)
 
 
 def known_methods() -> str:
     """Every registered method's name, sorted, ``name@K`` for one that takes a fraction (the help and errors list
-    them)."""
+    them).
+
+    Returns:
+        The names joined by ", ".
+    """
     return ", ".join(f"{n}@K" if lookup(n).takes_k else n for n in sorted({*REGISTRY, *MULTI_PASS}))
 
 
 def parse_method(method: str) -> tuple[Scorer | MultiPassMethod, float | None]:
     """``"min_k@0.2"`` -> (the min_k scorer, 0.2); ``"lowercase"`` -> (its MultiPassMethod, None); unknown names
-    raise a UserError listing the known ones."""
+    raise a UserError listing the known ones.
+
+    Args:
+        method: a method name, with ``@k`` when it takes a fraction (then required).
+
+    Returns:
+        (its ``Scorer`` or ``MultiPassMethod``, the fraction k, or None for a method without one).
+    """
     if not isinstance(method, str):
         raise UserError(f"a method is a name such as 'min_k@0.2', got {method!r}")
     base, _, k_text = method.partition("@")
@@ -255,7 +309,14 @@ def parse_method(method: str) -> tuple[Scorer | MultiPassMethod, float | None]:
 
 
 def single_pass(method: str) -> tuple[Scorer, float | None]:
-    """``parse_method`` for a method that must be single-pass: a multi-pass one is a UserError."""
+    """``parse_method`` for a method that must be single-pass: a multi-pass one is a UserError.
+
+    Args:
+        method: a single-pass method name.
+
+    Returns:
+        (its ``Scorer``, the fraction k or None).
+    """
     scorer, k = parse_method(method)
     if isinstance(scorer, MultiPassMethod):
         raise UserError(f"{method!r} needs a second pass: use runner.score_dataset")
@@ -264,7 +325,15 @@ def single_pass(method: str) -> tuple[Scorer, float | None]:
 
 def expand_methods(methods: Sequence[str], ks: Sequence[float]) -> list[str]:
     """Validate method names; a bare name that takes a fraction becomes one method per k. No method at all, or a
-    name that is not a string: UserError."""
+    name that is not a string: UserError.
+
+    Args:
+        methods: method names, bare (``min_k``) or with a fraction (``min_k@0.2``).
+        ks: the fractions of a bare name that takes one.
+
+    Returns:
+        The method names, each once, in order (``min_k@0.2``, ...).
+    """
     methods = list(methods)
     if not methods:
         raise UserError("methods is empty: name at least one method, e.g. ['loss', 'min_k@0.2']")
@@ -280,5 +349,12 @@ def expand_methods(methods: Sequence[str], ks: Sequence[float]) -> list[str]:
 
 
 def is_multi_pass(method: str) -> bool:
-    """Whether a (valid) method name needs a second pass (``runner.score_dataset``)."""
+    """Whether a (valid) method name needs a second pass (``runner.score_dataset``).
+
+    Args:
+        method: a method name (unknown: UserError).
+
+    Returns:
+        True for a multi-pass method.
+    """
     return isinstance(parse_method(method)[0], MultiPassMethod)

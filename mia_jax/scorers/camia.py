@@ -69,6 +69,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from mia_jax.scorers.base import register
 from mia_jax.scorers.dcpdd import first_occurrence
@@ -85,11 +86,19 @@ LZ_CUTOFF, LZ_BINS = 200, 3  # the authors' Lempel-Ziv complexity: first 200 tok
 # needs is NaN by a final ``where``), so zero padding gives finite gradients.
 
 @register("camia_slope")
-def camia_slope(logprob, mask) -> jax.Array:
+def camia_slope(logprob: ArrayLike, mask: ArrayLike) -> jax.Array:
     """CAMIA slope: least-squares slope of the cumulative mean log-likelihood over positions (NaN below 2 tokens).
 
     Minus the slope of the prefix-averaged loss: a member's loss falls faster as more of it is read. In closed form,
     with c_j = (1/j) sum_{i<=j} l_i: slope = sum_j (j - (n + 1)/2) c_j / (n (n^2 - 1) / 12).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row with fewer than 2 scored tokens.
 
     >>> import jax.numpy as jnp
     >>> print(camia_slope(jnp.array([[-3.0, -1.0, -2.0, -2.0]]), jnp.ones((1, 4), bool)))  # c = -3, -2, -2, -2
@@ -105,14 +114,25 @@ def camia_slope(logprob, mask) -> jax.Array:
     return jnp.where(two, sxy / jnp.where(two, n * (n * n - 1) / 12, 1), jnp.nan)
 
 
-def count_below(logprob, mask, *, tau: float, cutoff: int = COUNT_CUTOFF) -> jax.Array:
-    """Share of the first ``cutoff`` tokens with loss at most ``tau`` (log p >= -tau, as the authors compare)."""
+def count_below(logprob: ArrayLike, mask: ArrayLike, *, tau: float, cutoff: int = COUNT_CUTOFF) -> jax.Array:
+    """Share of the first ``cutoff`` tokens with loss at most ``tau`` (log p >= -tau, as the authors compare).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        tau: the loss threshold in nats.
+        cutoff: how many of each row's first scored tokens are read.
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
+    """
     lp = real(logprob, mask)
     return masked_mean((lp >= -tau).astype(lp.dtype), first_tokens(mask, cutoff))
 
 
 def _count_method(tau: int):
-    def fn(logprob, mask) -> jax.Array:
+    def fn(logprob: ArrayLike, mask: ArrayLike) -> jax.Array:
         return count_below(logprob, mask, tau=tau)
 
     fn.__name__ = fn.__qualname__ = f"camia_count_{tau}"
@@ -120,6 +140,14 @@ def _count_method(tau: int):
 nat{'s' if tau != 1 else ''} (log p >= -{tau}).
 
     score = #{{i <= {COUNT_CUTOFF} : l_i >= -{tau}}} / min(n, {COUNT_CUTOFF}) (``count_below``).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> print({fn.__name__}(jnp.array([[-0.5, -1.5, -2.5, -3.5]]), jnp.ones((1, 4), bool)))
@@ -132,10 +160,18 @@ camia_count_1, camia_count_2, camia_count_3 = (_count_method(tau) for tau in COU
 
 
 @register("camia_count_pre")
-def camia_count_pre(logprob, mask) -> jax.Array:
+def camia_count_pre(logprob: ArrayLike, mask: ArrayLike) -> jax.Array:
     """CAMIA count below the prefix mean: share of tokens with log p above the mean of those before (NaN below 2).
 
     Over the tokens from the 2nd: l_i > c_{i-1}, the token's loss below the cumulative mean loss before it.
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row with fewer than 2 scored tokens.
 
     >>> import jax.numpy as jnp
     >>> print(camia_count_pre(jnp.array([[-2.0, -1.0, -3.0, -1.0, 0.0]]), jnp.ones((1, 5), bool)))
@@ -149,19 +185,37 @@ def camia_count_pre(logprob, mask) -> jax.Array:
     return masked_mean((lp > before / jnp.where(later, j - 1, 1).astype(lp.dtype)).astype(lp.dtype), later)
 
 
-def cutoff_loss(logprob, mask, *, cutoff: int) -> jax.Array:
-    """Mean log-likelihood of each row's first ``cutoff`` scored tokens."""
+def cutoff_loss(logprob: ArrayLike, mask: ArrayLike, *, cutoff: int) -> jax.Array:
+    """Mean log-likelihood of each row's first ``cutoff`` scored tokens.
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        cutoff: how many of each row's first scored tokens are read.
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
+    """
     return masked_mean(logprob, first_tokens(mask, cutoff))
 
 
 def _loss_method(cutoff: int):
-    def fn(logprob, mask) -> jax.Array:
+    def fn(logprob: ArrayLike, mask: ArrayLike) -> jax.Array:
         return cutoff_loss(logprob, mask, cutoff=cutoff)
 
     fn.__name__ = fn.__qualname__ = f"camia_loss_{cutoff}"
     fn.__doc__ = f"""CAMIA cut-off loss: mean log-likelihood of the first {cutoff} tokens.
 
     score = (1/min(n, {cutoff})) sum_{{i <= {cutoff}}} l_i (``cutoff_loss``).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> print({fn.__name__}(jnp.array([[-1.0, -2.0, -6.0]]), jnp.ones((1, 3), bool)))
@@ -174,8 +228,16 @@ camia_loss_200, camia_loss_300 = (_loss_method(cut) for cut in LOSS_CUTOFFS)
 
 
 @register("camia_ll_tail")
-def camia_ll_tail(logprob, mask) -> jax.Array:
+def camia_ll_tail(logprob: ArrayLike, mask: ArrayLike) -> jax.Array:
     """Mean log-likelihood without the first predicted token (CAMIA's repeat pass without BOS; NaN below 2).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row with fewer than 2 scored tokens.
 
     >>> import jax.numpy as jnp
     >>> print(camia_ll_tail(jnp.array([[-9.0, -1.0, -2.0], [-1.0, 0.0, 0.0]]), jnp.array([[1, 1, 1], [1, 0, 0]], bool)))
@@ -186,10 +248,19 @@ def camia_ll_tail(logprob, mask) -> jax.Array:
 
 
 @register("camia_calibrated")
-def camia_calibrated(logprob, ids, mask) -> jax.Array:
+def camia_calibrated(logprob: ArrayLike, ids: ArrayLike, mask: ArrayLike) -> jax.Array:
     """CAMIA calibrated loss: mean log-likelihood / token diversity (distinct predicted ids / predicted tokens).
 
     score = ((1/n) sum_i l_i) / (|{x_i}| / n): a low loss on repetitive text is expected and says less.
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        ids: int [..., T] the target token ids (the token each log-prob is of).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob, ids = jnp.array([[-1.0, -2.0, -3.0, -2.0]]), jnp.array([[5, 6, 5, 5]])
@@ -202,14 +273,22 @@ def camia_calibrated(logprob, ids, mask) -> jax.Array:
 
 # ------------------------------------------------------------------------------------------ not registered: LZ
 
-def lempel_ziv(values: np.ndarray, bins: int = LZ_BINS) -> float:
+def lempel_ziv(values: ArrayLike, bins: int = LZ_BINS) -> float:
     """The authors' ``lempel_ziv_complexity`` of one sequence of log-probabilities: each value is placed on 100 levels
     from the sequence's minimum to 0 (``np.digitize(..., right=True)``), the levels cut into ``bins`` equal ranges
     between the lowest and highest level used, and the sequence parsed left to right into sub-words not seen before;
     the number of sub-words / the length. NaN for an empty sequence.
 
     Not registered: a sequential parse has no ``jax.numpy`` form, which every registered single-pass scorer must
-    have. ``lempel_ziv_scores(stats.logprob, mask)`` gives it per row (host, NumPy)."""
+    have. ``lempel_ziv_scores(stats.logprob, mask)`` gives it per row (host, NumPy).
+
+    Args:
+        values: float [n] one sequence of log-probabilities (host).
+        bins: the ranges the levels are cut into.
+
+    Returns:
+        The complexity, sub-words per value; NaN when ``values`` is empty.
+    """
     x = np.asarray(values, np.float64)
     if not x.size:
         return float("nan")
@@ -227,9 +306,20 @@ def lempel_ziv(values: np.ndarray, bins: int = LZ_BINS) -> float:
     return len(seen) / n
 
 
-def lempel_ziv_scores(logprob: np.ndarray, mask: np.ndarray, cutoff: int = LZ_CUTOFF, bins: int = LZ_BINS):
+def lempel_ziv_scores(logprob: ArrayLike, mask: ArrayLike, cutoff: int = LZ_CUTOFF, bins: int = LZ_BINS
+                      ) -> np.ndarray:
     """Minus the Lempel-Ziv complexity of each row's first ``cutoff`` log-likelihoods (higher = the more regular
-    trajectory, taken to be the member's; the authors pick the sign from the labels; NaN for a row without tokens)."""
+    trajectory, taken to be the member's; the authors pick the sign from the labels; NaN for a row without tokens).
+
+    Args:
+        logprob: float [B, T] token log-probabilities (host).
+        mask: bool [B, T] the scored tokens.
+        cutoff: how many of each row's first scored tokens are read.
+        bins: as ``lempel_ziv``.
+
+    Returns:
+        float64 ``np.ndarray`` [B], one score per row.
+    """
     mask = np.asarray(mask, bool)
     keep = mask & (np.cumsum(mask, axis=-1) <= cutoff)
     return -np.array([lempel_ziv(np.asarray(v, np.float64)[k], bins) for v, k in zip(logprob, keep)], np.float64)

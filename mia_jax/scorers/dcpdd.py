@@ -34,6 +34,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from mia_jax.errors import UserError
 from mia_jax.scorers.base import RESOURCES, Resource, register
@@ -42,11 +43,18 @@ from mia_jax.scorers.reduce import floating, masked_mean, real
 A_CLIP = 0.01  # the paper's and the authors' default a
 
 
-def first_occurrence(ids, mask) -> jax.Array:
+def first_occurrence(ids: ArrayLike, mask: ArrayLike) -> jax.Array:
     """bool ``[..., T]``: True at the first real (``mask``) position of each distinct id in its row.
 
     One sort per row by (padding last, id, position): each run of equal real ids starts at its first occurrence,
     which is put back in place by the inverse permutation. O(T log T) per row, O(T) memory.
+
+    Args:
+        ids: int [..., T] token ids.
+        mask: bool [..., T] the real positions.
+
+    Returns:
+        bool [..., T] the first occurrences.
 
     >>> import jax.numpy as jnp
     >>> ids, mask = jnp.array([[7, 3, 7, 3, 5, 3]]), jnp.array([[1, 1, 1, 1, 0, 1]], bool)
@@ -63,14 +71,25 @@ def first_occurrence(ids, mask) -> jax.Array:
 
 
 @register("dc_pdd", resources={"freq_table": "freq"})
-def dc_pdd(logprob, ids, mask, *, freq, a: float = A_CLIP) -> jax.Array:
+def dc_pdd(logprob: ArrayLike, ids: ArrayLike, mask: ArrayLike, *, freq: ArrayLike, a: float = A_CLIP) -> jax.Array:
     """DC-PDD: mean over first-occurring tokens of min(-p(x_i) log f(x_i), 0.01), f the reference corpus's smoothed
     token frequency (needs --freq-table).
 
     score = (1/|FOS|) sum_{i in FOS} min(-exp(l_i) log f(x_i), a), FOS the first occurrence of each distinct id
-    among the scored tokens, ``freq`` the smoothed frequencies f ``[V]`` (module docstring). A row holding a scored
-    id outside ``0..V-1`` (a table counted with another tokenizer) is NaN: ``device_scores`` and ``score_batch``
-    refuse such ids with a UserError wherever the ids are concrete, i.e. outside a trace.
+    among the scored tokens (module docstring). A row holding a scored id outside ``0..V-1`` (a table counted with
+    another tokenizer) is NaN: ``device_scores`` and ``score_batch`` refuse such ids with a UserError wherever the ids
+    are concrete, i.e. outside a trace.
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        ids: int [..., T] the target token ids (the token each log-prob is of).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        freq: float [V] the smoothed frequencies f (``resource_arrays``' ``freq_table``).
+        a: the clip of each token's term.
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> freq = jnp.array([0.5, 0.25, 0.125, 0.125])

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from mia_jax import checks
 from mia_jax.errors import UserError
@@ -35,8 +36,18 @@ def resource_arrays(methods: Sequence[str], resources: Mapping[str, Any] | None,
     """{resource name: array} for the resources ``methods`` read (``Scorer.resources``), from what a caller holds:
     for ``freq_table`` a ``mia_jax.methods.freq.FreqTable`` or a 1-D array of probabilities in (0, 1] -> float32
     ``[V]``. Validated on the host (UserError: a missing or malformed resource); pass the result as ``device_scores(...,
-    resources=)``, e.g. into one's own jitted step. Resources no method reads are left out, and so are the per-token
-    ones (``Resource.per_token``, made per text by ``token_resources``) with ``per_token=False``."""
+    resources=)``, e.g. into one's own jitted step.
+
+    Args:
+        methods: single-pass method names.
+        resources: {resource name: what the caller holds}; a resource left out takes its default (none: UserError).
+        per_token: with False the per-token resources (``Resource.per_token``, made per text by
+            ``token_resources``) are left out.
+
+    Returns:
+        {resource name: host ``np.ndarray``}, e.g. ``freq_table`` float32 [V], ``acmia_temperature`` float32 [2],
+        ``tag_tab_keywords`` bool of the statistics' shape; resources no method reads are left out.
+    """
     check_resources(methods, resources)
     return {r: RESOURCES[r].to_array(_given(resources, r)) for r in requirements(methods).resources
             if per_token or RESOURCES[r].per_token is None}
@@ -47,7 +58,18 @@ def token_resources(methods: Sequence[str], resources: Mapping[str, Any] | None,
     """{resource: {key: array over the text's tokens}} for ``texts`` ({key: text}) of the per-token resources
     ``methods`` read (``Resource.per_token``, from the caller's value or the default, e.g. Tag&Tab's K). They are
     made for each text read alone: a pass that reads texts after a prefix or by windows (``alone=False``) is
-    refused (UserError)."""
+    refused (UserError).
+
+    Args:
+        methods: single-pass method names.
+        resources: {resource name: what the caller holds} (or None: the defaults).
+        tokenizer: the model's ``tokenizers.Tokenizer``.
+        texts: {key: text}.
+        alone: whether the pass reads each text alone.
+
+    Returns:
+        {resource: {key: host ``np.ndarray`` [n] over the text's n tokens}}; empty when no method reads one.
+    """
     names = [r for r in requirements(methods).resources if RESOURCES[r].per_token is not None]
     if names and not alone:
         raise UserError(f"{', '.join(names)}: made per token of a text read alone; not after a prefix or by windows")
@@ -60,7 +82,16 @@ def pack_token_resources(per_text: Mapping[str, Mapping[int, np.ndarray]], conte
                          ) -> dict[str, np.ndarray]:
     """{resource: [rows, length]} beside a packed step's targets: item ``i`` of row r at slot ``start`` (``contents``:
     per row its (item, start, slots)) gets ``per_text[name][i][1: 1 + slots]``, slot j holding the value of the token
-    it predicts (zero past a text and in padding)."""
+    it predicts (zero past a text and in padding).
+
+    Args:
+        per_text: ``token_resources``' output.
+        contents: per packed row, its (item, start, slots).
+        shape: (rows, length) of the step's targets.
+
+    Returns:
+        {resource: bool ``np.ndarray`` [rows, length]}.
+    """
     out = {}
     for name, arrays in per_text.items():
         packed = np.zeros(shape, bool)
@@ -78,10 +109,17 @@ def _given(resources: Mapping[str, Any] | None, r: str):
     return RESOURCES[r].default if value is None and r in RESOURCES else value
 
 
-def check_ids(methods: Sequence[str], ids, mask, arrays: Mapping[str, Any]) -> None:
+def check_ids(methods: Sequence[str], ids: ArrayLike | None, mask: ArrayLike | None, arrays: Mapping[str, Any]) -> None:
     """Host check of the target ids against the resource arrays that ``methods`` index by them (``dc_pdd``: an id
     outside the frequency table is a UserError; ``Resource.check_ids``). ``device_scores`` runs it itself outside a
-    trace; a caller that jits its own step runs it on the host ids before (under a trace such a row is NaN)."""
+    trace; a caller that jits its own step runs it on the host ids before (under a trace such a row is NaN).
+
+    Args:
+        methods: single-pass method names.
+        ids: int [..., T] the target ids (traced or None: nothing is checked).
+        mask: bool [..., T] the scored tokens (traced or None: nothing is checked).
+        arrays: {resource name: array} (``resource_arrays``).
+    """
     ids, mask = checks.concrete(ids), checks.concrete(mask)
     if ids is None or mask is None:
         return
@@ -163,20 +201,30 @@ def _call(scorer: Scorer, k, inputs: dict, zlib_bytes, arrays: dict):
     return scorer.fn(*(inputs[a] for a in scorer.arrays), **kwargs)
 
 
-def device_scores(stats: TokenStats, mask, methods: Sequence[str], *, ids=None, zlib_bytes=None,
-                  resources: Mapping[str, Any] | None = None, tempered: TemperedStats | None = None
-                  ) -> dict[str, jax.Array]:
+def device_scores(stats: TokenStats, mask: ArrayLike, methods: Sequence[str], *, ids: ArrayLike | None = None,
+                  zlib_bytes: ArrayLike | None = None, resources: Mapping[str, Any] | None = None,
+                  tempered: TemperedStats | None = None) -> dict[str, jax.Array]:
     """{method: float32 [...]} for single-pass ``methods`` (registry names, ``min_k@0.2``; a tuple or a list) from
-    ``TokenStats`` (``[..., T]`` arrays: ``stats.token_stats`` of the shifted logits) and a bool ``mask`` of the
-    scored tokens; NaN for a row without one. ``ids``: the target ids ``[..., T]`` (``dc_pdd``,
-    ``camia_calibrated``); ``zlib_bytes``: each text's compressed length ``[...]`` (``zlib``); ``resources``:
-    {name: array} (``resource_arrays``; a ``FreqTable`` is also taken, converted on the host); ``tempered``: the
-    ``TemperedStats`` ``[..., T, K]`` of the ACMIA methods (the module docstring says how to make them).
+    ``TokenStats`` and a bool ``mask`` of the scored tokens; NaN for a row without one.
 
     Pure ``jax.numpy``: call it inside ``jax.jit`` (methods are Python constants there), ``jax.vmap``,
-    ``jax.grad``, on sharded arrays. float32 for float32 or bfloat16 statistics; float64 stays float64 under
-    ``jax_enable_x64``. Outside a trace, ``dc_pdd``'s ids are checked against the table (UserError); under one an
-    id outside it gives the row NaN.
+    ``jax.grad``, on sharded arrays. Outside a trace, ``dc_pdd``'s ids are checked against the table (UserError);
+    under one an id outside it gives the row NaN.
+
+    Args:
+        stats: ``TokenStats`` of ``[..., T]`` arrays (float; ``rank`` int): ``stats.token_stats`` of the shifted
+            logits.
+        mask: bool (or int) [..., T] the scored tokens.
+        methods: single-pass method names, a tuple or a list (static under ``jax.jit``).
+        ids: int [..., T] the target ids (``dc_pdd``, ``camia_calibrated``).
+        zlib_bytes: int or float [...] each text's compressed length (``zlib``).
+        resources: {name: array} (``resource_arrays``; a ``FreqTable`` is also taken, converted on the host).
+        tempered: the ``TemperedStats`` ``[..., T, K]`` of the ACMIA methods (the module docstring says how to make
+            them).
+
+    Returns:
+        {method: float [...]} one score per row: float32 for float32 or bfloat16 statistics; float64 stays float64
+        under ``jax_enable_x64``.
 
     >>> import jax.numpy as jnp
     >>> from mia_jax.stats import token_stats
@@ -197,17 +245,30 @@ def device_scores(stats: TokenStats, mask, methods: Sequence[str], *, ids=None, 
     return {m: jnp.where(broken, jnp.nan, _call(scorer, k, inputs, zlib_bytes, arrays)) for m, scorer, k in parsed}
 
 
-def scores_from_logits(logits, ids, attention_mask, *, methods: Sequence[str] = LOGIT_METHODS,
-                       vocab_size: int | None = None, chunk_size: int = DEFAULT_CHUNK, zlib_bytes=None,
+def scores_from_logits(logits: ArrayLike, ids: ArrayLike, attention_mask: ArrayLike, *,
+                       methods: Sequence[str] = LOGIT_METHODS, vocab_size: int | None = None,
+                       chunk_size: int = DEFAULT_CHUNK, zlib_bytes: ArrayLike | None = None,
                        resources: Mapping[str, Any] | None = None) -> dict[str, jax.Array]:
     """{method: float32 [B]} from a causal LM's ``logits`` ``[B, T, V]`` over token ``ids`` ``[B, T]``.
 
-    ``logits[:, t]`` predicts ``ids[:, t + 1]``; a target counts when it and its predecessor are real tokens
-    (``attention_mask`` ``[B, T]``, 1 = real), so right- and left-padded batches both work and a text's first token
-    (no prediction) is not scored. Then ``stats.token_stats`` (float32, in vocabulary chunks of ``chunk_size``;
-    ``vocab_size``: rows at or beyond it are padding) and ``device_scores`` (the targets as ``ids``). jit-friendly:
-    inside one's own ``jax.jit`` as is, or ``jax.jit(scores_from_logits, static_argnames=("methods",
+    ``logits[:, t]`` predicts ``ids[:, t + 1]``; a target counts when it and its predecessor are real tokens, so
+    right- and left-padded batches both work and a text's first token (no prediction) is not scored. Then
+    ``stats.token_stats`` (float32, in vocabulary chunks) and ``device_scores`` (the targets as ``ids``).
+    jit-friendly: inside one's own ``jax.jit`` as is, or ``jax.jit(scores_from_logits, static_argnames=("methods",
     "vocab_size", "chunk_size"))`` with a tuple of methods.
+
+    Args:
+        logits: float (any float dtype) [B, T, V] the model's logits.
+        ids: int [B, T] the token ids (checked against the vocabulary where concrete).
+        attention_mask: int or bool [B, T], 1 = real token.
+        methods: single-pass method names (default ``LOGIT_METHODS``, which need nothing but the logits).
+        vocab_size: the real vocabulary size: rows at or beyond it are padding.
+        chunk_size: the vocabulary chunk of ``stats.token_stats``.
+        zlib_bytes: int or float [B] each text's compressed length (``zlib``).
+        resources: as ``device_scores``'.
+
+    Returns:
+        {method: float32 [B]} one score per text; NaN for a text without a scored token.
 
     >>> import jax.numpy as jnp
     >>> logits = jnp.zeros((2, 4, 8))  # uniform: log p = -log 8 for every token
@@ -249,9 +310,17 @@ def _pad_rows(x, rows: int, fill=0):
 def score_batch(batch: TokenBatch, methods: Sequence[str]) -> dict[str, np.ndarray]:
     """All requested methods for one host batch: {method: float64 [B]} (NaN for rows without tokens), from
     ``device_scores`` jitted once per method tuple (float32; the rows padded to a power of two, so batches of
-    varying size compile a few programs). ``zlib`` reads ``batch.texts``, ``dc_pdd`` and ``camia_calibrated``
-    ``batch.ids``, ``dc_pdd`` ``batch.resources["freq_table"]`` (ids checked against it), the ACMIA methods
-    ``batch.tempered``."""
+    varying size compile a few programs).
+
+    Args:
+        batch: the host ``TokenBatch`` (statistics [B, T]). ``zlib`` reads ``batch.texts``, ``dc_pdd`` and
+            ``camia_calibrated`` ``batch.ids``, ``dc_pdd`` ``batch.resources["freq_table"]`` (ids checked against
+            it), the ACMIA methods ``batch.tempered``.
+        methods: single-pass method names.
+
+    Returns:
+        {method: float64 ``np.ndarray`` [B]} (computed in float32).
+    """
     methods = tuple(methods)
     need = requirements(methods)
     if need.zlib_bytes and batch.texts is None:

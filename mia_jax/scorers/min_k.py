@@ -26,14 +26,22 @@ from functools import lru_cache
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from mia_jax import checks
 from mia_jax.scorers.base import register
 from mia_jax.scorers.reduce import floating, real
 
 
-def k_count(k: float, n) -> np.ndarray:
+def k_count(k: float, n: ArrayLike) -> np.ndarray:
     """max(1, floor(k * n)) without floating-point error: k is taken as the decimal it prints as (host, NumPy).
+
+    Args:
+        k: the fraction in (0, 1] (else UserError).
+        n: int, any shape: token counts (concrete: read on the host).
+
+    Returns:
+        int64 ``np.ndarray`` of ``n``'s shape: the counts.
 
     >>> int(k_count(0.7, 90))  # int(90 * 0.7) == 62 in the published code
     63
@@ -50,17 +58,34 @@ def _count_table(k: float, length: int) -> np.ndarray:
     return k_count(k, np.arange(length + 1)).astype(np.int32)
 
 
-def traced_k_count(k: float, n, length: int) -> jax.Array:
+def traced_k_count(k: float, n: ArrayLike, length: int) -> jax.Array:
     """``k_count(k, n)`` for a traced integer n in 0..length: the host function tabulated, then selected (a one-hot
-    select, not a gather: batch-sharded n indexing a replicated table stays an elementwise op)."""
+    select, not a gather: batch-sharded n indexing a replicated table stays an elementwise op).
+
+    Args:
+        k: the fraction in (0, 1] (else UserError).
+        n: int [...] token counts in 0..length (may be traced).
+        length: the largest count (static).
+
+    Returns:
+        int32 [...] the counts.
+    """
     table = jnp.asarray(_count_table(checks.fraction(k), int(length)))
     return jnp.where(jnp.asarray(n)[..., None] == jnp.arange(length + 1), table, 0).sum(-1)
 
 
-def lowest_k_mean(values, mask, k: float) -> jax.Array:
+def lowest_k_mean(values: ArrayLike, mask: ArrayLike, k: float) -> jax.Array:
     """Mean of the max(1, floor(k n)) lowest ``values`` where ``mask`` ([..., T], n real values per row); NaN where
     n = 0. Sorted with +inf padding; the sum runs over the first ``count`` sorted entries, so the gradient reaches
     exactly the selected values (1 / count each).
+
+    Args:
+        values: float, int or bool [..., T] per-token values.
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        k: the fraction in (0, 1] of a row's scored tokens (a Python float: static under ``jax.jit``).
+
+    Returns:
+        float (at least float32) [...] each row's mean; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> print(lowest_k_mean(jnp.array([[3.0, 1.0, 2.0, 0.0]]), jnp.array([[1, 1, 1, 0]], bool), 0.7))
@@ -79,12 +104,21 @@ def lowest_k_mean(values, mask, k: float) -> jax.Array:
 
 
 @register("min_k")
-def min_k(logprob, mask, *, k: float = 0.2) -> jax.Array:
+def min_k(logprob: ArrayLike, mask: ArrayLike, *, k: float = 0.2) -> jax.Array:
     """Min-K% Prob: mean log-likelihood of the max(1, floor(k*n)) least likely tokens.
 
     score = (1/m) sum of the m lowest log p(x_i | x_<i), m = max(1, floor(k n)), n the text's scored tokens
     (Shi et al. 2023, *Detecting Pretraining Data from Large Language Models*; swj0419/detect-pretrain-code,
     ``src/run.py``: ``np.sort(all_prob)[:k_length]``, there with ``int(len * ratio)``).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        k: the fraction in (0, 1] of a row's scored tokens (a Python float: static under ``jax.jit``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob = jnp.array([[-0.5, -3.0, -1.0, -2.0, -0.25], [-1.0, -4.0, 0.0, 0.0, 0.0]])
@@ -96,11 +130,20 @@ def min_k(logprob, mask, *, k: float = 0.2) -> jax.Array:
 
 
 @register("max_k")
-def max_k(logprob, mask, *, k: float = 0.2) -> jax.Array:
+def max_k(logprob: ArrayLike, mask: ArrayLike, *, k: float = 0.2) -> jax.Array:
     """Max-K% Prob: mean log-likelihood of the max(1, floor(k*n)) most likely tokens.
 
     score = (1/m) sum of the m highest log p(x_i | x_<i), m = max(1, floor(k n)): Min-K%'s mirror (this project's
     control: a member's most likely tokens should be less telling than its least likely ones).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        k: the fraction in (0, 1] of a row's scored tokens (a Python float: static under ``jax.jit``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob = jnp.array([[-0.5, -3.0, -1.0, -2.0, -0.25], [-1.0, -4.0, 0.0, 0.0, 0.0]])
@@ -112,13 +155,24 @@ def max_k(logprob, mask, *, k: float = 0.2) -> jax.Array:
 
 
 @register("min_k_pp")
-def min_k_pp(logprob, mu, var, mask, *, k: float = 0.2) -> jax.Array:
+def min_k_pp(logprob: ArrayLike, mu: ArrayLike, var: ArrayLike, mask: ArrayLike, *, k: float = 0.2) -> jax.Array:
     """Min-K%++: mean of the k-fraction lowest z = (log p(x_i) - mu_i) / sigma_i over the vocabulary.
 
     mu_i = E_{v ~ p(.|x_<i)} log p(v | x_<i), sigma_i^2 = Var_{v ~ p(.|x_<i)} log p(v | x_<i) (``stats.token_stats``:
     ``mu`` and ``var``); score = (1/m) sum of the m lowest z_i, m = max(1, floor(k n)) (Zhang et al. 2024,
     *Min-K%++: Improved Baseline for Detecting Pre-Training Data from Large Language Models*, eq. 2-3;
     zjysteven/mink-plus-plus, ``run.py``, there with ``int(len * ratio)``).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mu: float [..., T] E_p[log p] per position (``TokenStats.mu``).
+        var: float [..., T] Var_p[log p] per position (``TokenStats.var``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        k: the fraction in (0, 1] of a row's scored tokens (a Python float: static under ``jax.jit``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob = jnp.array([[-1.0, -3.0, -2.0]])
@@ -130,8 +184,18 @@ def min_k_pp(logprob, mu, var, mask, *, k: float = 0.2) -> jax.Array:
 
 
 @register("min_k_pp_mu")
-def min_k_pp_mu(logprob, mu, mask, *, k: float = 0.2) -> jax.Array:
+def min_k_pp_mu(logprob: ArrayLike, mu: ArrayLike, mask: ArrayLike, *, k: float = 0.2) -> jax.Array:
     """Min-K%++ calibrated by the mean only: the k-fraction lowest log p(x_i) - mu_i (Min-K%++ Table 3 ablation).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mu: float [..., T] E_p[log p] per position (``TokenStats.mu``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        k: the fraction in (0, 1] of a row's scored tokens (a Python float: static under ``jax.jit``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob, mu = jnp.array([[-1.0, -3.0, -2.0]]), jnp.array([[-2.0, -2.0, -1.0]])
@@ -142,8 +206,18 @@ def min_k_pp_mu(logprob, mu, mask, *, k: float = 0.2) -> jax.Array:
 
 
 @register("min_k_pp_sigma")
-def min_k_pp_sigma(logprob, var, mask, *, k: float = 0.2) -> jax.Array:
+def min_k_pp_sigma(logprob: ArrayLike, var: ArrayLike, mask: ArrayLike, *, k: float = 0.2) -> jax.Array:
     """Min-K%++ calibrated by the spread only: the k-fraction lowest log p(x_i) / sigma_i (Table 3 ablation).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        var: float [..., T] Var_p[log p] per position (``TokenStats.var``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        k: the fraction in (0, 1] of a row's scored tokens (a Python float: static under ``jax.jit``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob, var = jnp.array([[-1.0, -3.0, -2.0]]), jnp.array([[4.0, 1.0, 1.0]])
@@ -153,10 +227,18 @@ def min_k_pp_sigma(logprob, var, mask, *, k: float = 0.2) -> jax.Array:
     return lowest_k_mean(real(logprob, mask) / jnp.sqrt(real(var, mask, 1.0)), mask, k)
 
 
-def smoothed_gap(gap, mask) -> tuple[jax.Array, jax.Array]:
+def smoothed_gap(gap: ArrayLike, mask: ArrayLike) -> tuple[jax.Array, jax.Array]:
     """Gap-K%'s 3-token moving averages over each row's consecutive scored tokens and where they exist ('valid'
     windows: position j averages j, j+1, j+2 when all three are scored); a row with 1 or 2 scored tokens keeps its
-    raw values (as the authors' code)."""
+    raw values (as the authors' code).
+
+    Args:
+        gap: float [..., T] per-token gaps.
+        mask: bool [..., T] the scored tokens.
+
+    Returns:
+        (float [..., T] the averages, at the window's first position; bool [..., T] where a window exists).
+    """
     mask = jnp.asarray(mask, bool)
     g = real(gap, mask)
     m = mask.astype(jnp.int32)
@@ -173,12 +255,24 @@ def smoothed_gap(gap, mask) -> tuple[jax.Array, jax.Array]:
 
 
 @register("gap_k")
-def gap_k(logprob, max_logprob, var, mask, *, k: float = 0.2) -> jax.Array:
+def gap_k(logprob: ArrayLike, max_logprob: ArrayLike, var: ArrayLike, mask: ArrayLike, *, k: float = 0.2
+          ) -> jax.Array:
     """Gap-K%: mean of the k-fraction lowest 3-token moving averages of (log p(x_i) - max_v log p_v) / sigma_i
     (Kwak and Kim 2026): how far each token falls below the model's top choice, in units of the spread.
 
     g_i = (log p(x_i) - max_v log p(v | x_<i)) / sigma_i; s_j = (g_j + g_{j+1} + g_{j+2}) / 3 for j = 1..n-2
     (n < 3: s = g); score = (1/m) sum of the m lowest s_j, m = max(1, floor(k * len(s))).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        max_logprob: float [..., T] max_v log p(v | x_<i) per position (``TokenStats.max_logprob``).
+        var: float [..., T] Var_p[log p] per position (``TokenStats.var``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        k: the fraction in (0, 1] of a row's scored tokens (a Python float: static under ``jax.jit``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob = jnp.array([[-1.0, -4.0, -1.0, -1.0]])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 
 import jax
+from jax.typing import ArrayLike
 
 from mia_jax.scorers.base import register
 from mia_jax.scorers.min_k import lowest_k_mean
@@ -40,12 +41,22 @@ NEAR = 0.3  # ratio_local: the least likely tokens
 
 
 @register("polarized")
-def polarized(logprob, mask, *, near: float = NEAR, far: float = FAR) -> jax.Array:
+def polarized(logprob: ArrayLike, mask: ArrayLike, *, near: float = NEAR, far: float = FAR) -> jax.Array:
     """-PD (PAC's polarized distance, negated so higher = member): mean of the 30% least likely token log-probs
     minus mean of the 5% most likely.
 
     score = mean(the max(1, floor(near n)) lowest l_i) - mean(the max(1, floor(far n)) highest l_i) (module
     docstring: Ye et al. 2024 and their ``calculate_Polarized_Distance``, here negated).
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        near: the fraction of the least likely tokens (``ratio_local``).
+        far: the fraction of the most likely tokens (``ratio_far``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without scored tokens.
 
     >>> import jax.numpy as jnp
     >>> logprob = jnp.array([[-4.0, -3.0, -2.0, -1.0, -0.5, -0.5, -0.5, -0.5, -0.5, -0.25]])

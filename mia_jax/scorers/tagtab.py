@@ -51,6 +51,7 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from jax.typing import ArrayLike
 
 from mia_jax.errors import UserError
 from mia_jax.scorers.base import RESOURCES, Resource, register
@@ -63,11 +64,20 @@ _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 @register("tag_tab", resources={RESOURCE: "keywords"})
-def tag_tab(logprob, mask, *, keywords) -> jax.Array:
+def tag_tab(logprob: ArrayLike, mask: ArrayLike, *, keywords: ArrayLike) -> jax.Array:
     """Tag&Tab: mean log-likelihood of the tokens of each sentence's K rarest words (--tag-tab-k; Antebi et al. 2025).
 
-    score = (1/|W|) sum_{i in W} l_i, W the scored tokens (``mask``) that ``keywords`` (bool, the shape of
-    ``logprob``: ``keyword_masks``) marks; NaN for a row without one.
+    score = (1/|W|) sum_{i in W} l_i, W the scored tokens (``mask``) that ``keywords`` marks; NaN for a row
+    without one.
+
+    Args:
+        logprob: float [..., T] token log-probabilities log p(x_i | x_<i) (``TokenStats.logprob``).
+        mask: bool [..., T] the scored tokens (anything outside them is ignored).
+        keywords: bool (or int) [..., T], the shape of ``logprob``: the keywords' tokens (``keyword_masks``).
+
+    Returns:
+        float [...] one score per row (float32 for float32 or bfloat16 statistics), higher = more likely a
+        member; NaN for a row without a scored keyword token.
 
     >>> import jax.numpy as jnp
     >>> lp = jnp.array([[-1.0, -4.0, -2.0, -8.0]])
@@ -79,13 +89,27 @@ def tag_tab(logprob, mask, *, keywords) -> jax.Array:
 
 
 def normalize(word: str) -> str:
-    """A word as the authors compare it: lower case, ASCII punctuation and whitespace removed."""
+    """A word as the authors compare it: lower case, ASCII punctuation and whitespace removed.
+
+    Args:
+        word: one word.
+
+    Returns:
+        The normalised word (may be empty).
+    """
     return re.sub(r"\s+", "", word.lower().translate(_PUNCTUATION))
 
 
 @lru_cache(maxsize=1 << 16)
 def entropy(word: str) -> float:
-    """-p log2 p of a normalised word, p its English frequency (``wordfreq.word_frequency``); 0 when unknown."""
+    """-p log2 p of a normalised word, p its English frequency (``wordfreq.word_frequency``); 0 when unknown.
+
+    Args:
+        word: one normalised word (``normalize``).
+
+    Returns:
+        The word's entropy term in bits.
+    """
     import wordfreq
 
     p = wordfreq.word_frequency(word, "en")
@@ -112,6 +136,13 @@ def keyword_spans(text: str, k: int = DEFAULT_K) -> list[tuple[int, int, str]]:
     normalised words of lowest ``entropy`` (ties: the earlier first), at their first occurrence in the sentence; the
     span runs from the word's first to its last character kept by ``normalize``.
 
+    Args:
+        text: one text.
+        k: the keywords per sentence.
+
+    Returns:
+        (start, end, word) per keyword, in text order: character offsets into ``text``, the normalised word.
+
     >>> [w for _, _, w in keyword_spans("The quick brown fox jumps over the lazy dog.", 2)]
     ['jumps', 'lazy']
     """
@@ -129,7 +160,15 @@ def keyword_spans(text: str, k: int = DEFAULT_K) -> list[tuple[int, int, str]]:
 
 
 def keyword_tokens(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int, Any]]) -> np.ndarray:
-    """bool [n]: the tokens (character ``offsets``, a special token's (0, 0) never) overlapping a keyword span."""
+    """bool [n]: the tokens (character ``offsets``, a special token's (0, 0) never) overlapping a keyword span.
+
+    Args:
+        offsets: (start, end) characters of each of a text's n tokens (the tokenizer's offsets).
+        spans: the keywords' (start, end, word) (``keyword_spans``).
+
+    Returns:
+        bool ``np.ndarray`` [n] the keywords' tokens.
+    """
     out = np.zeros(len(offsets), bool)
     for j, (s, e) in enumerate(offsets):
         out[j] = e > s and any(s < end and e > start for start, end, _ in spans)
@@ -137,7 +176,14 @@ def keyword_tokens(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int
 
 
 def check_k(value) -> int:
-    """K, the keywords per sentence: an integer >= 1 (UserError otherwise)."""
+    """K, the keywords per sentence: an integer >= 1 (UserError otherwise).
+
+    Args:
+        value: the K given (a Python or NumPy integer).
+
+    Returns:
+        K as an int.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise UserError(f"tag_tab's K (keywords per sentence, --tag-tab-k) must be an integer >= 1, got {value!r}")
     return int(value)
@@ -146,7 +192,16 @@ def check_k(value) -> int:
 def keyword_masks(k, tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
     """Per text, bool over its tokens as ``tokenizer`` (a ``tokenizers.Tokenizer``) encodes it by default, special
     tokens included: the tokens of its keywords (``keyword_spans`` with ``k`` per sentence). The statistics of a
-    text's predictions are of its tokens 1.., so ``mask[1:]`` is ``tag_tab``'s ``keywords`` row."""
+    text's predictions are of its tokens 1.., so ``mask[1:]`` is ``tag_tab``'s ``keywords`` row.
+
+    Args:
+        k: the keywords per sentence (``check_k``).
+        tokenizer: a ``tokenizers.Tokenizer``.
+        texts: the texts.
+
+    Returns:
+        Per text, bool ``np.ndarray`` [n] over its n tokens.
+    """
     k = check_k(k)
     return [keyword_tokens(enc.offsets, keyword_spans(text, k))
             for text, enc in zip(texts, tokenizer.encode_batch(list(texts)))]
