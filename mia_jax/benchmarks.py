@@ -3,8 +3,10 @@ its loader and what ``--benchmark``'s help says of it. ``mia_jax.commands.option
 choices and every benchmark's options from it; ``mia_jax.commands.scoring.load_data`` calls the loader.
 
 A benchmark's options are optional (``--data`` excludes ``--benchmark``) and choose its data files and texts
-(the folder they are read from is the shared ``--data-dir``, ``args.data_dir``),
-which are fingerprinted themselves: they are not in a run's fingerprint as given. Adding a benchmark: a reader
+(the folder they are read from is the shared ``--data-dir``, ``options.data_dir``),
+which are fingerprinted themselves: they are not in a run's fingerprint as given. A loader receives them as one
+frozen :class:`~mia_jax.runs.options.Options` (:func:`loader_options`: every benchmark's own options and the run's
+:data:`SHARED` ones), read as ``options.<dest>``. Adding a benchmark: a reader
 returning a :class:`mia_jax.data.Dataset` (in ``mia_jax/data/`` when it reads files) and its :class:`Benchmark`
 entry here.
 """
@@ -16,11 +18,15 @@ from typing import Callable
 
 from mia_jax import data
 from mia_jax.runs import entry
+from mia_jax.runs.options import Options, dests_of
 from mia_jax.audits import concat
 from mia_jax.data import known
 from mia_jax.errors import UserError
 
 DEFAULT = "wikimia"  # what a labeled run reads with neither --data nor --benchmark
+# the run's options a loader may read besides the benchmarks' own: the data folder, and the window of an online
+# detection (wikimia-concat) with the field its member offsets go under
+SHARED = ("data_dir", "window", "member_from_field")
 
 
 def no_options(p: argparse.ArgumentParser) -> None:
@@ -29,12 +35,12 @@ def no_options(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One benchmark: ``load(args)`` -> its :class:`mia_jax.data.Dataset` (a UserError when the arguments do not
-    allow it), ``add_arguments(p)`` its own options on ``p``, ``notes`` what ``--benchmark``'s help says of it
-    ('' nothing)."""
+    """One benchmark: ``load(options)`` -> its :class:`mia_jax.data.Dataset` (``options``: :func:`loader_options`;
+    a UserError when the options do not allow it), ``add_arguments(p)`` its own options on ``p``, ``notes`` what
+    ``--benchmark``'s help says of it ('' nothing)."""
 
     name: str
-    load: Callable[[argparse.Namespace], data.Dataset]
+    load: Callable[[Options], data.Dataset]
     add_arguments: Callable[[argparse.ArgumentParser], None] = no_options
     notes: str = ""
 
@@ -46,18 +52,18 @@ def wikimia_options(p: argparse.ArgumentParser) -> None:
                         "32; wikimia-concat draws 32, 64, 128); OLMoMIA the L of its files (default: the one there is)")
 
 
-def load_wikimia(args) -> data.Dataset:
-    """WikiMIA's split of ``args.length`` words (default 32)."""
-    return data.wikimia(args.length or 32)
+def load_wikimia(options: Options) -> data.Dataset:
+    """WikiMIA's split of ``options.length`` words (default 32)."""
+    return data.wikimia(options.length or 32)
 
 
-def load_wikimia_concat(args) -> data.Dataset:
-    """WikiMIA-concat (``mia_jax.audits.concat``), its ``member_from`` offsets under ``args.member_from_field``;
-    it needs ``args.window``."""
-    if args.window is None:
+def load_wikimia_concat(options: Options) -> data.Dataset:
+    """WikiMIA-concat (``mia_jax.audits.concat``), its ``member_from`` offsets under ``options.member_from_field``;
+    it needs ``options.window``."""
+    if options.window is None:
         raise UserError("--benchmark wikimia-concat is evaluated per window: add --window 32 (the paper's)")
     ds = concat.wikimia_concat()
-    ds.extra = {args.member_from_field: ds.extra["member_from"]}
+    ds.extra = {options.member_from_field: ds.extra["member_from"]}
     return ds
 
 
@@ -70,19 +76,19 @@ def mimir_options(p: argparse.ArgumentParser) -> None:
                         f"{known.MIMIR_SPLIT}; the SoK of Meeus et al. advises ngram_13_0.8)")
 
 
-def load_mimir(args) -> data.Dataset:
-    """MIMIR's ``args.domain`` and ``args.split`` from ``args.data_dir`` (default: see ``known.mimir``)."""
-    return known.mimir(args.domain, args.split, args.data_dir)
+def load_mimir(options: Options) -> data.Dataset:
+    """MIMIR's ``options.domain`` and ``options.split`` from ``options.data_dir`` (default: see ``known.mimir``)."""
+    return known.mimir(options.domain, options.split, options.data_dir)
 
 
-def load_wikimia_24(args) -> data.Dataset:
-    """WikiMIA-24's split of ``args.length`` words (default 32) from ``args.data_dir``."""
-    return known.wikimia_new("wikimia-24", args.length or 32, args.data_dir)
+def load_wikimia_24(options: Options) -> data.Dataset:
+    """WikiMIA-24's split of ``options.length`` words (default 32) from ``options.data_dir``."""
+    return known.wikimia_new("wikimia-24", options.length or 32, options.data_dir)
 
 
-def load_wikimia_25(args) -> data.Dataset:
-    """WikiMIA-25's split of ``args.length`` words (default 32) from ``args.data_dir``."""
-    return known.wikimia_new("wikimia-25", args.length or 32, args.data_dir)
+def load_wikimia_25(options: Options) -> data.Dataset:
+    """WikiMIA-25's split of ``options.length`` words (default 32) from ``options.data_dir``."""
+    return known.wikimia_new("wikimia-25", options.length or 32, options.data_dir)
 
 
 def olmomia_options(p: argparse.ArgumentParser) -> None:
@@ -92,9 +98,9 @@ def olmomia_options(p: argparse.ArgumentParser) -> None:
                         "files: less and less distance between members and non-members). Default: random")
 
 
-def load_olmomia(args) -> data.Dataset:
-    """OLMoMIA's ``args.difficulty`` file (of max length ``args.length`` when given) from ``args.data_dir``."""
-    return known.olmomia(args.difficulty, args.length, args.data_dir)
+def load_olmomia(options: Options) -> data.Dataset:
+    """OLMoMIA's ``options.difficulty`` file (of max length ``options.length`` when given) from ``options.data_dir``."""
+    return known.olmomia(options.difficulty, options.length, options.data_dir)
 
 
 # in the order of --benchmark's choices and of their options in the help
@@ -124,12 +130,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def option_dests() -> list[str]:
-    """The destinations (``args`` attributes) of every benchmark's own options."""
-    p = argparse.ArgumentParser(add_help=False)
-    add_arguments(p)
-    return list(vars(p.parse_args([])))
+    """The destinations (``Namespace`` attributes) of every benchmark's own options."""
+    return list(dests_of(add_arguments))
 
 
-def load(name: str, args) -> data.Dataset:
-    """The dataset of the benchmark ``name`` (one of :data:`BENCHMARKS`) for the parsed ``args``."""
-    return BENCHMARKS[name].load(args)
+def loader_options(own: Options, **shared) -> Options:
+    """What a loader receives: every benchmark's ``own`` options (``Options.of(given, option_dests())``) with the
+    run's :data:`SHARED` options ``shared`` (each of them given)."""
+    if set(shared) != set(SHARED):
+        raise TypeError(f"loader_options takes the shared options {', '.join(SHARED)}, got {', '.join(shared)}")
+    return own.with_values(**shared)
+
+
+def load(name: str, options: Options) -> data.Dataset:
+    """The dataset of the benchmark ``name`` (one of :data:`BENCHMARKS`) for its ``options``
+    (:func:`loader_options`)."""
+    return BENCHMARKS[name].load(options)

@@ -61,13 +61,13 @@ def test_detector_with_an_option(monkeypatch, tiny_llama_dir, small, baseline, t
     def toy_options(p):
         p.add_argument("--toy-offset", type=float, help="what toy_shift adds")
 
-    def build_toy(args, methods, texts, loaded, out):
+    def build_toy(options, methods, texts, loaded, out):
         if "toy_shift" not in methods:
-            if args.toy_offset is not None:
+            if options.toy_offset is not None:
                 raise UserError("--toy-offset is given but toy_shift is not among --methods")
             return
-        out.resources["toy_offset"] = args.toy_offset or 0.0
-        out.fingerprint["toy_offset"] = args.toy_offset or 0.0
+        out.resources["toy_offset"] = options.toy_offset or 0.0
+        out.fingerprint["toy_offset"] = options.toy_offset or 0.0
 
     monkeypatch.setitem(REGISTRY, "toy_shift", None)  # removed after the test
     del REGISTRY["toy_shift"]  # (a name already registered is refused)
@@ -125,8 +125,8 @@ def test_benchmark(monkeypatch, tiny_llama_dir, small, baseline, tmp_path, capsy
     def toy_options(p):
         p.add_argument("--toy-file", help="the toy benchmark's file")
 
-    def load_toy(args):
-        return data.load_records(args.toy_file or small, "input", "label", name="toy")
+    def load_toy(options):
+        return data.load_records(options.toy_file or small, "input", "label", name="toy")
 
     monkeypatch.setitem(benchmarks.BENCHMARKS, "toy", benchmarks.Benchmark("toy", load_toy, toy_options,
                                                                           "six WikiMIA texts"))

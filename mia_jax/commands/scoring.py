@@ -1,6 +1,7 @@
 """What ``mia-jax eval`` and ``mia-jax score`` share: their options (:func:`add_arguments`) and the run itself
-(:func:`run`: every argument checked, the model and the data loaded and the run folder claimed with the run's
-fingerprint before :func:`mia_jax.commands.scoring_report.score_and_report` scores and reports)."""
+(:func:`run`: the arguments made into one :class:`~mia_jax.commands.request.ScoreRequest`; :func:`run_request`: the
+request checked, the model and the data loaded and the run folder claimed with the run's fingerprint before
+:func:`mia_jax.commands.scoring_report.score_and_report` scores and reports)."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,7 @@ from mia_jax.runs import entry, rundir
 from mia_jax.methods import resources
 from mia_jax.batching import TOKENS_PER_BATCH, check_tokens_per_batch
 from mia_jax.commands import options, scoring_report
+from mia_jax.commands.request import ScoreRequest
 from mia_jax.errors import UserError
 from mia_jax.data import sample, stream
 from mia_jax.scorers import DEFAULT_K, DEFAULT_METHODS, expand_methods, is_multi_pass, known_methods
@@ -93,41 +95,45 @@ NOT_IN_FINGERPRINT = {
 }
 
 
-def load_data(args, labeled: bool):
-    """The ``mia_jax.data.Dataset`` the arguments name (--data, --benchmark), cut to --limit texts
+def load_data(request: ScoreRequest):
+    """The ``mia_jax.data.Dataset`` the request's data names (--data, --benchmark), cut to --limit texts
     (``data.sample.limit_rows``: labeled data keeps both classes; how, said on stderr)."""
-    if labeled and not args.data:
-        ds = benchmarks.load(args.benchmark or benchmarks.DEFAULT, args)
+    d, opts = request.data, request.methods.options
+    if request.labeled and not d.data:
+        shared = {"data_dir": d.data_dir, "window": opts.window, "member_from_field": opts.member_from_field}
+        ds = benchmarks.load(d.benchmark or benchmarks.DEFAULT, benchmarks.loader_options(d.benchmark_options,
+                                                                                           **shared))
     else:
-        extra = (args.member_from_field,) if args.window is not None else ()
-        ds = data.load(args.data, args.data_dir, args.text_field, args.label_field if labeled else None,
-                       encoding=args.encoding, extra=extra)
-    rows = sample.limit_rows(ds.labels, len(ds.texts), args.limit)
+        extra = (opts.member_from_field,) if opts.window is not None else ()
+        ds = data.load(d.data, d.data_dir, d.text_field, d.label_field if request.labeled else None,
+                       encoding=d.encoding, extra=extra)
+    rows = sample.limit_rows(ds.labels, len(ds.texts), d.limit)
     if rows is not None:
-        ds.limit_note = sample.describe_limit(ds.labels, args.limit, len(ds.texts))  # said once the run is claimed
+        ds.limit_note = sample.describe_limit(ds.labels, d.limit, len(ds.texts))  # said once the run is claimed
         ds.texts = [ds.texts[i] for i in rows]
         ds.labels = [ds.labels[i] for i in rows] if ds.labels is not None else None
         ds.extra = {k: [v[i] for i in rows] for k, v in ds.extra.items()}
     return ds
 
 
-def open_stream(args, labeled: bool, methods) -> stream.StreamDataset | data.Dataset | None:
+def open_stream(request: ScoreRequest, methods) -> stream.StreamDataset | data.Dataset | None:
     """The ``--data`` input read by its streaming first pass (counts, fingerprint digest, labels, duplicates) when
     this run may stream it (single-pass methods only, no ``--window``; on one process or several): a
     :class:`~mia_jax.data.stream.StreamDataset` when it has more than ``--stream-window`` texts (after ``--limit``),
     else the ``data.Dataset`` of the texts that pass kept (the input is read once). None otherwise (``load_data``)."""
-    if not args.data or getattr(args, "window", None) is not None or any(is_multi_pass(m) for m in methods):
+    d = request.data
+    if not d.data or request.methods.options.window is not None or any(is_multi_pass(m) for m in methods):
         return None
-    texts = stream.TextStream(args.data, args.text_field, args.label_field if labeled else None,
-                              encoding=args.encoding, limit=args.limit, data_dir=getattr(args, "data_dir", None))
+    texts = stream.TextStream(d.data, d.text_field, d.label_field if request.labeled else None,
+                              encoding=d.encoding, limit=d.limit, data_dir=d.data_dir)
     note = texts.apply_limit()
-    scan = texts.scan(keep=args.stream_window)
-    ds = stream.StreamDataset(texts, scan, args.stream_window) if scan.texts is None else texts.dataset(scan)
+    scan = texts.scan(keep=d.stream_window)
+    ds = stream.StreamDataset(texts, scan, d.stream_window) if scan.texts is None else texts.dataset(scan)
     ds.limit_note = note  # said once the run is claimed
     return ds
 
 
-def held_because(args, methods) -> str:
+def held_because(methods) -> str:
     """Why a run of more than --stream-window texts is not streamed (``open_stream``'s conditions), for its note."""
     multi = [m for m in methods if is_multi_pass(m)]
     if multi:
@@ -135,98 +141,111 @@ def held_because(args, methods) -> str:
     return "--window runs"
 
 
-def fingerprint(args, labeled: bool, ds, loaded, ref, generator, methods, mesh, res) -> dict:
-    """What makes a run: every input that can change a record (see NOT_IN_FINGERPRINT for the rest). ``res``: the
-    run's ``resources.Resources``; the rest as :func:`run` makes them."""
+def fingerprint(request: ScoreRequest, ds, loaded, ref, generator, methods, mesh, res) -> dict:
+    """What makes a run: every input that can change a record (see NOT_IN_FINGERPRINT for the rest). ``request``:
+    resolved (its dtype and tokens per batch); ``res``: the run's ``resources.Resources``; the rest as :func:`run`
+    makes them."""
     from mia_jax.engine import runner  # here, not at the top: it loads the model code (start-up time)
 
+    d, plan, labeled = request.data, request.plan, request.labeled
     streamed = isinstance(ds, stream.StreamDataset)
     extra = {"stream_window": ds.window, "texts_digest": (ds.scan.texts_sha256, ds.scan.n)} if streamed else {}
     return runner.run_fingerprint(
         loaded, ds.texts, ds.labels, methods, ref=ref, neighbors=generator, data_files=ds.files, labeled=labeled,
-        encoding=args.encoding, text_field=ds.text_field or args.text_field,
-        label_field=args.label_field if labeled else None,
-        limit=args.limit, batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch,
-        chunk_size=args.chunk_size, dtype=args.dtype,
+        encoding=d.encoding, text_field=ds.text_field or d.text_field,
+        label_field=d.label_field if labeled else None,
+        limit=d.limit, batch_size=plan.batch_size, tokens_per_batch=plan.tokens_per_batch,
+        chunk_size=plan.chunk_size, dtype=request.model.dtype,
         mesh=sharding.mesh_str(mesh) if mesh is not None else None, **res.fingerprint, **extra)
 
 
-def neighbor_generator(args, loaded):
+def neighbor_generator(request: ScoreRequest, loaded):
     """The 'neighbor' method's generator: the --neighbor-mlm masked LM, else the target model ``loaded`` itself."""
     from mia_jax.methods import neighbors  # here, not at the top: it loads the model code (start-up time)
 
-    if args.neighbor_mlm:
-        return neighbors.MLMNeighbors(args.neighbor_mlm, n=args.n_neighbors, seed=args.neighbor_seed,
-                                      dtype=args.dtype)
-    return neighbors.SelfNeighbors(loaded, n=args.n_neighbors, seed=args.neighbor_seed,
-                                   batch_size=args.batch_size)
+    m = request.methods
+    if request.model.neighbor_mlm:
+        return neighbors.MLMNeighbors(request.model.neighbor_mlm, n=m.n_neighbors, seed=m.neighbor_seed,
+                                      dtype=request.model.dtype)
+    return neighbors.SelfNeighbors(loaded, n=m.n_neighbors, seed=m.neighbor_seed,
+                                   batch_size=request.plan.batch_size)
 
 
 def run(args, labeled: bool) -> Path:
-    """``mia-jax eval`` (``labeled``) or ``score``: check the arguments, load the data and the models, claim the run
-    folder and score and report into it; returns the folder."""
+    """``mia-jax eval`` (``labeled``) or ``score``: the parsed ``args`` made into the run's request
+    (:meth:`ScoreRequest.from_args`, the only reader of ``args``), then :func:`run_request`."""
+    request = ScoreRequest.from_args(args)
+    if request.labeled != labeled:
+        raise ValueError(f"scoring.run(labeled={labeled}) of a {request.command!r} command line")
+    return run_request(request)
+
+
+def run_request(request: ScoreRequest) -> Path:
+    """``mia-jax eval`` (``request.labeled``) or ``score``: check the request, load the data and the models, claim
+    the run folder and score and report into it; returns the folder."""
     from mia_jax import models  # here, not at the top: they load the model code (start-up time)
     from mia_jax.engine import runner
 
-    processes.initialize_distributed(args.distributed)  # before anything touches a device
-    if args.out:
-        entry.check_out(args.out)
-    check_tokens_per_batch(args.tokens_per_batch)
-    blind_asked = blind.NAME in args.methods
-    methods = expand_methods([m for m in args.methods if m != blind.NAME], args.k)  # validate before loading
+    labeled, d, m = request.labeled, request.data, request.model
+    processes.initialize_distributed(request.plan.distributed)  # before anything touches a device
+    if request.output.out:
+        entry.check_out(request.output.out)
+    check_tokens_per_batch(request.plan.tokens_per_batch)
+    asked = request.methods.methods
+    blind_asked = blind.NAME in asked
+    methods = expand_methods([x for x in asked if x != blind.NAME], list(request.methods.k))  # before loading
     if not methods:
         raise UserError(f"give at least one model-based method besides {blind.NAME} (which is reported with any "
                         "labeled eval anyway)")
     if blind_asked and not labeled:
         raise UserError(f"{blind.NAME} needs labels: use mia-jax eval")
-    compare = comparisons(args, methods) if labeled else []
-    ds = open_stream(args, labeled, methods) or load_data(args, labeled)
-    if "ref" in methods and not args.ref_model:
+    compare = comparisons(request, methods) if labeled else []
+    ds = open_stream(request, methods) or load_data(request)
+    if "ref" in methods and not m.ref_model:
         raise UserError("method 'ref' needs a reference model: add --ref-model PATH_OR_NAME")
-    mesh = sharding.make_mesh(args.mesh) if args.mesh or jax.process_count() > 1 else None
+    mesh = sharding.make_mesh(request.plan.mesh) if request.plan.mesh or jax.process_count() > 1 else None
     if jax.process_count() > 1 and "neighbor" in methods:
         raise UserError("the 'neighbor' method is not supported on several processes yet; run it on one host")
-    compilation.enable(args.compilation_cache)
-    args.dtype = args.dtype or runner.default_dtype()
-    args.tokens_per_batch = args.tokens_per_batch or runner.default_tokens_per_batch()
+    compilation.enable(request.plan.compilation_cache)
+    request = request.resolved(dtype=runner.default_dtype(), tokens_per_batch=runner.default_tokens_per_batch())
+    m = request.model
     load = models.load if mesh is None else (lambda name, **kw: sharding.load_sharded(name, mesh, **kw))  # noqa: E731
     model_loaded = threading.Event()  # the baseline's metrics and matplotlib's import wait for it: both need the GIL
-    blind_future = scoring_report.start_blind_baseline(args, ds, labeled, blind_asked, model_loaded)
+    blind_future = scoring_report.start_blind_baseline(request.output, ds, labeled, blind_asked, model_loaded)
     try:
-        loaded = load(args.model, dtype=args.dtype, tokenizer_path=args.tokenizer, allow_download=args.allow_download)
-        ref = (load(args.ref_model, dtype=args.dtype, allow_download=args.allow_download)
-               if args.ref_model and "ref" in methods else None)
+        loaded = load(m.model, dtype=m.dtype, tokenizer_path=m.tokenizer, allow_download=m.allow_download)
+        ref = (load(m.ref_model, dtype=m.dtype, allow_download=m.allow_download)
+               if m.ref_model and "ref" in methods else None)
     finally:
         model_loaded.set()
-    generator = neighbor_generator(args, loaded) if "neighbor" in methods else None
-    res = resources.build(args, methods, ds.texts if ds.texts is not None else [], loaded)
-    out = entry.check_out(args.out or f"runs/{ds.name}-{loaded.name}")
-    inputs = [args.data, getattr(args, "data_dir", None), args.model, getattr(args, "tokenizer", None),
-              args.ref_model, args.neighbor_mlm, loaded.source, *loaded.files, *(ref.files if ref else ()), *ds.files,
-              *res.files]  # what --overwrite must never delete
-    with rundir.claim(out, fingerprint(args, labeled, ds, loaded, ref, generator, methods, mesh, res),
-                      overwrite=args.overwrite, inputs=inputs) as resume:
+    generator = neighbor_generator(request, loaded) if "neighbor" in methods else None
+    res = resources.build(request.methods.options, methods, ds.texts if ds.texts is not None else [], loaded)
+    out = entry.check_out(request.output.out or f"runs/{ds.name}-{loaded.name}")
+    inputs = [d.data, d.data_dir, m.model, m.tokenizer, m.ref_model, m.neighbor_mlm, loaded.source, *loaded.files,
+              *(ref.files if ref else ()), *ds.files, *res.files]  # what --overwrite must never delete
+    with rundir.claim(out, fingerprint(request, ds, loaded, ref, generator, methods, mesh, res),
+                      overwrite=request.output.overwrite, inputs=inputs) as resume:
         if resume:
             print(f"resuming the run in {out}", file=sys.stderr)
         if getattr(ds, "limit_note", ""):  # after the checks: an error is never a second line
             print(f"note: {ds.limit_note}", file=sys.stderr)
-        if args.data and ds.texts is not None and len(ds) > args.stream_window:  # after the checks: never 2 lines
-            print(f"note: {len(ds)} texts held in memory, not streamed (--stream-window {args.stream_window}): "
-                  f"{held_because(args, methods)} take the in-memory path", file=sys.stderr)
-        scoring_report.score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh,
+        if d.data and ds.texts is not None and len(ds) > d.stream_window:  # after the checks: never 2 lines
+            print(f"note: {len(ds)} texts held in memory, not streamed (--stream-window {d.stream_window}): "
+                  f"{held_because(methods)} take the in-memory path", file=sys.stderr)
+        scoring_report.score_and_report(request, out, resume, ds, loaded, ref, generator, methods, mesh,
                                         blind_asked, compare, res, blind_future)
     return out
 
 
-def comparisons(args, methods: list[str]) -> list[tuple[str, str]]:
+def comparisons(request: ScoreRequest, methods: list[str]) -> list[tuple[str, str]]:
     """The (A, B) pairs of --compare as names among this run's ``methods``, checked before anything is loaded or
     written (a UserError names a pair that is not)."""
     pairs = []
-    for pair in args.compare:
+    for pair in request.methods.compare:
         names = []
         for name in pair:
             try:
-                expanded = expand_methods([name], args.k)
+                expanded = expand_methods([name], list(request.methods.k))
             except UserError:
                 expanded = [name]
             if len(expanded) != 1 or expanded[0] not in methods:
@@ -236,6 +255,6 @@ def comparisons(args, methods: list[str]) -> list[tuple[str, str]]:
         if names[0] == names[1]:
             raise UserError(f"--compare {' '.join(pair)}: compares a method with itself")
         pairs.append((names[0], names[1]))
-    if pairs and args.n_bootstrap < 1:
-        raise UserError(f"--compare needs --n-bootstrap of at least 1, got {args.n_bootstrap}")
+    if pairs and request.output.n_bootstrap < 1:
+        raise UserError(f"--compare needs --n-bootstrap of at least 1, got {request.output.n_bootstrap}")
     return pairs

@@ -26,16 +26,19 @@ from mia_jax.evaluation.bootstrap import tpr_key
 from mia_jax.data.sample import stratified_sample
 from mia_jax.data.stream import StreamDataset
 from mia_jax.errors import UserError
+from mia_jax.commands.request import OutputRequest, ScoreRequest
 
 
-def _blind_baseline(ds, args, required: bool, child: blind.Child | None = None, after: Event | None = None):
-    """Metrics of the model-free bag-of-words baseline on the same texts, and the line that reports it (a streamed
+def _blind_baseline(ds, output: OutputRequest, required: bool, child: blind.Child | None = None,
+                    after: Event | None = None):
+    """Metrics of the model-free bag-of-words baseline on the same texts (``output``: the report's --seed and
+    --n-bootstrap), and the line that reports it (a streamed
     corpus: on a seeded stratified sample of at most ``blind.SAMPLE_MAX`` texts, read alone, its size in the line);
     its scores from ``child`` when one computes them (``start_blind_baseline``), computed here again should the child
     fail otherwise than by a UserError; the metrics once ``after`` is set."""
     labels, sample = ds.labels, ""
     if isinstance(ds, StreamDataset):
-        keep = stratified_sample(ds.labels, blind.SAMPLE_MAX, seed=args.seed)
+        keep = stratified_sample(ds.labels, blind.SAMPLE_MAX, seed=output.seed)
         texts, labels = ds.texts_at(keep), [int(y) for y in np.asarray(ds.labels)[keep]]
         if len(keep) < len(ds):
             sample = f"; a seeded sample of {len(keep)} of {len(ds)} texts, stratified by label"
@@ -48,16 +51,16 @@ def _blind_baseline(ds, args, required: bool, child: blind.Child | None = None, 
             print(f"note: {e}; the blind baseline is computed in this process instead", file=sys.stderr)
             scores = None
         if scores is None:
-            scores = blind.blind_bow_scores(texts, [int(y) for y in labels], seed=args.seed)
+            scores = blind.blind_bow_scores(texts, [int(y) for y in labels], seed=output.seed)
     except UserError as e:
         if required:
             raise
         return None, f"Blind baseline not computed: {e}"
     if after is not None:
         after.wait()
-    m = metrics.evaluate(labels, scores, n_bootstrap=args.n_bootstrap, seed=args.seed)
+    m = metrics.evaluate(labels, scores, n_bootstrap=output.n_bootstrap, seed=output.seed)
     if sample:
-        m["sample"] = {"n": len(labels), "of": len(ds), "seed": args.seed}
+        m["sample"] = {"n": len(labels), "of": len(ds), "seed": output.seed}
     if m["auroc"] is None:
         return m, f"Blind baseline ({blind.NAME}): {m['note']}."
     ci = m["auroc_ci"] or (float("nan"), float("nan"))
@@ -67,19 +70,20 @@ def _blind_baseline(ds, args, required: bool, child: blind.Child | None = None, 
     return m, line + (f"\n{warn}" if warn else "")
 
 
-def start_blind_baseline(args, ds, labeled: bool, blind_asked: bool, after: Event | None = None) -> Future | None:
+def start_blind_baseline(output: OutputRequest, ds, labeled: bool, blind_asked: bool,
+                         after: Event | None = None) -> Future | None:
     """The blind baseline (``_blind_baseline``) of a labeled in-memory dataset, started now, before the model
     loads: from ``blind.CHILD_MIN_TEXTS`` texts its scores in a child process (``blind.Child``: the load runs
     Python under the interpreter lock on one core, the baseline on the other), for fewer on a thread of its own;
     once ``after`` is set (the model loaded), the thread computes the metrics and imports matplotlib for the
     report's plots (~0.4 s off the end) while the texts are scored. None where the report computes it itself (a
     streamed corpus, a process other than the first) or does not report it."""
-    if not labeled or not (blind_asked or not args.no_blind) or ds.texts is None or not processes.is_main_process():
+    if not labeled or not (blind_asked or not output.no_blind) or ds.texts is None or not processes.is_main_process():
         return None
-    child = blind.Child(ds.texts, ds.labels, seed=args.seed) if len(ds.texts) >= blind.CHILD_MIN_TEXTS else None
+    child = blind.Child(ds.texts, ds.labels, seed=output.seed) if len(ds.texts) >= blind.CHILD_MIN_TEXTS else None
     pool = ThreadPoolExecutor(1, thread_name_prefix="blind-baseline")
     try:
-        future = pool.submit(_blind_baseline, ds, args, blind_asked, child, after)
+        future = pool.submit(_blind_baseline, ds, output, blind_asked, child, after)
         pool.submit(report.pyplot)
         return future
     finally:
@@ -93,14 +97,14 @@ def _neighbor_meta(generator, records) -> dict:
             "n_neighbors_scored": sum(r.get("n_neighbors", 0) for r in records)}
 
 
-def _paired(scores, labels, pairs, args) -> list[dict]:
+def _paired(scores, labels, pairs, output: OutputRequest) -> list[dict]:
     """comparisons.paired_bootstrap of each --compare pair over the run's ``scores`` ({method: float64 [N]}), from
     at least ``comparisons.VERDICT_RESAMPLES`` resamples, each metric's verdicts Holm-corrected over the pairs."""
     out = []
     for a, b in pairs:
         try:
-            res = comparisons.paired_bootstrap(labels, scores[a], scores[b], seed=args.seed,
-                                               n_bootstrap=comparisons.verdict_resamples(args.n_bootstrap))
+            res = comparisons.paired_bootstrap(labels, scores[a], scores[b], seed=output.seed,
+                                               n_bootstrap=comparisons.verdict_resamples(output.n_bootstrap))
         except ValueError as e:  # e.g. one class left once the texts either method could not score are dropped
             res = {"error": str(e)}
         out.append({"a": a, "b": b, **res})
@@ -116,14 +120,14 @@ def bold_note(m: int) -> str:
             f"least {comparisons.VERDICT_RESAMPLES} resamples).")
 
 
-def _tied_with_best(labels, scores, summary, methods, args) -> tuple[set, int]:
+def _tied_with_best(labels, scores, summary, methods, output: OutputRequest) -> tuple[set, int]:
     """(the methods whose AUROC the run's table bolds, the number of comparisons behind it):
     comparisons.compare_to_best from at least ``comparisons.VERDICT_RESAMPLES`` resamples, Holm-corrected, then
     comparisons.tied_with_best; nothing without bootstrap resamples or with fewer than two methods."""
-    if args.n_bootstrap < 1 or len(methods) < 2 or len(set(labels)) < 2:
+    if output.n_bootstrap < 1 or len(methods) < 2 or len(set(labels)) < 2:
         return set(), 0
     entry = comparisons.compare_to_best(labels, scores, {m: summary[m].get("auroc") for m in methods},
-                                        n_bootstrap=comparisons.verdict_resamples(args.n_bootstrap), seed=args.seed)
+                                        n_bootstrap=comparisons.verdict_resamples(output.n_bootstrap), seed=output.seed)
     m = comparisons.holm_adjust(list(entry["vs"].values()) if entry else [], "auroc")
     return comparisons.tied_with_best(entry), m
 
@@ -135,11 +139,12 @@ def _compile_meta(count: dict) -> dict:
             "compiled": count["compiled"], "cache_dir": compilation.cache_dir()}
 
 
-def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
+def score_and_report(request: ScoreRequest, out, resume, ds, loaded, ref, generator, methods, mesh, blind_asked,
                      compare=(), res=None, blind_future: Future | None = None) -> None:
     """Score the dataset ``ds`` (``runner.score_dataset``) into the claimed run folder ``out`` (``resume``: reuse its
     finished batches) and write its report: ``results.jsonl``, ``run.json``, the summary tables and plots, and what
-    the terminal shows. ``labeled``: an eval (metrics) rather than a score; ``blind_asked``: blind_bow is among
+    the terminal shows. ``request``: the run's, resolved (``request.labeled``: an eval, with metrics, rather than a
+    score); ``blind_asked``: blind_bow is among
     --methods; ``compare``: the checked --compare pairs; ``res``: the methods' ``resources.Resources``;
     ``blind_future``: the blind baseline already under way (``start_blind_baseline``); the rest as
     :func:`mia_jax.commands.scoring.run` makes them."""
@@ -151,8 +156,9 @@ def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, met
     passes: dict = {}
     res = res or resources.Resources()
     compiled = compilation.CompileCount("score_step")
-    common = dict(batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch, chunk_size=args.chunk_size,
-                  progress=not args.no_progress, mesh=mesh, resources=res.resources, **res.score_options)
+    plan, labeled, window = request.plan, request.labeled, request.methods.options.window
+    common = dict(batch_size=plan.batch_size, tokens_per_batch=plan.tokens_per_batch, chunk_size=plan.chunk_size,
+                  progress=not request.output.no_progress, mesh=mesh, resources=res.resources, **res.score_options)
     if isinstance(ds, StreamDataset):  # a window of texts at a time, into shards; no record is held
         records = None
         cols = shards.score_stream(loaded, ds.stream, ds.scan, methods, window=ds.window, out_dir=out, resume=resume,
@@ -164,7 +170,7 @@ def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, met
         cols = shards.columns_of(records, methods, runner.NONFINITE)
     seconds = time.perf_counter() - t0
     n_tokens = cols.n_tokens
-    meta = _run_meta(args, ds, loaded, ref, generator, methods, mesh, res, records, cols)
+    meta = _run_meta(request, ds, loaded, ref, generator, methods, mesh, res, records, cols)
     meta.update(passes=passes, compile=_compile_meta(compiled.stop()),
                 packing={"slots": sum(p.get("slots", 0) for p in passes.values()),
                          "tokens": sum(p.get("tokens", 0) for p in passes.values())},
@@ -174,24 +180,24 @@ def score_and_report(args, labeled, out, resume, ds, loaded, ref, generator, met
     _print_scoring(meta, cols.n, n_tokens, seconds, [] if labeled else counts, generator)
     if not processes.is_main_process():  # every process holds all records; process 0 writes the outputs
         return
-    if args.window is not None:
-        meta["windows"] = _window_report(args, ds, loaded, records, methods, out, labeled)
+    if window is not None:
+        meta["windows"] = _window_report(request, ds, loaded, records, methods, out)
     if labeled:
-        _write_metrics(args, out, ds, loaded, cols, methods, generator, meta, counts, blind_asked, compare,
+        _write_metrics(request, out, ds, loaded, cols, methods, generator, meta, counts, blind_asked, compare,
                        blind_future)
     else:
         (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     print(f"wrote {out}/", file=sys.stderr)
 
 
-def _run_meta(args, ds, loaded, ref, generator, methods, mesh, res, records, cols) -> dict:
+def _run_meta(request: ScoreRequest, ds, loaded, ref, generator, methods, mesh, res, records, cols) -> dict:
     """run.json up to its "passes": the command, the configuration, the versions, the device, the models, the data,
     the methods' resources and what the records (``cols``, their ``shards.Columns``; ``records`` themselves for the
     neighbour counts, None when streamed) say: skipped, non-finite, truncated, duplicate texts."""
     dups = ds.duplicates if isinstance(ds, StreamDataset) else data.duplicate_report(ds.texts, ds.labels)
     return {
         "command": " ".join(sys.argv),
-        "config": {k: v for k, v in vars(args).items()},
+        "config": request.config(),
         "methods": methods,
         "package_version": __version__,
         "jax_version": jax.__version__,
@@ -239,28 +245,29 @@ def _print_scoring(meta: dict, n_records: int, n_tokens: int, seconds: float, co
               f"{nm['n_identical_neighbors']} identical to their text dropped", file=sys.stderr)
 
 
-def _write_metrics(args, out: Path, ds, loaded, cols, methods, generator, meta: dict, counts: list[str],
-                   blind_asked: bool, compare, blind_future: Future | None = None) -> None:
+def _write_metrics(request: ScoreRequest, out: Path, ds, loaded, cols, methods, generator, meta: dict,
+                   counts: list[str], blind_asked: bool, compare, blind_future: Future | None = None) -> None:
     """A labeled run's metrics: summary.json / .csv / .md with run.json (``report.write_summary``), the ROC plot
     and histograms, and the table, notes and comparisons printed."""
     labels = [int(y) for y in cols.labels]  # a label and a score per method and text: O(N) numbers, no record
-    scores = cols.scores
-    summary = {m: metrics.evaluate(labels, scores[m], n_bootstrap=args.n_bootstrap, seed=args.seed) for m in methods}
+    scores, output = cols.scores, request.output
+    summary = {m: metrics.evaluate(labels, scores[m], n_bootstrap=output.n_bootstrap, seed=output.seed)
+               for m in methods}
     if generator is not None:
         summary["neighbor"]["n_identical_neighbors"] = meta["neighbors"]["n_identical_neighbors"]
     notes = list(counts) + [f"Caveat: {c}." for c in getattr(ds, "caveats", ())]  # data.known's benchmarks
     na = report.na_note({m: summary[m] for m in methods})
     if na:  # every n/a cell of the table says why, in summary.md too
         notes.insert(0, na)
-    if blind_asked or not args.no_blind:
-        blind_metrics, note = blind_future.result() if blind_future else _blind_baseline(ds, args, blind_asked)
+    if blind_asked or not output.no_blind:
+        blind_metrics, note = blind_future.result() if blind_future else _blind_baseline(ds, output, blind_asked)
         if blind_metrics is not None:
             meta["blind_baseline"] = blind_metrics
             if blind_asked:
                 summary[blind.NAME] = blind_metrics
         notes.append(note)
-    comparisons = _paired(scores, labels, compare, args)
-    bold, n_compared = _tied_with_best(labels, scores, summary, methods, args)
+    comparisons = _paired(scores, labels, compare, output)
+    bold, n_compared = _tied_with_best(labels, scores, summary, methods, output)
     if bold:
         notes.append(bold_note(n_compared))
     report.write_summary(out, summary, extra=meta, notes=notes, comparisons=comparisons, bold=bold)
@@ -270,31 +277,32 @@ def _write_metrics(args, out: Path, ds, loaded, cols, methods, generator, meta: 
         print(report.markdown_table({m: summary[m] for m in methods}, bold))
     else:
         print(f"Text-level metrics not computed: every text has label {labels[0]}"
-              + (" (see the window-level table)." if args.window is not None else "; eval needs members (1) and "
-                 "non-members (0), or use mia-jax score for unlabeled texts."))
+              + (" (see the window-level table)." if request.methods.options.window is not None else "; eval needs "
+                 "members (1) and non-members (0), or use mia-jax score for unlabeled texts."))
     print("".join(f"\n{n}" for n in notes).lstrip("\n"))
     if comparisons:
         print("\n" + report.comparisons_markdown(comparisons))
 
 
-def _window_report(args, ds, loaded, records, methods, out: Path, labeled: bool) -> dict:
+def _window_report(request: ScoreRequest, ds, loaded, records, methods, out: Path) -> dict:
     """Online detection: window-level metrics (and the blind baseline on the windows' texts, unless --no-blind)
     where the data says where each text's member part begins, each text's first flagged window; windows.csv (text,
     window, tokens, label, scores, window_text) and a printed summary."""
-    method = args.window_method or next((m for m in methods if m.startswith("min_k_pp@")), methods[0])
+    opts, output = request.methods.options, request.output
+    method = opts.window_method or next((m for m in methods if m.startswith("min_k_pp@")), methods[0])
     if method not in methods:
         raise UserError(f"--window-method {method!r} is not one of this run's methods ({', '.join(methods)})")
-    starts = ds.extra.get(args.member_from_field, [None] * len(ds))
+    starts = ds.extra.get(opts.member_from_field, [None] * len(ds))
     labels = windowed.window_labels(loaded.tokenizer, ds.texts, starts, records)
     texts = windowed.window_texts(loaded, ds.texts, records)  # from the texts: also on a resumed run
-    rep = windowed.report(records, labels, methods, method=method, threshold=args.window_threshold, fpr=0.05,
-                          n_bootstrap=args.n_bootstrap if labeled else 0, seed=getattr(args, "seed", 0),
-                          texts=texts, blind=not getattr(args, "no_blind", False))
+    rep = windowed.report(records, labels, methods, method=method, threshold=opts.window_threshold, fpr=0.05,
+                          n_bootstrap=output.n_bootstrap if request.labeled else 0, seed=output.seed,
+                          texts=texts, blind=not output.no_blind)
     rows = [[i, j, n, lab, *(r["windows"]["scores"][m][j] for m in methods), wt]
             for i, (r, labs, wts) in enumerate(zip(records, labels, texts)) if "windows" in r
             for j, (n, lab, wt) in enumerate(zip(r["windows"]["n_tokens"], labs, wts))]
     report.write_csv(out / "windows.csv", ["text", "window", "n_tokens", "label", *methods, concat.WINDOW_TEXT], rows)
-    print(f"windows of {args.window} tokens: {rep['n_windows']} ({rep['n_labeled']} labeled, {rep['n_straddling']} "
+    print(f"windows of {opts.window} tokens: {rep['n_windows']} ({rep['n_labeled']} labeled, {rep['n_straddling']} "
           f"straddling the member boundary or unlabeled); per-window scores in {out / 'windows.csv'}", file=sys.stderr)
     if "metrics" in rep:
         print("Window-level detection (windows pooled over texts):\n" + report.markdown_table(rep["metrics"]))

@@ -22,7 +22,8 @@ passes, ``score_options`` for every scoring call) and the entries of the run's f
   ``--em-mia-seed`` (``methods.em_mia``).
 
 A new method with an option adds its entry here (:class:`Need`: options, builder, fingerprint entries); :func:`build`
-runs every entry in order.
+runs every entry in order, each builder reading the needs' options from one frozen
+:class:`~mia_jax.methods.options.MethodOptions` (:func:`method_options`), never the command line itself.
 """
 from __future__ import annotations
 
@@ -33,12 +34,14 @@ from typing import Callable, Sequence
 
 from mia_jax import data
 from mia_jax.runs import entry
+from mia_jax.runs.options import dests_of
 from mia_jax.methods import freq
 from mia_jax.engine import windowed
 from mia_jax.errors import UserError
 from mia_jax.runs.files import sha256
 from mia_jax.scorers import acmia, parse_method, tagtab
 from mia_jax.methods import em_mia, infilling, recall, sampling
+from mia_jax.methods.options import MethodOptions, TextFields
 from mia_jax.scorers.base import check_resources
 
 RECALL_METHODS = ("recall", "con_recall")
@@ -59,7 +62,9 @@ class Resources:
 class Need:
     """What some methods need besides the model and the texts. ``add_arguments(p)``: its options on ``p``;
     ``not_in_fingerprint``: {option dest: why the option, as given, is not an entry of the run's fingerprint};
-    ``build(args, methods, texts, loaded, out)``: checks the options against the run's ``methods`` (a UserError
+    ``build(options, methods, texts, loaded, out)``: ``options`` a :class:`MethodOptions` (every need's options,
+    frozen, read as ``options.<dest>``; ``options.fields``: how the evaluated data is read), checks the options
+    against the run's ``methods`` (a UserError
     before anything is scored: a method whose resource is missing, an option given for no method that uses it) and
     adds what the runner is handed to ``out`` (a :class:`Resources`), with the ``fingerprint`` entries that
     identify it."""
@@ -81,21 +86,22 @@ def recall_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recall-seed", type=entry.nonneg_int, default=0, help="seed of the shots' draw (default: 0)")
 
 
-def build_recall(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+def build_recall(options, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """The prefixes of ``recall`` / ``con_recall`` (``out.pass_options["recall_prefixes"]``, their digest in the
-    fingerprint) drawn from ``args.recall_shots`` against the evaluated ``texts``."""
+    fingerprint) drawn from ``options.recall_shots`` against the evaluated ``texts``."""
     wants_recall = any(m in RECALL_METHODS for m in methods)
-    if args.recall_shots and not wants_recall:
+    if options.recall_shots and not wants_recall:
         raise UserError("--recall-shots is given but neither 'recall' nor 'con_recall' is among --methods")
     if not wants_recall:
         return
-    if not args.recall_shots:
+    if not options.recall_shots:
         raise UserError("'recall' / 'con_recall' need prefix shots: add --recall-shots FILE (labeled texts "
                         "disjoint from the evaluated ones, e.g. held-out non-members and known members)")
-    shots = data.load_records(args.recall_shots, args.text_field, getattr(args, "label_field", None) or "label",
-                              encoding=args.encoding)
-    prefixes = recall.prefix_shots(shots.texts, shots.labels, texts, n_shots=args.recall_n_shots,
-                                   seed=args.recall_seed)
+    fields = options.fields
+    shots = data.load_records(options.recall_shots, fields.text_field, fields.label_field or "label",
+                              encoding=fields.encoding)
+    prefixes = recall.prefix_shots(shots.texts, shots.labels, texts, n_shots=options.recall_n_shots,
+                                   seed=options.recall_seed)
     out.pass_options["recall_prefixes"] = prefixes
     out.fingerprint["recall_prefixes"] = recall.prefix_digest(prefixes)
     out.files.update(shots.files or {})
@@ -116,14 +122,14 @@ def window_options(p: argparse.ArgumentParser) -> None:
                         "default: member_from)")
 
 
-def build_window(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+def build_window(options, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """``--window``, checked against the ``methods`` and the model ``loaded``, into every scoring call and the
     fingerprint."""
-    if getattr(args, "window", None) is None:
+    if options.window is None:
         return
-    windowed.check_window(args.window, methods, loaded.max_length if loaded is not None else args.window + 1)
-    out.score_options["window"] = args.window
-    out.fingerprint["window"] = args.window
+    windowed.check_window(options.window, methods, loaded.max_length if loaded is not None else options.window + 1)
+    out.score_options["window"] = options.window
+    out.fingerprint["window"] = options.window
 
 
 def samia_options(p: argparse.ArgumentParser) -> None:
@@ -133,22 +139,22 @@ def samia_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samia-seed", type=entry.nonneg_int, default=0, help="sampling seed of 'samia' (default: 0)")
 
 
-def build_samia(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+def build_samia(options, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """The sampling options of ``samia`` / ``samia_zlib`` into their second pass and the fingerprint."""
     if not any(m in ("samia", "samia_zlib") for m in methods):
         return
-    if args.samia_samples < 1:
-        raise UserError(f"--samia-samples must be at least 1, got {args.samia_samples}")
-    out.pass_options["samia"] = {"n_samples": args.samia_samples, "seed": args.samia_seed}
+    if options.samia_samples < 1:
+        raise UserError(f"--samia-samples must be at least 1, got {options.samia_samples}")
+    out.pass_options["samia"] = {"n_samples": options.samia_samples, "seed": options.samia_seed}
     out.fingerprint["samia"] = dict(out.pass_options["samia"])
 
 
-def _method_options(args, method: str, methods: Sequence[str], prefix: str, names: Sequence[str],
+def _method_options(options, method: str, methods: Sequence[str], prefix: str, names: Sequence[str],
                     flags: str) -> dict | None:
-    """{name: value, None where not given} of ``method``'s options ``args.<prefix>_<name>``, or None when ``method``
+    """{name: value, None where not given} of ``method``'s options ``options.<prefix>_<name>``, or None when ``method``
     is not among ``methods``; an option given without it is a UserError ("``flags`` given but 'method' is not among
     --methods")."""
-    given = {k: getattr(args, f"{prefix}_{k}", None) for k in names}
+    given = {k: options.get(f"{prefix}_{k}") for k in names}
     if method in methods:
         return given
     if any(v is not None for v in given.values()):
@@ -170,10 +176,10 @@ def ngram_options(p: argparse.ArgumentParser) -> None:
                         "scored too)")
 
 
-def build_ngram(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+def build_ngram(options, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """The options of ``ngram_coverage`` (resolved with its defaults) into its pass and the fingerprint; an option
     given without the method, or ``--ngram-samples`` / ``--ngram-seed`` with ``--ngram-sampling samia``: UserError."""
-    given = _method_options(args, "ngram_coverage", methods, "ngram", ("samples", "seed", "min_n", "sampling"),
+    given = _method_options(options, "ngram_coverage", methods, "ngram", ("samples", "seed", "min_n", "sampling"),
                             "--ngram-* options are")
     if given is None:
         return
@@ -181,7 +187,7 @@ def build_ngram(args, methods: Sequence[str], texts: Sequence[str], loaded, out:
         if given["samples"] is not None or given["seed"] is not None:
             raise UserError("--ngram-samples / --ngram-seed do not apply with --ngram-sampling samia: the samples are "
                             "drawn as SaMIA's (set --samia-samples / --samia-seed)")
-        opts = sampling.resolve("samia", {"n_samples": args.samia_samples, "seed": args.samia_seed})[0]
+        opts = sampling.resolve("samia", {"n_samples": options.samia_samples, "seed": options.samia_seed})[0]
     else:
         opts = {k: v for k, v in (("n_samples", given["samples"]), ("seed", given["seed"])) if v is not None}
     if given["min_n"] is not None:
@@ -199,19 +205,19 @@ def freq_options(p: argparse.ArgumentParser) -> None:
                         "sample)")
 
 
-def build_freq(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+def build_freq(options, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """The token-frequency table of the methods whose scorer reads one (``out.resources["freq_table"]``), refused
     unless the model's tokenizer counted it; its content's SHA-256 in the fingerprint."""
     wants_freq = any("freq_table" in getattr(parse_method(m)[0], "resources", ()) for m in methods)
-    if args.freq_table and not wants_freq:
+    if options.freq_table and not wants_freq:
         raise UserError("--freq-table is given but no method among --methods uses it (dc_pdd)")
     if not wants_freq:
         return
-    check_resources(methods, {"freq_table": args.freq_table})  # the option is missing: say how to make one
-    table = freq.for_model(args.freq_table, loaded)  # refused unless the model's tokenizer counted it
+    check_resources(methods, {"freq_table": options.freq_table})  # the option is missing: say how to make one
+    table = freq.for_model(options.freq_table, loaded)  # refused unless the model's tokenizer counted it
     out.resources["freq_table"] = table
     out.fingerprint["freq_table"] = table.sha256()
-    out.files[str(Path(args.freq_table).resolve())] = sha256(args.freq_table)
+    out.files[str(Path(options.freq_table).resolve())] = sha256(options.freq_table)
 
 
 def acmia_options(p: argparse.ArgumentParser) -> None:
@@ -222,16 +228,16 @@ def acmia_options(p: argparse.ArgumentParser) -> None:
                         "on the evaluated labels)")
 
 
-def build_acmia(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+def build_acmia(options, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """ACMIA's temperature (``out.resources["acmia_temperature"]``, its value in the fingerprint) for the methods
     whose scorer reads it; the option given for none of them is refused."""
     wants = any(acmia.RESOURCE in getattr(parse_method(m)[0], "resources", ()) for m in methods)
-    if args.acmia_temperature is not None and not wants:
+    if options.acmia_temperature is not None and not wants:
         raise UserError("--acmia-temperature is given but no method among --methods uses it (acmia_ac, "
                         "acmia_derivac, acmia_normac)")
     if not wants:
         return
-    t = acmia.DEFAULT_TEMPERATURE if args.acmia_temperature is None else args.acmia_temperature
+    t = acmia.DEFAULT_TEMPERATURE if options.acmia_temperature is None else options.acmia_temperature
     acmia.temperatures(t)  # checked before anything is scored
     out.resources[acmia.RESOURCE] = t
     out.fingerprint[acmia.RESOURCE] = t
@@ -244,11 +250,11 @@ def tag_tab_options(p: argparse.ArgumentParser) -> None:
                         f"{tagtab.DEFAULT_K}, the authors' recommended K)")
 
 
-def build_tag_tab(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+def build_tag_tab(options, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """Tag&Tab's K (``out.resources[tagtab.RESOURCE]``, its value in the fingerprint) when ``tag_tab`` is among the
     ``methods``; the option given without it is refused."""
     wants = any(tagtab.RESOURCE in getattr(parse_method(m)[0], "resources", ()) for m in methods)
-    k = getattr(args, "tag_tab_k", None)
+    k = options.tag_tab_k
     if k is not None and not wants:
         raise UserError("--tag-tab-k is given but 'tag_tab' is not among --methods")
     if wants:
@@ -266,10 +272,10 @@ def infilling_options(p: argparse.ArgumentParser) -> None:
                         "code reports L = 0, 1, 3, 5, 10, 20, 30; 0 reads no changed text)")
 
 
-def build_infilling(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+def build_infilling(options, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """The options of ``infilling`` (resolved with its defaults) into its pass and the fingerprint; an option given
     without the method is refused."""
-    given = _method_options(args, "infilling", methods, "infilling", ("k", "future"),
+    given = _method_options(options, "infilling", methods, "infilling", ("k", "future"),
                             "--infilling-k / --infilling-future are")
     if given is None:
         return
@@ -289,10 +295,10 @@ def em_mia_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--em-mia-seed", type=entry.nonneg_int, help="seed of 'em_mia''s split into blocks (default: 0)")
 
 
-def build_em_mia(args, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
+def build_em_mia(options, methods: Sequence[str], texts: Sequence[str], loaded, out: Resources) -> None:
     """EM-MIA's options (checked, with their defaults) into its pass and the fingerprint; an option given without
     ``em_mia`` among the ``methods`` is refused."""
-    given = _method_options(args, "em_mia", methods, "em_mia", ("prefixes", "iterations", "seed"),
+    given = _method_options(options, "em_mia", methods, "em_mia", ("prefixes", "iterations", "seed"),
                             "--em-mia-* options are")
     if given is None:
         return
@@ -351,11 +357,24 @@ def not_in_fingerprint() -> dict[str, str]:
     return {dest: why for need in NEEDS.values() for dest, why in need.not_in_fingerprint.items()}
 
 
-def build(args, methods: Sequence[str], texts: Sequence[str], loaded=None) -> Resources:
-    """The resources of this run's ``methods`` from ``args`` (every need of :data:`NEEDS`, in order) for the
-    evaluated ``texts`` and the model ``loaded``; a method whose resource is missing, or an option given for no
-    method that uses it, is a UserError before anything is scored."""
+def option_dests() -> tuple[str, ...]:
+    """The destinations of every need's options (what :class:`MethodOptions` holds), in the registry's order."""
+    return dests_of(add_arguments)
+
+
+def method_options(given, fields: TextFields) -> MethodOptions:
+    """Every need's options out of the parsed command line ``given`` (``vars(namespace)``): those of
+    :func:`option_dests` only; ``fields``: how the evaluated data is read."""
+    return MethodOptions.of(given, option_dests(), fields=fields)
+
+
+def build(options: MethodOptions, methods: Sequence[str], texts: Sequence[str], loaded=None) -> Resources:
+    """The resources of this run's ``methods`` from the needs' ``options`` (every need of :data:`NEEDS`, in order)
+    for the evaluated ``texts`` and the model ``loaded``; a method whose resource is missing, or an option given for
+    no method that uses it, is a UserError before anything is scored."""
+    if not isinstance(options, MethodOptions):
+        raise TypeError(f"resources.build takes the needs' MethodOptions, not {type(options).__name__}")
     out = Resources()
     for need in NEEDS.values():
-        need.build(args, methods, texts, loaded, out)
+        need.build(options, methods, texts, loaded, out)
     return out

@@ -1,0 +1,167 @@
+"""The request of ``mia-jax eval`` / ``score``: the parsed command line made once, where the command starts
+(:meth:`ScoreRequest.from_args`), into frozen, typed parts by concern, each passed down to the layer that reads it:
+:class:`DataRequest` (which texts), :class:`ModelRequest` (which models), :class:`MethodsRequest` (which methods and
+their options), :class:`PlanRequest` (how the scoring runs) and :class:`OutputRequest` (where the output goes and
+what the report computes). Every field is named after its option's destination; run.json's "config" is the
+request read back in the command line's order (:meth:`ScoreRequest.config`)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from mia_jax import benchmarks
+from mia_jax.methods import resources
+from mia_jax.methods.options import MethodOptions, TextFields
+from mia_jax.runs.options import Options, frozen
+
+Command = Literal["eval", "score"]
+DType = Literal["float32", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """Which texts: ``--data`` (a file, or ``tfds:...``) or ``--benchmark`` (eval) with every benchmark's own options
+    (``benchmark_options``), read from ``--data-dir`` with ``--encoding`` / ``--text-field`` / ``--label-field``
+    (None: score has none), cut to ``--limit``; a file of more than ``--stream-window`` texts is streamed."""
+    data: Path | str | None
+    data_dir: Path | None
+    encoding: str
+    text_field: str | None
+    limit: int | None
+    stream_window: int
+    label_field: str | None = None
+    benchmark: str | None = None
+    benchmark_options: Options = Options()
+
+    def text_fields(self) -> TextFields:
+        """How the data files the methods' options name are read: as these texts."""
+        return TextFields(self.text_field, self.label_field, self.encoding)
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """Which models: ``--model`` (its ``--tokenizer``), ``--ref-model``, ``--neighbor-mlm``, their ``--dtype`` (None
+    until :meth:`ScoreRequest.resolved`: the device's default) and ``--allow-download``."""
+    model: str
+    tokenizer: Path | None
+    dtype: DType | None
+    allow_download: bool
+    ref_model: str | None
+    neighbor_mlm: Path | None
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in get_args(DType):
+            raise ValueError(f"dtype must be one of {get_args(DType)}, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class MethodsRequest:
+    """Which methods: ``--methods`` (a bare min_k etc. expanded by ``--k``), the neighbour generator's
+    ``--n-neighbors`` / ``--neighbor-seed``, the --compare pairs (eval) and ``options``: every need's options
+    (``resources.method_options``)."""
+    methods: tuple[str, ...]
+    k: tuple[float, ...]
+    n_neighbors: int
+    neighbor_seed: int
+    options: MethodOptions
+    compare: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """How the scoring runs: ``--tokens-per-batch`` (None until :meth:`ScoreRequest.resolved`), ``--batch-size``,
+    ``--chunk-size``, ``--mesh``, ``--distributed`` and ``--compilation-cache``."""
+    tokens_per_batch: int | None
+    batch_size: int
+    chunk_size: int | None
+    mesh: str | None
+    distributed: bool
+    compilation_cache: str | None
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    """Where the output goes (``--out``, ``--overwrite``), ``--no-progress``, and the report's bootstrap
+    (``--n-bootstrap``, ``--seed``) and blind baseline (``--no-blind``); score has none of the last three: 0, 0 and
+    False (no metrics)."""
+    out: Path | None
+    overwrite: bool
+    no_progress: bool
+    n_bootstrap: int = 0
+    seed: int = 0
+    no_blind: bool = False
+
+
+PARTS = ("data", "model", "methods", "plan", "output")
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """One ``eval`` (``command`` "eval": labeled texts, metrics) or ``score`` run as asked; ``order``: the command
+    line's destinations in the parser's order (run.json's "config")."""
+    command: Command
+    data: DataRequest
+    model: ModelRequest
+    methods: MethodsRequest
+    plan: PlanRequest
+    output: OutputRequest
+    order: tuple[str, ...]
+
+    @property
+    def labeled(self) -> bool:
+        return self.command == "eval"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ScoreRequest:
+        """The request of the parsed ``args`` of ``eval`` or ``score``; every option lands in exactly one part."""
+        given = dict(vars(args))
+        labeled = given["command"] == "eval"
+
+        def part(kind, **extra):
+            names = [f.name for f in fields(kind) if f.name in given and f.name not in extra]
+            return kind(**{n: frozen(given[n]) for n in names}, **extra)
+
+        data = part(DataRequest, benchmark_options=Options.of(given, benchmarks.option_dests() if labeled else ()))
+        request = cls(command=given["command"], data=data, model=part(ModelRequest),
+                      methods=part(MethodsRequest, options=resources.method_options(given, data.text_fields())),
+                      plan=part(PlanRequest), output=part(OutputRequest), order=tuple(given))
+        held = request._given()
+        lost = sorted(d for d in given if d not in held or not _same(held[d], frozen(given[d])))
+        if lost:
+            raise RuntimeError(f"the request does not hold these options as parsed: {', '.join(lost)}")
+        return request
+
+    def resolved(self, *, dtype: str, tokens_per_batch: int) -> ScoreRequest:
+        """This request with the device's defaults filled in where ``--dtype`` / ``--tokens-per-batch`` were not
+        given."""
+        return replace(self, model=replace(self.model, dtype=self.model.dtype or dtype),
+                       plan=replace(self.plan, tokens_per_batch=self.plan.tokens_per_batch or tokens_per_batch))
+
+    def _given(self) -> dict[str, Any]:
+        """{option destination: value} of every option the request holds."""
+        held: dict[str, Any] = {"command": self.command}
+        for name in PARTS:
+            p = getattr(self, name)
+            for f in fields(p):
+                value = getattr(p, f.name)
+                for d, v in (value.items() if isinstance(value, Options) else [(f.name, value)]):
+                    if d in held:
+                        raise RuntimeError(f"two options of the request have the destination {d!r}")
+                    held[d] = v
+        return {d: v for d, v in held.items() if d in self.order}
+
+    def config(self) -> dict[str, Any]:
+        """run.json's "config": every option's value (lists as lists) in the command line's order."""
+        held = self._given()
+        return {d: _plain(held[d]) for d in self.order}
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or a == b
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with its tuples as lists (nested too): as argparse gave it."""
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
