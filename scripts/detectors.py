@@ -33,6 +33,7 @@ import numpy as np
 
 from mia_jax.evaluation import blind
 from mia_jax import data, models
+from mia_jax.data import known
 from mia_jax.runs import entry, files, rundir
 from mia_jax.engine import runner
 from mia_jax.commands import options
@@ -55,6 +56,7 @@ NOT_IN_FINGERPRINT = {
     "model": "identified by its files' SHA-256 (model_files): a name and a path to the same files agree",
     "ref_model": "identified by its files' SHA-256 (ref_model_files)",
     "wikimia": "chooses the data file (data_files) and the texts (texts_sha256)",
+    "mimir": "chooses the data files (data_files) and the texts (texts_sha256)",
     "eval": "the file by resolved path and SHA-256 (data_files), its texts (texts_sha256)",
     "data_dir": "where --eval tfds:... is read: its files by resolved path and SHA-256 (data_files)",
     "src": "--from: a rebuild, not a run",
@@ -99,6 +101,11 @@ def load_eval(args) -> tuple[list[str], list[int], list[str], str, dict]:
     if args.wikimia:
         ds = data.wikimia(args.wikimia)
         return ds.texts, ds.labels, [ds.name] * len(ds), ds.name, ds.files
+    if args.mimir:  # one group per domain: members (Pile train) then non-members (Pile test)
+        parts = [known.mimir(domain, root=args.data_dir) for domain in dict.fromkeys(args.mimir)]
+        return ([t for ds in parts for t in ds.texts], [y for ds in parts for y in ds.labels],
+                [ds.name for ds in parts for _ in ds.texts], f"mimir-{known.MIMIR_SPLIT}",
+                {f: h for ds in parts for f, h in ds.files.items()})
     if str(args.eval).startswith("tfds:"):  # a TFDS dataset: its text (or input) and label features, one group
         ds = data.load(args.eval, args.data_dir)
         return ds.texts, ds.labels, [ds.name] * len(ds), ds.name, ds.files
@@ -279,6 +286,9 @@ def build_parser() -> entry.ArgumentParser:
     src.add_argument("--eval", type=data.data_input,
                      help="a contamination run's corpus/eval.jsonl (text, label, dataset), or a labeled TFDS dataset "
                           "tfds:NAME[/CONFIG][:SPLIT] built in --data-dir (text or input, label)")
+    src.add_argument("--mimir", nargs="+", metavar="DOMAIN", choices=known.MIMIR_DOMAINS,
+                     help=f"MIMIR's {known.MIMIR_SPLIT} split of these Pile domains (one dataset each), read from "
+                          "--data-dir")
     options.data_dir(ap)
     src.add_argument("--from", dest="src", nargs="+",
                      type=entry.source_dir("detectors", example="results/detectors/wikimia32"),
@@ -313,12 +323,13 @@ def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     if args.src:
         if args.out:
-            raise UserError("--out goes with a run (--wikimia or --eval), not with --from; use --md for the report")
+            raise UserError("--out goes with a run (--wikimia, --mimir or --eval), not with --from; use --md for the "
+                            "report")
         text = "\n".join(section(f, args.n_bootstrap) for f in args.src)  # all computed before anything is written
         write_report(args, text)
         return 0
-    if not args.out or not (args.wikimia or args.eval):
-        raise UserError("give --wikimia N or --eval FILE, and --out DIR (or --from DIR ...)")
+    if not args.out or not (args.wikimia or args.eval or args.mimir):
+        raise UserError("give --wikimia N, --mimir DOMAIN ... or --eval FILE, and --out DIR (or --from DIR ...)")
     command = " ".join(["scripts/detectors.py", *(sys.argv[1:] if argv is None else argv)])
     out = run(args, command)
     write_report(args, section(out, args.n_bootstrap))

@@ -316,6 +316,29 @@ def test_bad_wikimia_length(det, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_mimir_domains_are_one_dataset_each(det):
+    """``--mimir`` reads each domain's members then non-members (the bundled ngram_7_0.2 files), one group per
+    domain, every file with its SHA-256; a domain given twice is read once."""
+    args = det.build_parser().parse_args(["--mimir", "wikipedia_en", "pile_cc", "wikipedia_en", "--out", "x"])
+    texts, labels, groups, name, data_files = det.load_eval(args)
+    assert name == "mimir-ngram_7_0.2" and len(texts) == len(labels) == len(groups)
+    for domain in ("wikipedia_en", "pile_cc"):
+        rows = [y for y, g in zip(labels, groups) if g == f"mimir-{domain}"]
+        members = REPO.parent / "shared/data/mimir/ngram_7_0.2/members" / f"{domain}.jsonl"
+        nonmembers = members.parent.parent / "nonmembers" / f"{domain}.jsonl"
+        n_in, n_out = (len(f.read_text().splitlines()) for f in (members, nonmembers))
+        assert rows == [1] * n_in + [0] * n_out
+        assert {str(members.resolve()), str(nonmembers.resolve())} <= set(data_files)
+    assert list(dict.fromkeys(groups)) == ["mimir-wikipedia_en", "mimir-pile_cc"]
+
+
+def test_unknown_mimir_domain_is_refused(det, tmp_path, capsys):
+    rc = _rc(det, ["--mimir", "wikipedia", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "invalid choice: 'wikipedia'" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("where", ["file", "under_file", "dangling"])
 def test_bad_out(det, finished, tmp_path, capsys, where):
     blocker = tmp_path / "a_file"
@@ -332,7 +355,8 @@ def test_bad_out(det, finished, tmp_path, capsys, where):
 
 def test_no_out_or_no_data(det, finished, capsys):
     rc = _rc(det, ["--eval", finished[1][3]])
-    assert_clean_error(rc, capsys.readouterr().err, "give --wikimia N or --eval FILE, and --out DIR")
+    assert_clean_error(rc, capsys.readouterr().err,
+                       "give --wikimia N, --mimir DOMAIN ... or --eval FILE, and --out DIR")
 
 
 # ----------------------------------------------------------------------------- --from: damaged folders
