@@ -8,9 +8,9 @@ No model is needed and nothing is typed by hand: each step runs the command docu
 process, from the repository's root, with the relative paths the tables record):
 
 - the contamination study and every sweep's tables: ``python -m train.study --lr results/contamination/lr
-  results/contamination/gemma-lr --size ... --news ... --occurrence ... [--traps results/contamination/traps when
-  that folder exists] --header results/contamination/README.md --out results/contamination.md`` (which rebuilds each
-  sweep in place, as ``python -m train.tables --from`` would);
+  results/contamination/gemma-lr --size ... --news ... --occurrence ... --traps ... (each ablation of
+  train/ablations.py whose folder exists) --header results/contamination/README.md --out
+  results/contamination.md`` (which rebuilds each sweep in place, as ``python -m train.tables --from`` would);
 - the WikiMIA reproduction: ``python scripts/reproduce_wikimia.py --from results/wikimia_reproduction --out
   results/wikimia_reproduction``;
 - the audits: ``mia-jax audit-books --from results/audits/books --out results/audits/books`` (and books_control),
@@ -49,12 +49,15 @@ from mia_jax.audits import overview_report
 from mia_jax.audits.concat import window_metrics, window_metrics_markdown
 from mia_jax.cli import main as cli_main
 from train import study
+from train.ablations import ABLATIONS
 
 PROG = "python scripts/build_results.py"
 REPO = Path(__file__).resolve().parents[1]
 CONTAMINATION = "results/contamination"
-SWEEPS = {"lr": ["lr", "gemma-lr"], "size": ["size"], "news": ["news"], "occurrence": ["occurrence"],
-          "traps": ["traps"]}  # traps: only when its folder exists
+# every ablation's committed sweep (results/contamination/NAME, when that folder exists), in the registry's order;
+# the same sweep on other models beside it
+OTHER_MODELS = {"lr": ["gemma-lr"]}
+SWEEPS = {kind: [kind, *OTHER_MODELS.get(kind, [])] for kind in ABLATIONS}
 DETECTORS = ["results/detectors/wikimia32", "results/detectors/wikimia32-2025", "results/detectors/contamination",
              "results/detectors/contamination-sample"]
 AUDITS = [("audit-books", "books"), ("audit-books", "books_control"), ("audit-unlearning", "unlearning"),

@@ -1,172 +1,78 @@
-"""The four extension paths of CONTRIBUTING.md, each walked end to end with a toy registered through its registry
-(a monkeypatched entry, removed after the test): a detector with an option, a model family, a benchmark and an
-ablation. The first three run ``mia-jax eval`` on the tiny Llama; the ablation runs ``train/contaminate.py`` with
-its training replaced by a hand-made sealed run (no model is trained)."""
-import dataclasses
-import json
+"""The five extension paths of CONTRIBUTING.md (a scorer in an existing module, a scorer in a new module, a model
+family, a benchmark, a contamination ablation), each followed as written in a copy of the tree: the files its section
+names are exactly those the toy edits (tests/extension_toys.py), and after the edits the suite's tests that iterate
+the registries pass in the copy (run there in a subprocess), as does the toy's own test (`mia-jax eval` on the tiny
+model). A file the section forgets fails its walk: either the list differs from the edits or a registry-driven test
+fails without the edit."""
+import re
+import shutil
 import sys
-import types
+from pathlib import Path
 
-import numpy as np
 import pytest
-from test_contaminate import TINY, fake_run
+from extension_toys import WALKS, run_in
 
-from mia_jax import benchmarks, data
-from mia_jax.methods import resources
-from mia_jax.cli import main
-from mia_jax.errors import UserError
-from mia_jax.models import checkpoint, llama
-from mia_jax.models.weights import WeightSpec
-from mia_jax.scorers import REGISTRY, RESOURCES, Resource, masked_mean
-from mia_jax.scorers.base import register
-
-N_TEXTS = 6
+REPO = Path(__file__).resolve().parents[1]
+COPIED = ("mia_jax", "train", "tests", "configs", "scripts", "setup.py", "pyproject.toml", "pytest.ini")
+PATH = re.compile(r"`((?:mia_jax|tests|train|results|scripts)/[^`]*)`")
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    """Six labeled WikiMIA texts (three members, three non-members) as a JSONL file."""
-    ds = data.wikimia(32)
-    rows = [r for y in (1, 0) for r in [{"input": t, "label": y} for t, lab in zip(ds.texts, ds.labels)
-                                         if lab == y][: N_TEXTS // 2]]
-    path = tmp_path_factory.mktemp("data") / "small.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def sections(text: str) -> dict[str, str]:
+    """CONTRIBUTING.md's ``## `` sections by heading."""
+    parts = re.split(r"^## (.*)\n", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
 
 
-def scores(out, method: str) -> list[float]:
-    return [json.loads(line)["scores"][method] for line in (out / "results.jsonl").read_text().splitlines()]
+def files_of(section: str) -> tuple[list[str], set[str]]:
+    """(the files every change of the section touches: each numbered item's leading path, in order; the files only
+    some touch: the paths of its bulleted items)."""
+    numbered = re.findall(r"^\d+\. `([^`]+)`", section, re.M)
+    bullets = re.findall(r"^- .*(?:\n {2}\S.*)*", section, re.M)
+    return numbered, {p for b in bullets for p in PATH.findall(b)}
 
 
-def evaluate(model, out, *args) -> None:
-    assert main(["eval", "--model", str(model), "--out", str(out), "--n-bootstrap", "10", "--no-blind",
-                 "--no-progress", *args]) == 0
+def contributing_files(heading: str) -> tuple[list[str], set[str]]:
+    found = [body for title, body in sections((REPO / "CONTRIBUTING.md").read_text()).items()
+             if title.startswith(heading)]
+    assert len(found) == 1, f"CONTRIBUTING.md: no one section '## {heading}...'"
+    return files_of(found[0])
 
 
-@pytest.fixture(scope="module")
-def baseline(tiny_llama_dir, small, tmp_path_factory):
-    """The 'loss' scores of the six texts on the tiny Llama, as every toy below is compared with."""
-    out = tmp_path_factory.mktemp("baseline") / "run"
-    evaluate(tiny_llama_dir, out, "--data", str(small), "--methods", "loss")
-    return scores(out, "loss")
+def test_files_are_read_from_the_sections():
+    section = ("1. `a/x.py`: one\n   more `tests/y.py`\n2. `tests/z.py`: two\n\n- `mia_jax/o.py`, `tests/p.py`: if\n"
+               "  also `train/q.py`\n\nNot `mia_jax/r.py`.\n")
+    assert files_of(section) == (["a/x.py", "tests/z.py"], {"mia_jax/o.py", "tests/p.py", "train/q.py"})
+    for walk in WALKS.values():
+        required, _ = contributing_files(walk.section)
+        assert len(required) >= 3, (walk.section, required)
 
 
-def test_detector_with_an_option(monkeypatch, tiny_llama_dir, small, baseline, tmp_path, capsys):
-    """A scorer (scorers registry) reading a resource (scorers' RESOURCES) that its own option makes
-    (resources.NEEDS): scored, fingerprinted, refused without its method."""
-    def toy_shift(logprob, mask, *, offset):
-        """Mean log-likelihood plus --toy-offset."""
-        return masked_mean(logprob, mask) + offset
-
-    def toy_options(p):
-        p.add_argument("--toy-offset", type=float, help="what toy_shift adds")
-
-    def build_toy(options, methods, texts, loaded, out):
-        if "toy_shift" not in methods:
-            if options.toy_offset is not None:
-                raise UserError("--toy-offset is given but toy_shift is not among --methods")
-            return
-        out.resources["toy_offset"] = options.toy_offset or 0.0
-        out.fingerprint["toy_offset"] = options.toy_offset or 0.0
-
-    monkeypatch.setitem(REGISTRY, "toy_shift", None)  # removed after the test
-    del REGISTRY["toy_shift"]  # (a name already registered is refused)
-    register("toy_shift", resources={"toy_offset": "offset"})(toy_shift)
-    monkeypatch.setitem(RESOURCES, "toy_offset", Resource("toy_offset", "pass --toy-offset",
-                                                          lambda v: np.asarray(v, np.float32)))
-    monkeypatch.setitem(resources.NEEDS, "toy", resources.Need("toy", toy_options, build_toy, ("toy_offset",),
-                                                               {"toy_offset": "in the fingerprint (toy_offset)"}))
-    out = tmp_path / "run"
-    evaluate(tiny_llama_dir, out, "--data", str(small), "--methods", "toy_shift", "--toy-offset", "1.5")
-    assert scores(out, "toy_shift") == pytest.approx([s + 1.5 for s in baseline], abs=1e-5)
-    assert json.loads((out / "config.json").read_text())["toy_offset"] == 1.5
-    capsys.readouterr()
-    assert main(["eval", "--model", str(tiny_llama_dir), "--data", str(small), "--methods", "toy_shift",
-                 "--toy-offset", "2", "--out", str(out), "--no-progress"]) != 0
-    assert "holds a different run" in capsys.readouterr().err
-    assert main(["eval", "--model", str(tiny_llama_dir), "--data", str(small), "--methods", "loss",
-                 "--toy-offset", "2", "--out", str(tmp_path / "other"), "--no-progress"]) != 0
-    assert "--toy-offset is given" in capsys.readouterr().err
+def copy_tree(dest: Path) -> Path:
+    """The repository's code, tests and configs copied to ``dest`` (caches left out)."""
+    dest.mkdir()
+    for name in COPIED:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
 
 
-def test_model_family(monkeypatch, tiny_llama_dir, small, baseline, tmp_path):
-    """A family (one WeightSpec, a config and a model class; its ARCHITECTURES entry) loads a checkpoint of its
-    model_type and scores as the network it reuses."""
-    toy_spec = WeightSpec("Toy", llama.dims, prefixes=(("model.", ""),), top=llama.TOP, layers=llama.SPEC.layers)
-
-    @dataclasses.dataclass(frozen=True)
-    class ToyConfig(llama.LlamaConfig):
-        model_type: str = "toy_llama"
-        model_types = ("toy_llama",)
-        __hash__ = llama.LlamaConfig.__hash__
-
-    class Toy(llama.Llama):
-        spec = toy_spec
-
-    family = types.ModuleType("mia_jax.models.toy_family")
-    family.ToyConfig, family.params_from_hf, family.from_params = ToyConfig, toy_spec.from_hf, Toy.from_params
-    family.tensors_from_gguf, family.GGUF_TO_HF = toy_spec.tensors_from_gguf, toy_spec.gguf_to_hf()
-    monkeypatch.setitem(sys.modules, family.__name__, family)  # as if mia_jax/models/toy_family.py existed
-    monkeypatch.setitem(checkpoint.ARCHITECTURES, "toy_llama", checkpoint.Architecture("toy_family", "ToyConfig"))
-    folder = tmp_path / "toy_model"
-    folder.mkdir()
-    for f in tiny_llama_dir.iterdir():
-        (folder / f.name).write_bytes(f.read_bytes())
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(dict(config, model_type="toy_llama")))
-    assert isinstance(checkpoint.load(str(folder)).model, Toy)
-    out = tmp_path / "run"
-    evaluate(folder, out, "--data", str(small), "--methods", "loss")
-    assert scores(out, "loss") == pytest.approx(baseline, abs=1e-6)
-
-
-def test_benchmark(monkeypatch, tiny_llama_dir, small, baseline, tmp_path, capsys):
-    """A benchmark (benchmarks.BENCHMARKS: its option, loader and notes) chosen by --benchmark."""
-    def toy_options(p):
-        p.add_argument("--toy-file", help="the toy benchmark's file")
-
-    def load_toy(options):
-        return data.load_records(options.toy_file or small, "input", "label", name="toy")
-
-    monkeypatch.setitem(benchmarks.BENCHMARKS, "toy", benchmarks.Benchmark("toy", load_toy, toy_options,
-                                                                          "six WikiMIA texts"))
-    assert "toy_file" in benchmarks.option_dests()
-    assert benchmarks.choice_help().endswith("; toy: six WikiMIA texts)")
-    out = tmp_path / "run"
-    evaluate(tiny_llama_dir, out, "--benchmark", "toy", "--toy-file", str(small), "--methods", "loss")
-    assert scores(out, "loss") == pytest.approx(baseline, abs=1e-6)
-    capsys.readouterr()
-    assert main(["eval", "--help"]) == 0
-    assert "{" + ",".join(benchmarks.BENCHMARKS) + "}" in capsys.readouterr().out  # the registry's names, toy last
-    assert list(benchmarks.BENCHMARKS)[-1] == "toy"
-
-
-def test_ablation(monkeypatch, tmp_path, capsys):
-    """An ablation (train/ablations.py: plan, sub-folders, run.json fields, table) run by contaminate.py, its runs
-    made by hand instead of trained, its table rebuilt by train.tables."""
-    from train import ablations, contaminate, experiment, tables
-    from train.tiny import write_tiny_model
-    from train.config import TinyModelConfig
-
-    def plan_toy(cfg):
-        return [(f"toy_{lr:g}", ablations.with_changes(cfg, train__lr=lr)) for lr in (1e-5, 1e-4)]
-
-    def toy_table(runs, methods):
-        lines = [f"| {r['config']['train']['lr']:g} | {', '.join(r['trained'])} | {len(r['examples'])} |" for r in runs]
-        text = "\n".join(["| lr | datasets | examples |", "|---|---|---|", *lines]) + "\n"
-        return text, {"toy.md": text}
-
-    monkeypatch.setitem(ablations.ABLATIONS, "toy", ablations.Ablation(
-        "toy", plan_toy, "toy_*", "toy_", (("config.train.lr", (int, float)),), False, toy_table, None))
-    monkeypatch.setattr(experiment, "run_experiment",
-                        lambda cfg, folder, cache=None: fake_run(folder, lr=cfg.train.lr))
-    model = write_tiny_model(tmp_path / "model", TinyModelConfig())
-    out = tmp_path / "sweep"
-    assert contaminate.main(["--config", TINY, "--out", str(out), "--no-progress", "--ablation", "toy",
-                             f"model.path={model}"]) == 0
-    assert json.loads((out / "config.json").read_text())["ablation"] == "toy"
-    table = (out / "toy.md").read_text()
-    assert table in capsys.readouterr().out and "| 1e-05 | boolq, imdb | 48 |" in table and "| 0.0001 |" in table
-    rebuilt = tmp_path / "rebuilt"
-    assert tables.main(["--from", str(out), "--out", str(rebuilt)]) == 0
-    assert (rebuilt / "toy.md").read_text() == table
+@pytest.mark.parametrize("name", list(WALKS))
+def test_extension_path(name, tmp_path):
+    walk = WALKS[name]
+    required, optional = contributing_files(walk.section)
+    edited = list(walk.edits)
+    assert set(required) <= set(edited), f"CONTRIBUTING.md names files the toy leaves: {set(required) - set(edited)}"
+    assert set(edited) <= set(required) | optional, \
+        f"the toy edits files CONTRIBUTING.md does not name: {set(edited) - set(required) - optional}"
+    root = copy_tree(tmp_path / "tree")
+    for path, edit in walk.edits.items():
+        for placeholder, value in walk.names.items():
+            path = path.replace(placeholder, value)
+        edit(root / path)
+    out = run_in(root, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *walk.tests], timeout=300)
+    summary = out.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed[1]) >= len(walk.tests) and not re.search("failed|error|skipped", summary), out[-3000:]

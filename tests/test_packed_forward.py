@@ -10,7 +10,7 @@ from helpers import assert_chunked_gradient_matches_full
 from flax import nnx
 
 from mia_jax.models import attention as A
-from mia_jax.models import gemma3, gpt2, gpt_neox, llama, opt, phi3
+from mia_jax.models import checkpoint, gemma3, gpt2, gpt_neox, llama, opt, phi3
 from mia_jax.models import layers as L
 
 IMPLEMENTATIONS = ("full", "chunked", "dot_product")
@@ -163,6 +163,13 @@ FAMILIES = {
                                          num_attention_heads=4, max_position_embeddings=32)),
 }
 ROW = 24
+
+
+def test_every_family_is_packed():
+    """Every family the loader knows (checkpoint.ARCHITECTURES) has a model in FAMILIES."""
+    packed = {type(nnx.eval_shape(make)).__module__.rsplit(".", 1)[-1] for make in FAMILIES.values()}
+    missing = sorted({a.module for a in checkpoint.ARCHITECTURES.values()} - packed)
+    assert not missing, f"families of checkpoint.ARCHITECTURES without a model in FAMILIES: {missing}"
 
 
 def packing():

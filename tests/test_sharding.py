@@ -253,24 +253,18 @@ def test_fit_spec_leaves_indivisible_dimensions_unsharded():
 
 
 def test_every_architecture_shards_its_large_matrices():
-    """Each family's rule table on an abstract tiny model: the vocabulary on model, every per-layer weight
-    matrix on both fsdp and model, norms replicated."""
+    """Each family's rule table on an abstract tiny model (every case of test_weights.py, which holds one per family
+    of checkpoint.ARCHITECTURES): the vocabulary on model, every per-layer weight matrix on both fsdp and model, norms
+    replicated."""
     from flax import nnx
+    from test_weights import CASES
 
-    from mia_jax.models import gemma3, gpt2, gpt_neox, llama, opt
     from mia_jax.engine.sharding import state_specs
 
     class FakeMesh:
         shape = {"data": 1, "fsdp": 2, "model": 2}
 
-    small = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
-    configs = [
-        (llama.Llama, llama.LlamaConfig(intermediate_size=32, num_key_value_heads=2, attention_bias=True, **small)),
-        (gemma3.Gemma3, gemma3.Gemma3Config(intermediate_size=32, num_key_value_heads=2, head_dim=4, **small)),
-        (gpt_neox.GPTNeoX, gpt_neox.GPTNeoXConfig(intermediate_size=32, **small)),
-        (gpt2.GPT2, gpt2.GPT2Config(max_position_embeddings=32, **small)),
-        (opt.OPT, opt.OPTConfig(ffn_dim=32, word_embed_proj_dim=16, **small)),
-    ]
+    configs = list(CASES.values())
     for cls, cfg in configs:
         model = nnx.eval_shape(lambda: cls(cfg))  # shapes only
         specs = state_specs(model, FakeMesh)

@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 from tokenizers import Tokenizer
 from tokenizers import models as tok_models
 
-from mia_jax.models import bert, gemma3, gpt2, gpt_neox, layers, llama, load, opt, phi3
+from mia_jax.models import bert, checkpoint, gemma3, gpt2, gpt_neox, layers, llama, load, opt, phi3
 from mia_jax.engine.sharding import PARTITION_RULES, path_str
 from train.export import save_hf
 
@@ -32,6 +32,18 @@ CASES = {  # name: (model class, config)
     "phi3": (phi3.Phi3, phi3.Phi3Config(**LLAMA, sliding_window=4)),
 }
 IDS = np.random.default_rng(0).integers(0, 60, (2, 10))
+
+
+def family_of(cls) -> str:
+    """The family (its module in mia_jax.models, as checkpoint.ARCHITECTURES names it) of a model class."""
+    return cls.__module__.rsplit(".", 1)[-1]
+
+
+def test_every_family_is_a_case():
+    """Every family the loader knows (checkpoint.ARCHITECTURES) has a case here: the tests below (spec, partition
+    rules, export round trip, transformers parity) and test_sharding's run on each."""
+    missing = sorted({a.module for a in checkpoint.ARCHITECTURES.values()} - {family_of(c) for c, _ in CASES.values()})
+    assert not missing, f"families of checkpoint.ARCHITECTURES without a case in CASES: {missing}"
 
 
 def random_model(cls, cfg, seed=0):
