@@ -220,6 +220,11 @@ def parse(argv):
     return parser.parse_args(["audit-books", *argv])
 
 
+def request(argv):
+    """The audit's request of the command line ``argv``, as ``audit_books.run`` makes it."""
+    return audit_books.BooksRequest.from_args(parse(argv))
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--snippets", "0"], "--snippets"), (["--snippet-words", "-3"], "--snippet-words"), (["--seed", "-1"], "--seed"),
     (["--fpr", "nan"], "--fpr"), (["--n-bootstrap", "x"], "--n-bootstrap"), (["--batch-size", "0"], "--batch-size"),
@@ -259,7 +264,7 @@ def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
     out = tmp_path / "audit"
     argv = ["--books", str(books), "--validation", str(val), "--model", str(tiny_llama_dir), "--out", str(out),
             "--threshold", "-5.5", *ARGS]
-    res = audit_books.run_audit(parse(argv))
+    res = audit_books.run_audit(request(argv))
     cap = capsys.readouterr()
     assert "1 book shorter than one snippet (8 words) skipped: tiny" in cap.err
     assert cap.out.startswith("## Copyrighted-book audit")
@@ -320,7 +325,7 @@ def test_command_end_to_end(tiny_llama_dir, book_files, tmp_path, capsys):
     assert "intervals resample the 6 validation books, each with all its snippets" in md
     print(md)  # the README example (pytest -s)
     # the same command again: both scoring runs resume, the same tables
-    audit_books.run_audit(parse(argv))
+    audit_books.run_audit(request(argv))
     assert "resuming the books run" in capsys.readouterr().err
     assert read_csv(out / "books.csv") == rows
 
@@ -346,10 +351,11 @@ def test_command_without_validation_and_bad_input(tiny_llama_dir, book_files, tm
              (["--threshold", "0", "--model", str(tmp_path / "missing")], "missing")]
     for extra, match in cases:
         with pytest.raises(UserError, match=match):
-            audit_books.run_audit(parse([*base, *extra]))
+            audit_books.run_audit(request([*base, *extra]))
     assert not out.exists()  # nothing written before every check passed
     # no validation, a given threshold: rates at it only; methods: the rate method is added when left out
-    res = audit_books.run_audit(parse([*base, "--threshold", "-5.5", "--methods", "ppl", "--method-for-rate", "min_k"]))
+    argv = [*base, "--threshold", "-5.5", "--methods", "ppl", "--method-for-rate", "min_k"]
+    res = audit_books.run_audit(request(argv))
     assert res.config["methods"] == ["ppl", "min_k@0.2"] and [t.name for t in res.thresholds] == ["given"]
     assert res.validation is None and (out / "histogram.png").is_file()
     info = json.loads((out / "info.json").read_text())
@@ -384,8 +390,8 @@ def test_rebuild_from_folder(tiny_llama_dir, book_files, tmp_path, capsys):
 
     books, val = book_files
     src = tmp_path / "audit"
-    res = audit_books.run_audit(parse(["--books", str(books), "--validation", str(val), "--model", str(tiny_llama_dir),
-                           "--out", str(src), "--threshold", "-5.5", *ARGS]))
+    res = audit_books.run_audit(request(["--books", str(books), "--validation", str(val), "--model",
+                                         str(tiny_llama_dir), "--out", str(src), "--threshold", "-5.5", *ARGS]))
     before = {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()}
     # snippets.csv holds the scores at full precision: read back bit for bit (NaN where lowercase has no score)
     again = books_rebuild.rebuild(src)

@@ -3,9 +3,12 @@ run (inputs checked and both models loaded before anything is written; the folde
 the ``--from`` rebuild. The audit itself: :mod:`mia_jax.audits.unlearning`."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from mia_jax import __version__, data, models
 from mia_jax.runs import entry, rundir
@@ -20,6 +23,7 @@ from mia_jax.commands import options
 from mia_jax.commands.audit_options import (claim_runs, from_option, model_options, out_option, rebuild_command,
                                             resolved)
 from mia_jax.commands.options import RESUME
+from mia_jax.commands.request import AuditRunRequest, CommandRequest
 from mia_jax.errors import UserError
 from mia_jax.models.sentence import SentenceEncoder
 
@@ -74,53 +78,113 @@ def add_arguments(p) -> None:
     model_options(p, "OUT/original and OUT/unlearned")
 
 
-def run(args) -> None:
-    """``mia-jax audit-unlearning`` with the parsed ``args``: ``run_rebuild`` with ``--from``, else ``run_audit``."""
-    if args.from_dir is not None:
-        run_rebuild(args)
+@dataclass(frozen=True)
+class UnlearningInputs:
+    """What is audited: the models before and after unlearning (``--original``, ``--unlearned``), the forget set
+    (``--texts``, read from ``--data-dir`` with ``--encoding`` / ``--text-field``) and the sentence encoder of the
+    similarity (``--embed-model``)."""
+    original: str | None
+    unlearned: str | None
+    texts: Path | str | None
+    encoding: str
+    text_field: str | None
+    data_dir: Path | None
+    embed_model: str | None
+
+
+@dataclass(frozen=True)
+class UnlearningSettings:
+    """How: the chunks (``--chunk-words``, ``--min-words``), the Min-K% ratio that flags them (``--k``,
+    ``--ratio``) and the story-completion probes of the flagged ones (``--max-probe``, ``--prompt-words``,
+    ``--n-samples``, ``--max-new-tokens``, ``--temperature``, ``--top-k``, ``--seed``)."""
+    chunk_words: int
+    min_words: int
+    k: float
+    ratio: float
+    max_probe: int
+    prompt_words: int
+    n_samples: int
+    max_new_tokens: int | None
+    temperature: float
+    top_k: int | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class QARequest:
+    """The optional QA probes: ``--qa`` (its ``--qa-question-field`` / ``--qa-answer-field``), answered in
+    ``--qa-max-new-tokens`` tokens."""
+    qa: Path | str | None
+    qa_question_field: str
+    qa_answer_field: str
+    qa_max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class UnlearningRequest(CommandRequest):
+    """``mia-jax audit-unlearning`` as asked: an audit (``inputs``, ``settings``, ``qa``, ``run``) into ``--out``,
+    or the rebuild of the audit in ``--from`` (``from_dir``)."""
+    COMMAND: ClassVar[str] = NAME
+    inputs: UnlearningInputs
+    settings: UnlearningSettings
+    qa: QARequest
+    run: AuditRunRequest
+    from_dir: Path | None
+    out: Path
+
+
+def run(args: argparse.Namespace) -> None:
+    """``mia-jax audit-unlearning`` with the parsed ``args`` made into its request
+    (:meth:`UnlearningRequest.from_args`, the only reader of ``args``): ``run_rebuild`` with ``--from``, else
+    ``run_audit``."""
+    request = UnlearningRequest.from_args(args)
+    if request.from_dir is not None:
+        run_rebuild(request)
     else:
-        run_audit(args)
+        run_audit(request)
 
 
-def config_of(args) -> UnlearningConfig:
-    """The audit's settings from the parsed options."""
-    return UnlearningConfig(chunk_words=args.chunk_words, min_words=args.min_words, k=args.k, ratio=args.ratio,
-                            max_probe=args.max_probe, prompt_words=args.prompt_words, n_samples=args.n_samples,
-                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            seed=args.seed, batch_size=args.batch_size, chunk_size=args.chunk_size,
-                            qa_max_new_tokens=args.qa_max_new_tokens)
+def config_of(request: UnlearningRequest) -> UnlearningConfig:
+    """The audit's settings from the request."""
+    s = request.settings
+    return UnlearningConfig(chunk_words=s.chunk_words, min_words=s.min_words, k=s.k, ratio=s.ratio,
+                            max_probe=s.max_probe, prompt_words=s.prompt_words, n_samples=s.n_samples,
+                            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
+                            seed=s.seed, batch_size=request.run.batch_size, chunk_size=request.run.chunk_size,
+                            qa_max_new_tokens=request.qa.qa_max_new_tokens)
 
 
-def run_audit(args) -> UnlearningResult:
-    """The audit of ``args`` (``--original``, ``--unlearned``, ``--texts``, ...): every input checked and both
+def run_audit(request: UnlearningRequest) -> UnlearningResult:
+    """The audit of ``request`` (``--original``, ``--unlearned``, ``--texts``, ...): every input checked and both
     models loaded before anything is written, then the folder and each model's scoring run claimed (resumed when
     the same), the outputs written and the report printed. Returns the result."""
-    missing = [flag for flag, v in (("--original", args.original), ("--unlearned", args.unlearned),
-                                    ("--texts", args.texts)) if v is None]
+    i, r = request.inputs, request.run
+    missing = [flag for flag, v in (("--original", i.original), ("--unlearned", i.unlearned),
+                                    ("--texts", i.texts)) if v is None]
     if missing:
         raise UserError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (or --from DIR to "
                         "rebuild the report of an earlier --out folder)")
-    cfg = config_of(args)
+    cfg = config_of(request)
     check_options(cfg)
-    ds = data.load(args.texts, args.data_dir, args.text_field, None, encoding=args.encoding)
-    chunks, _ = make_chunks(ds.texts, args.chunk_words, args.min_words)
+    ds = data.load(i.texts, i.data_dir, i.text_field, None, encoding=i.encoding)
+    chunks, _ = make_chunks(ds.texts, cfg.chunk_words, cfg.min_words)
     if not chunks:
-        raise UserError(f"{args.texts}: no chunks: none of its {len(ds)} texts has {args.min_words} words "
+        raise UserError(f"{i.texts}: no chunks: none of its {len(ds)} texts has {cfg.min_words} words "
                         "(--min-words)")
-    qa, qa_files = _load_qa(args) if args.qa else (None, None)
-    out = entry.check_out(args.out)
-    load = dict(dtype=args.dtype, allow_download=args.allow_download)
-    loaded = {"original": models.load(args.original, **load), "unlearned": models.load(args.unlearned, **load)}
-    embedder = SentenceEncoder(args.embed_model, args.dtype) if args.embed_model else None
-    fingerprint = audit_fingerprint(args, loaded, embedder, ds.files, qa_files=qa_files)
+    qa, qa_files = _load_qa(request.qa, i) if request.qa.qa else (None, None)
+    out = entry.check_out(request.out)
+    load = dict(dtype=r.dtype, allow_download=r.allow_download)
+    loaded = {"original": models.load(i.original, **load), "unlearned": models.load(i.unlearned, **load)}
+    embedder = SentenceEncoder(i.embed_model, r.dtype) if i.embed_model else None
+    fingerprint = audit_fingerprint(request, loaded, embedder, ds.files, qa_files=qa_files)
     # the folder is this audit's (or refused untouched); each model's scoring run is claimed on its own inside it
-    inputs = [args.texts, args.qa, args.data_dir, args.original, args.unlearned, args.embed_model, *ds.files,
+    inputs = [i.texts, request.qa.qa, i.data_dir, i.original, i.unlearned, i.embed_model, *ds.files,
               *(qa_files or ()), *(f for m in loaded.values() for f in (m.source, *m.files)),
               *(embedder.files if embedder else ())]
-    with rundir.claim(out, fingerprint, overwrite=args.overwrite, inputs=inputs), contextlib.ExitStack() as stack:
-        run_dirs, resume = _claim_runs(args, stack, out, loaded, [c.text for c in chunks], ds.files)
+    with rundir.claim(out, fingerprint, overwrite=r.overwrite, inputs=inputs), contextlib.ExitStack() as stack:
+        run_dirs, resume = _claim_runs(request, stack, out, loaded, [c.text for c in chunks], ds.files)
         res = audit_unlearning(loaded["original"], loaded["unlearned"], ds.texts, cfg, qa=qa, embedder=embedder,
-                               run_dirs=run_dirs, resume=resume, progress=not args.no_progress)
+                               run_dirs=run_dirs, resume=resume, progress=not r.no_progress)
         meta = {"command": " ".join(sys.argv), "package_version": __version__, "data_files": ds.files,
                 "models": {side: {"name": m.name, "source": m.source, "files": m.files, "dtype": m.dtype,
                                   "add_bos": m.add_bos, "max_length": m.max_length,
@@ -133,33 +197,36 @@ def run_audit(args) -> UnlearningResult:
     return res
 
 
-def _load_qa(args) -> tuple[tuple[list[str], list[str]], dict]:
-    """((questions, answers), {file: sha256}) of ``--qa``; UserError for a file without questions or a row without
-    a question or an answer."""
-    qds = data.load(args.qa, args.data_dir, args.qa_question_field, None, encoding=args.encoding,
-                    extra=(args.qa_answer_field,))
-    answers = qds.extra[args.qa_answer_field]
+def _load_qa(q: QARequest, inputs: UnlearningInputs) -> tuple[tuple[list[str], list[str]], dict]:
+    """((questions, answers), {file: sha256}) of ``--qa`` (read from ``inputs``' --data-dir with its --encoding);
+    UserError for a file without questions or a row without a question or an answer."""
+    qds = data.load(q.qa, inputs.data_dir, q.qa_question_field, None, encoding=inputs.encoding,
+                    extra=(q.qa_answer_field,))
+    answers = qds.extra[q.qa_answer_field]
     if not qds.texts:
-        raise UserError(f"{args.qa}: no questions")
-    bad = [i for i, (q, a) in enumerate(zip(qds.texts, answers))
-           if not (q.strip() and isinstance(a, str) and a.strip())]
+        raise UserError(f"{q.qa}: no questions")
+    bad = [i for i, (question, a) in enumerate(zip(qds.texts, answers))
+           if not (question.strip() and isinstance(a, str) and a.strip())]
     if bad:
-        raise UserError(f"{args.qa}: row {bad[0] + 1} has no {args.qa_question_field!r} or no "
-                        f"{args.qa_answer_field!r} text (fields: --qa-question-field, --qa-answer-field)")
+        raise UserError(f"{q.qa}: row {bad[0] + 1} has no {q.qa_question_field!r} or no "
+                        f"{q.qa_answer_field!r} text (fields: --qa-question-field, --qa-answer-field)")
     return (qds.texts, answers), qds.files
 
 
-def _claim_runs(args, stack, out: Path, loaded: dict, texts: list[str], data_files: dict) -> tuple[dict, dict]:
+def _claim_runs(request: UnlearningRequest, stack, out: Path, loaded: dict, texts: list[str],
+                data_files: dict) -> tuple[dict, dict]:
     """({side: run folder}, {side: resume?}) of each model's scoring run of the chunk ``texts``, each claimed in
     ``stack`` with the fingerprint of its texts and options."""
-    methods = [min_k_method(args.k), "ppl"]
+    i, s, r = request.inputs, request.settings, request.run
+    methods = [min_k_method(s.k), "ppl"]
+
     def fingerprint_of(side):
         return runner.run_fingerprint(loaded[side], texts, None, methods, data_files=data_files, labeled=False,
-                                      encoding=args.encoding, text_field=args.text_field,
-                                      chunk_words=args.chunk_words, min_words=args.min_words,
-                                      batch_size=args.batch_size, chunk_size=args.chunk_size, dtype=args.dtype)
+                                      encoding=i.encoding, text_field=i.text_field,
+                                      chunk_words=s.chunk_words, min_words=s.min_words,
+                                      batch_size=r.batch_size, chunk_size=r.chunk_size, dtype=r.dtype)
 
-    return claim_runs(stack, out, SIDES, fingerprint_of, args.overwrite)
+    return claim_runs(stack, out, SIDES, fingerprint_of, r.overwrite)
 
 
 # Options of `audit-unlearning` that are not in the folder's fingerprint, and why (every other one is)
@@ -167,21 +234,24 @@ NOT_IN_FINGERPRINT = ("from_dir", "out", "overwrite", "no_progress", "allow_down
                       "texts", "qa", "embed_model", "data_dir")  # the last six: by their files' SHA-256 instead
 
 
-def audit_fingerprint(args, loaded: dict, embedder, data_files: dict, qa_files: dict | None) -> dict:
+def audit_fingerprint(request: UnlearningRequest, loaded: dict, embedder, data_files: dict,
+                      qa_files: dict | None) -> dict:
     """What makes an audit-unlearning folder (``rundir.claim``): both models' (``loaded``: {side: LoadedModel}), the
     ``embedder``'s and every data file's (``data_files``, ``qa_files``: {file: sha256}) SHA-256 and every option of
-    ``args`` that can change a result; a folder holding anything else is refused. Returns the fingerprint dict."""
-    options = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IN_FINGERPRINT and k != "command"}
+    the ``request`` that can change a result; a folder holding anything else is refused. Returns the fingerprint
+    dict."""
+    options = {k: v for k, v in sorted(request.options().items()) if k not in NOT_IN_FINGERPRINT}
     return {"command": "audit-unlearning", "models": {side: resolved(m.files) for side, m in loaded.items()},
             "embed_model": resolved(embedder.files) if embedder is not None else None,
             "data_files": resolved(data_files), "qa_files": resolved(qa_files), **options,
             "package_version": __version__}
 
 
-def run_rebuild(args) -> UnlearningResult:
+def run_rebuild(request: UnlearningRequest) -> UnlearningResult:
     """`mia-jax audit-unlearning --from DIR --out OUT` (:func:`audit_options.rebuild_command`): unlearning.json adds
     ``rebuilt`` (from where, the command, the package version). Returns the rebuilt result."""
-    settings = {"--original": args.original, "--unlearned": args.unlearned, "--texts": args.texts, "--qa": args.qa,
-                "--embed-model": args.embed_model}
-    return rebuild_command("audit-unlearning", Path(args.from_dir), args.out, settings, rebuild,
+    i = request.inputs
+    settings = {"--original": i.original, "--unlearned": i.unlearned, "--texts": i.texts, "--qa": request.qa.qa,
+                "--embed-model": i.embed_model}
+    return rebuild_command("audit-unlearning", Path(request.from_dir), request.out, settings, rebuild,
                            lambda source, res: res.meta, render_outputs, REBUILD_READS, to_markdown)

@@ -6,11 +6,14 @@ broken, with why). Scoring then reads them with ``--data tfds:NAME/CONFIG --data
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Literal
 
 from mia_jax import data
 from mia_jax.runs import entry
 from mia_jax.commands import options
+from mia_jax.commands.request import CommandRequest
 from mia_jax.errors import UserError
 
 NAME = "datasets"
@@ -36,29 +39,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.no_progress(p)
 
 
-def run(args) -> None:
-    """``mia-jax datasets`` with the parsed ``args``: every argument checked before anything is written."""
+@dataclass(frozen=True)
+class DatasetsRequest(CommandRequest):
+    """``mia-jax datasets`` as asked: the ``action`` on dataset ``name`` (its configs ``config``; ``source``: the
+    files of one the package does not ship) in ``data_dir``."""
+    COMMAND: ClassVar[str] = NAME
+    action: Literal["build", "list"]
+    name: str | None
+    config: tuple[str, ...] | None
+    data_dir: Path | None
+    source: Path | None
+    no_progress: bool
+
+
+def run(args: argparse.Namespace) -> None:
+    """``mia-jax datasets`` with the parsed ``args`` made into its request (:meth:`DatasetsRequest.from_args`, the
+    only reader of ``args``), then :func:`run_request`."""
+    run_request(DatasetsRequest.from_args(args))
+
+
+def run_request(request: DatasetsRequest) -> None:
+    """``mia-jax datasets`` as ``request`` asks: every argument checked before anything is written."""
+    r = request
     # here, not at the top: they import tensorflow-datasets (~0.3 s and more on a loaded machine), which no other
     # command needs at start-up (every command module is imported by the CLI)
     from mia_jax.data import builders, tfds_source
 
-    data_dir = Path(args.data_dir).expanduser() if args.data_dir else tfds_source.default_data_dir()
-    if args.action == "list":
-        if args.config or args.source:
+    data_dir = Path(r.data_dir).expanduser() if r.data_dir else tfds_source.default_data_dir()
+    if r.action == "list":
+        if r.config or r.source:
             raise UserError("--config and --source apply to build, not list")
-        for name in ([args.name] if args.name else builders.BUILDERS):
+        for name in ([r.name] if r.name else builders.BUILDERS):
             for config in builders.configs(name):
                 print(f"tfds:{name}/{config}\t{_state(f'tfds:{name}/{config}', data_dir)} in {data_dir}")
         return
-    if args.name is None:
+    if r.name is None:
         raise UserError(f"name the dataset to build: mia-jax datasets build NAME ({', '.join(data.TFDS_DATASETS)})")
-    if args.source and args.name != "mimir":
-        raise UserError(f"--source: {args.name} is built from the files the package ships; --source is for mimir")
+    if r.source and r.name != "mimir":
+        raise UserError(f"--source: {r.name} is built from the files the package ships; --source is for mimir")
     entry.check_out(data_dir, "--data-dir")
-    for config, folder, n, new in builders.build(args.name, data_dir, args.config or (), args.source,
-                                                 progress=not args.no_progress):
-        print(f"tfds:{args.name}/{config}: {n} rows in {folder}{'' if new else ' (already built: kept)'}")
-    print(f"next: mia-jax eval --data tfds:{args.name}/{(args.config or builders.configs(args.name))[0]} "
+    for config, folder, n, new in builders.build(r.name, data_dir, list(r.config or ()), r.source,
+                                                 progress=not r.no_progress):
+        print(f"tfds:{r.name}/{config}: {n} rows in {folder}{'' if new else ' (already built: kept)'}")
+    print(f"next: mia-jax eval --data tfds:{r.name}/{(r.config or builders.configs(r.name))[0]} "
           f"--data-dir {data_dir}")
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
+from typing import ClassVar
 
 from mia_jax.runs import entry
 from mia_jax.engine import generate
 from mia_jax import models
 from mia_jax.commands import options
+from mia_jax.commands.request import CommandRequest, DType
 
 NAME = "generate"
 HELP = "generate text from prompts with a KV cache (greedy by default)"
@@ -26,13 +29,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-stop", action="store_true", help="do not stop a prompt at the model's EOS token")
 
 
-def run(args) -> None:
-    """``mia-jax generate`` with the parsed ``args``: print each prompt followed by its completion."""
-    loaded = models.load(args.model, dtype=args.dtype, allow_download=args.allow_download)
-    gen = generate.generate_ids(loaded, generate.encode_prompts(loaded, args.prompt), max_new_tokens=args.n,
-                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                stop_at_eos=not args.no_stop)
-    for i, prompt in enumerate(args.prompt):
+@dataclass(frozen=True)
+class GenerateRequest(CommandRequest):
+    """``mia-jax generate`` as asked: ``n`` new tokens after each of the ``prompt`` s by ``model`` (greedy at
+    ``temperature`` 0, else sampled from ``top_k`` / ``top_p`` with ``seed``), stopped at EOS unless ``no_stop``."""
+    COMMAND: ClassVar[str] = NAME
+    model: str
+    dtype: DType
+    allow_download: bool
+    prompt: tuple[str, ...]
+    n: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int
+    no_stop: bool
+
+
+def run(args: argparse.Namespace) -> None:
+    """``mia-jax generate`` with the parsed ``args`` made into its request (:meth:`GenerateRequest.from_args`, the
+    only reader of ``args``), then :func:`run_request`."""
+    run_request(GenerateRequest.from_args(args))
+
+
+def run_request(request: GenerateRequest) -> None:
+    """``mia-jax generate`` as ``request`` asks: print each prompt followed by its completion."""
+    r = request
+    loaded = models.load(r.model, dtype=r.dtype, allow_download=r.allow_download)
+    gen = generate.generate_ids(loaded, generate.encode_prompts(loaded, r.prompt), max_new_tokens=r.n,
+                                temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, seed=r.seed,
+                                stop_at_eos=not r.no_stop)
+    for i, prompt in enumerate(r.prompt):
         if gen.truncated[i]:
             print(f"mia-jax: prompt {i + 1} was cut to its last {len(gen.prompt_ids[i])} tokens to fit the "
                   f"context of {loaded.max_length}", file=sys.stderr)

@@ -3,13 +3,17 @@
 :class:`DataRequest` (which texts), :class:`ModelRequest` (which models), :class:`MethodsRequest` (which methods and
 their options), :class:`PlanRequest` (how the scoring runs) and :class:`OutputRequest` (where the output goes and
 what the report computes). Every field is named after its option's destination; run.json's "config" is the
-request read back in the command line's order (:meth:`ScoreRequest.config`)."""
+request read back in the command line's order (:meth:`ScoreRequest.config`).
+
+The other commands' requests (each beside its command) are frozen dataclasses built the same way by
+:class:`CommandRequest`; :func:`check_holds` is the check all of them share: every parsed option lands in the request,
+as parsed. :class:`AuditRunRequest` is the part both audit commands share."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, Mapping, get_args, get_origin, get_type_hints
 
 from mia_jax import benchmarks
 from mia_jax.methods import resources
@@ -127,10 +131,7 @@ class ScoreRequest:
         request = cls(command=given["command"], data=data, model=part(ModelRequest),
                       methods=part(MethodsRequest, options=resources.method_options(given, data.text_fields())),
                       plan=part(PlanRequest), output=part(OutputRequest), order=tuple(given))
-        held = request._given()
-        lost = sorted(d for d in given if d not in held or not _same(held[d], frozen(given[d])))
-        if lost:
-            raise RuntimeError(f"the request does not hold these options as parsed: {', '.join(lost)}")
+        check_holds(given, request._given())
         return request
 
     def resolved(self, *, dtype: str, tokens_per_batch: int) -> ScoreRequest:
@@ -156,6 +157,84 @@ class ScoreRequest:
         """run.json's "config": every option's value (lists as lists) in the command line's order."""
         held = self._given()
         return {d: _plain(held[d]) for d in self.order}
+
+
+def check_holds(given: Mapping[str, Any], held: Mapping[str, Any], exact: bool = False) -> None:
+    """RuntimeError naming every parsed option (``given``: ``vars(namespace)``) that a request (``held``: {option
+    destination: value}) does not hold as parsed (lists as tuples); ``exact``: also every value it holds that is no
+    parsed option."""
+    lost = sorted(d for d in given if d not in held or not _same(held[d], frozen(given[d])))
+    if lost:
+        raise RuntimeError(f"the request does not hold these options as parsed: {', '.join(lost)}")
+    extra = sorted(d for d in held if d not in given) if exact else []
+    if extra:
+        raise RuntimeError(f"the request holds values that are no option of the command: {', '.join(extra)}")
+
+
+def build(kind: type, given: Mapping[str, Any]) -> Any:
+    """The frozen dataclass ``kind`` with each field the option of its name in ``given`` (lists as tuples); a field
+    typed as a dataclass is built the same way from ``given`` (a part of the request), a field typed Literal is
+    checked to be one of its choices (ValueError)."""
+    hints = get_type_hints(kind)
+    values = {}
+    for f in fields(kind):
+        hint = hints[f.name]
+        if isinstance(hint, type) and is_dataclass(hint):
+            values[f.name] = build(hint, given)
+            continue
+        values[f.name] = value = frozen(given[f.name])
+        if get_origin(hint) is Literal and value not in get_args(hint):
+            raise ValueError(f"{f.name} must be one of {get_args(hint)}, got {value!r}")
+    return kind(**values)
+
+
+def held_options(request: Any) -> dict[str, Any]:
+    """{option destination: value} of every option the dataclass ``request`` holds, its parts' (dataclass fields)
+    too; RuntimeError for two of the same destination."""
+    held: dict[str, Any] = {}
+    for f in fields(request):
+        value = getattr(request, f.name)
+        for d, v in (held_options(value).items() if is_dataclass(value) else [(f.name, value)]):
+            if d in held:
+                raise RuntimeError(f"two options of the request have the destination {d!r}")
+            held[d] = v
+    return held
+
+
+class CommandRequest:
+    """Base of a command's request: a frozen dataclass whose fields are the command's options by destination, or
+    parts (frozen dataclasses) grouping them by concern. ``COMMAND``: the subcommand (``vars(args)["command"]``)."""
+    COMMAND: ClassVar[str]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace):
+        """The request of the parsed ``args`` of the command: every option lands in exactly one field, and every
+        field is an option (RuntimeError otherwise: a parser and a request out of step)."""
+        given = dict(vars(args))
+        command = given.pop("command", cls.COMMAND)
+        if command != cls.COMMAND:
+            raise ValueError(f"{cls.__name__} of a {command!r} command line")
+        request = build(cls, given)
+        check_holds(given, held_options(request), exact=True)
+        return request
+
+    def options(self) -> dict[str, Any]:
+        """{option destination: value} of every option, lists as lists (as argparse gave them): what a fingerprint
+        records."""
+        return {d: _plain(v) for d, v in held_options(self).items()}
+
+
+@dataclass(frozen=True)
+class AuditRunRequest:
+    """What both audit commands share (:func:`mia_jax.commands.audit_options.model_options`): how their models are
+    loaded (``--dtype``, ``--allow-download``) and scored (``--batch-size``, ``--chunk-size``), and how their scoring
+    runs are kept (``--overwrite``, ``--no-progress``)."""
+    dtype: DType
+    batch_size: int
+    chunk_size: int | None
+    allow_download: bool
+    overwrite: bool
+    no_progress: bool
 
 
 def _same(a: Any, b: Any) -> bool:
