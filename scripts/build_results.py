@@ -18,6 +18,7 @@ process, from the repository's root, with the relative paths the tables record):
   results/audits/concat/<run> --data results/audits/concat/contam.jsonl`` (its table into ``<run>.windows.md``), and
   ``results/audits.md`` from its template ``results/audits/README.md`` (``mia_jax.audits.overview_report``);
 - the detectors: ``python scripts/detectors.py --from results/detectors/wikimia32 results/detectors/wikimia32-2025
+  results/detectors/wikimia32-gemma results/detectors/mimir-smollm2 results/detectors/mimir-gemma
   results/detectors/contamination results/detectors/contamination-sample --header results/detectors/README.md --md
   results/detectors.md``.
 
@@ -58,7 +59,8 @@ CONTAMINATION = "results/contamination"
 # the same sweep on other models beside it
 OTHER_MODELS = {"lr": ["gemma-lr"]}
 SWEEPS = {kind: [kind, *OTHER_MODELS.get(kind, [])] for kind in ABLATIONS}
-DETECTORS = ["results/detectors/wikimia32", "results/detectors/wikimia32-2025", "results/detectors/contamination",
+DETECTORS = ["results/detectors/wikimia32", "results/detectors/wikimia32-2025", "results/detectors/wikimia32-gemma",
+             "results/detectors/mimir-smollm2", "results/detectors/mimir-gemma", "results/detectors/contamination",
              "results/detectors/contamination-sample"]
 AUDITS = [("audit-books", "books"), ("audit-books", "books_control"), ("audit-unlearning", "unlearning"),
           ("audit-unlearning", "unlearning_control")]

@@ -57,6 +57,7 @@ def meshes(out_dir):
     import jax
     import numpy as np
 
+    import mia_jax.methods  # noqa: F401 (registers the multi-pass methods, e.g. lowercase)
     from mia_jax.engine import runner, sharding
     from mia_jax.stats import token_stats_from_hidden, token_stats_from_hidden_sharded
 
@@ -229,6 +230,7 @@ def streamed(folder, eager, ref):
     from flax import nnx
 
     from mia_jax import models
+    import mia_jax.methods  # noqa: F401 (registers the multi-pass methods, e.g. lowercase)
     from mia_jax.engine import runner, sharding
 
     mesh = sharding.make_mesh("data=2,fsdp=2,model=2")
@@ -255,6 +257,7 @@ def process(index, count, port, out_dir):
     import jax
 
     jax.distributed.initialize(f"127.0.0.1:{port}", int(count), int(index))
+    import mia_jax.methods  # noqa: F401 (registers the multi-pass methods, e.g. lowercase)
     from mia_jax.engine import runner, sharding
     from mia_jax.runs import processes
 

@@ -328,7 +328,7 @@ def test_mimir_domains_are_one_dataset_each(det):
         nonmembers = members.parent.parent / "nonmembers" / f"{domain}.jsonl"
         n_in, n_out = (len(f.read_text().splitlines()) for f in (members, nonmembers))
         assert rows == [1] * n_in + [0] * n_out
-        assert {str(members.resolve()), str(nonmembers.resolve())} <= set(data_files)
+        assert {members.resolve(), nonmembers.resolve()} <= {Path(f).resolve() for f in data_files}
     assert list(dict.fromkeys(groups)) == ["mimir-wikipedia_en", "mimir-pile_cc"]
 
 

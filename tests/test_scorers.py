@@ -162,3 +162,22 @@ def test_k_count_has_no_integer_overflow_and_a_real_minus_inf_token_counts():
     stats = token_stats(jnp.zeros((1, 5, 3)), jnp.zeros((1, 5), jnp.int32))._replace(logprob=lp)
     got = score_batch(TokenBatch(stats, np.array([[1, 1, 1, 1, 0]], bool)), ["min_k@0.5", "max_k@0.5"])
     assert got["min_k@0.5"][0] == -np.inf and got["max_k@0.5"][0] == -0.75
+
+
+def test_multi_pass_methods_register_with_their_package_and_say_so_when_not_imported():
+    """scorers/ imports nothing above stats, so the multi-pass methods (mia_jax/methods/) register when their package
+    is imported; a fresh interpreter that never imported it is told so by the unknown-method error, and after the
+    import every multi-pass method is known."""
+    import subprocess
+    import sys
+
+    from helpers import ENV
+
+    code = ("from mia_jax.errors import UserError\nfrom mia_jax.scorers import MULTI_PASS, parse_method\n"
+            "try:\n    parse_method('lowercase')\nexcept UserError as e:\n    print(e)\n"
+            "import mia_jax.methods\nprint(sorted(MULTI_PASS))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.strip().splitlines()
+    assert "unknown method 'lowercase'" in first and "register when mia_jax.methods is imported" in first
+    assert {"lowercase", "ref", "neighbor", "recall", "infilling", "em_mia", "ngram_coverage"} <= set(eval(second))

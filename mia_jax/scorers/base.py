@@ -294,7 +294,9 @@ def parse_method(method: str) -> tuple[Scorer | MultiPassMethod, float | None]:
     base, _, k_text = method.partition("@")
     scorer = lookup(base)
     if scorer is None:
-        raise UserError(f"unknown method {method!r}; known methods: {known_methods()}")
+        unregistered = "" if MULTI_PASS else (" (the multi-pass methods, e.g. lowercase, ref, neighbor, register when "
+                                              "mia_jax.methods is imported, as mia_jax.score and every command do)")
+        raise UserError(f"unknown method {method!r}; known methods: {known_methods()}{unregistered}")
     if not scorer.takes_k:
         if k_text:
             raise UserError(f"method {base!r} takes no fraction, got {method!r}")

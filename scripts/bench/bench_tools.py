@@ -297,19 +297,20 @@ def step_parts(loaded, staged, min_seconds) -> dict[str, list[float]]:
             for name, fn in (("forward", jax.jit(forward)), ("statistics", jax.jit(stats)))}
 
 
-PHASES = {"_start": "encode", "_plan": "plan", "_dispatch": "dispatch", "_finish": "finish"}
+PHASES = {"start": "encode", "plan": "plan", "dispatch": "dispatch", "finish": "finish"}  # engine.phases
 
 
 def pass_phases(loaded, texts, methods, tokens_per_batch) -> dict[str, float]:
-    """Seconds of one more pass, by phase of ``runner.score_texts``: ``encode`` (``_start``: tokenizing, the sink),
-    ``plan`` (packing), ``dispatch`` (rows and masks built, each step launched), ``finish`` (waiting for each step's
-    scores, then its records), ``rest`` (the pass's wall time less those): where the host's share of a pass goes."""
-    from mia_jax.engine import runner
+    """Seconds of one more pass, by phase of ``runner.score_texts`` (``engine.phases``): ``encode`` (``start``:
+    tokenizing, the sink), ``plan`` (packing), ``dispatch`` (rows and masks built, each step launched), ``finish``
+    (waiting for each step's scores, then its records), ``rest`` (the pass's wall time less those): where the host's
+    share of a pass goes."""
+    from mia_jax.engine import phases, runner
 
     spent = dict.fromkeys(PHASES.values(), 0.0)
 
     def timed_phase(name):
-        fn = getattr(runner, name)
+        fn = getattr(phases, name)
 
         def run(*args, **kwargs):
             t0 = time.perf_counter()
@@ -319,7 +320,7 @@ def pass_phases(loaded, texts, methods, tokens_per_batch) -> dict[str, float]:
                 spent[PHASES[name]] += time.perf_counter() - t0
         return run
 
-    with mock.patch.multiple(runner, **{name: timed_phase(name) for name in PHASES}):
+    with mock.patch.multiple(phases, **{name: timed_phase(name) for name in PHASES}):
         t0 = time.perf_counter()
         runner.score_texts(loaded, texts, methods, tokens_per_batch=tokens_per_batch, progress=False)
         wall = time.perf_counter() - t0
