@@ -230,7 +230,6 @@ def streamed(folder, eager, ref):
     from flax import nnx
 
     from mia_jax import models
-    import mia_jax.methods  # noqa: F401 (registers the multi-pass methods, e.g. lowercase)
     from mia_jax.engine import runner, sharding
 
     mesh = sharding.make_mesh("data=2,fsdp=2,model=2")

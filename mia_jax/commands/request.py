@@ -98,9 +98,6 @@ class OutputRequest:
     no_blind: bool = False
 
 
-PARTS = ("data", "model", "methods", "plan", "output")
-
-
 @dataclass(frozen=True)
 class ScoreRequest:
     """One ``eval`` (``command`` "eval": labeled texts, metrics) or ``score`` run as asked; ``order``: the command
@@ -141,17 +138,8 @@ class ScoreRequest:
                        plan=replace(self.plan, tokens_per_batch=self.plan.tokens_per_batch or tokens_per_batch))
 
     def _given(self) -> dict[str, Any]:
-        """{option destination: value} of every option the request holds."""
-        held: dict[str, Any] = {"command": self.command}
-        for name in PARTS:
-            p = getattr(self, name)
-            for f in fields(p):
-                value = getattr(p, f.name)
-                for d, v in (value.items() if isinstance(value, Options) else [(f.name, value)]):
-                    if d in held:
-                        raise RuntimeError(f"two options of the request have the destination {d!r}")
-                    held[d] = v
-        return {d: v for d, v in held.items() if d in self.order}
+        """{option destination: value} of every option the request holds (``order`` itself is none)."""
+        return {d: v for d, v in held_options(self).items() if d in self.order}
 
     def config(self) -> dict[str, Any]:
         """run.json's "config": every option's value (lists as lists) in the command line's order."""
@@ -190,11 +178,13 @@ def build(kind: type, given: Mapping[str, Any]) -> Any:
 
 def held_options(request: Any) -> dict[str, Any]:
     """{option destination: value} of every option the dataclass ``request`` holds, its parts' (dataclass fields)
-    too; RuntimeError for two of the same destination."""
+    and its registries' (``Options`` fields: a benchmark's, the methods') too; RuntimeError for two of the same
+    destination."""
     held: dict[str, Any] = {}
     for f in fields(request):
         value = getattr(request, f.name)
-        for d, v in (held_options(value).items() if is_dataclass(value) else [(f.name, value)]):
+        own = value.items() if isinstance(value, Options) else [(f.name, value)]
+        for d, v in (held_options(value).items() if is_dataclass(value) else own):
             if d in held:
                 raise RuntimeError(f"two options of the request have the destination {d!r}")
             held[d] = v
