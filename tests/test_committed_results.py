@@ -5,13 +5,12 @@ every sweep's tables, reproduce_wikimia --from, audit-books / audit-unlearning -
 every file; the only differences allowed are the records of the rebuild itself (the ``rebuilt`` key of the audits'
 info.json / unlearning.json, hence their entries in manifest.json).
 
-The rebuild computes each table once (the sweeps' tables once, inside train.study, where the earlier tests rebuilt
-them twice, by train.tables and by train.study). Most of its time is the bootstrap intervals: this test took 156 s
-in a CI run when every resample was ranked; ``python scripts/build_results.py --check`` alone took 56 s wall (60 s of
-CPU) with ``bootstrap.drawn_rows`` (2-core AMD EPYC, nothing else running; two separate runs, not timed side by
-side). Since every verdict's adjusted p is resampled until its Monte-Carlo interval lies on one side of 0.05 (up to
-100 000 resamples; ``comparisons.holm_adjust``), ``--check`` takes 6 min 49 s wall (6 min 12 s of CPU) and
-``--seeds 5`` 41 min 51 s wall (31 min of CPU, the 2 cores shared with other work) on a 2-core Intel Xeon."""
+The rebuild computes each table once (the sweeps' tables once, inside train.study). Most of its time is the
+bootstrap intervals: every verdict's adjusted p is resampled until its Monte-Carlo interval lies on one side of 0.05
+(up to 100 000 resamples; ``comparisons.holm_adjust``). ``--check`` took 6 min 49 s wall on a 2-core Intel Xeon when
+each score vector counted its own draws per resample block; with the draws counted once per block and group and
+each vector sorted once (``bootstrap.Ranked``), 2 min 27 s wall (2 min 23 s of CPU) on the same kind of machine while
+a model run shared its 2 cores (the two not timed side by side)."""
 from __future__ import annotations
 
 import runpy

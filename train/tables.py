@@ -68,8 +68,9 @@ def build_parser() -> entry.ArgumentParser:
 def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     out = args.out if args.out is not None else args.src
-    text, outputs = rebuild_outputs(args.src)  # every input checked, every output computed: nothing written yet
-    with rundir.rebuild_into(out, [args.src], "train.tables"):
+    loaded = load_source(args.src)  # every input checked against its manifest: nothing written yet
+    with rundir.rebuild_into(out, [args.src], "train.tables"):  # an --out holding anything else: refused now
+        text, outputs = rebuild_outputs(args.src, loaded)  # every output computed, then all written together
         files.write_all(out, outputs)
     print(text)
     return 0

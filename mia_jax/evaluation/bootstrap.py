@@ -125,11 +125,54 @@ def drawn_rows(pos: np.ndarray, neg: np.ndarray, ip: np.ndarray, iq: np.ndarray,
     """AUROC and TPR@``fpr`` of each resample ``pos[ip]`` against ``neg[iq]`` (``ip`` [B, P'] indices into the
     member scores ``pos``, ``iq`` [B, N'] into the non-member scores ``neg``): the values :func:`auroc_rows` and
     :func:`tpr_at_fpr_rows` give on those rows, to the bit, computed from how many times each example is drawn
-    (one sort of the scores, not one per resample). Scores without NaN (every caller drops NaN / inf first)."""
-    values, code = np.unique(np.concatenate([pos, neg]), return_inverse=True)  # distinct scores, ascending
-    code = code.reshape(-1)
-    return _rows_from_counts(_cluster_counts(code[ip], values.size), _cluster_counts(code[pos.size:][iq], values.size),
-                             fpr)
+    (:class:`Ranked`: one sort of the scores, not one per resample). Scores without NaN (every caller drops NaN /
+    inf first)."""
+    return Ranked(pos, neg).rows(draw_counts(ip, pos.size), draw_counts(iq, neg.size), fpr)
+
+
+def draw_counts(draw: np.ndarray, k: int) -> np.ndarray:
+    """Times each of ``k`` examples is drawn in each row of ``draw`` [b, m] (values in [0, k)) -> int64 [b, k]."""
+    b = draw.shape[0]
+    flat = (draw + k * np.arange(b)[:, None]).ravel()
+    return np.bincount(flat, minlength=b * k).reshape(b, k)
+
+
+class Ranked:
+    """One score vector's members ``pos`` [P] and non-members ``neg`` [N] (no NaN), sorted once, for the AUROC and
+    TPR@FPR of any number of resamples given as multiplicities (:meth:`rows`)."""
+
+    def __init__(self, pos: np.ndarray, neg: np.ndarray):
+        self.pos = pos
+        self.neg_order = np.argsort(neg, kind="stable")
+        self.neg_sorted = neg[self.neg_order]
+        # each member's non-members strictly below (lo) and at or below (hi): indices into the sorted non-members
+        self.lo = np.searchsorted(self.neg_sorted, pos, "left")
+        self.hi = np.searchsorted(self.neg_sorted, pos, "right")
+
+    def rows(self, cp: np.ndarray, cq: np.ndarray, fpr: float) -> tuple[np.ndarray, np.ndarray]:
+        """AUROC and TPR@``fpr`` of each resample holding member i ``cp[r, i]`` times and non-member j ``cq[r, j]``
+        times ([B, P], [B, N]; whole numbers): the values of :func:`auroc_rows` / :func:`tpr_at_fpr_rows` on the
+        resampled rows, to the bit (integer sums, one division each)."""
+        n_pos, n_neg = cp.sum(axis=1, dtype=np.int64), cq.sum(axis=1, dtype=np.int64)
+        # int32 where no product below can reach 2^31 (half the memory traffic of int64)
+        dtype = np.int32 if 2 * int(n_pos.max(initial=0)) * int(n_neg.max(initial=0)) < 2**31 else np.int64
+        cp, cq = cp.astype(dtype, copy=False), cq.astype(dtype, copy=False)
+        below = np.zeros((cq.shape[0], cq.shape[1] + 1), dtype)  # [B, N + 1]: drawn non-members below each index
+        np.cumsum(cq[:, self.neg_order], axis=1, out=below[:, 1:])
+        # twice the rank-sum statistic: 2 * (non-members below) + (ties) per drawn member
+        twice_u = (cp * (below[:, self.lo] + below[:, self.hi])).sum(axis=1, dtype=np.int64)
+        auc = 0.5 * twice_u / (n_pos * n_neg)
+        if _AUROC_ONLY.get():
+            return auc, np.full(auc.shape, np.nan)
+        # k: the largest count with k / n_neg <= fpr (the float comparison of _max_false_positives)
+        k = np.floor(fpr * n_neg)
+        k = np.where((k + 1) / n_neg <= fpr, k + 1, k)
+        k = np.where(k / n_neg > fpr, k - 1, k)
+        # the (k+1)-th largest drawn non-member: the last sorted index j with n_neg - below[j] >= k + 1
+        j = (below[:, :-1] <= (n_neg - k - 1)[:, None]).sum(axis=1) - 1
+        v = self.neg_sorted[np.maximum(j, 0)]
+        above = np.where(self.pos[None, :] > v[:, None], cp, 0).sum(axis=1, dtype=np.int64)
+        return auc, np.where(k >= n_neg, 1.0, above / n_pos)
 
 
 def interval(values: np.ndarray, confidence: float) -> list[float]:
@@ -188,6 +231,7 @@ def grouped_bootstrap(vectors: Sequence[np.ndarray], rows, n_bootstrap: int, see
             point_auc[v] += auroc_rows(sc[pos][None], sc[neg][None])[0]
             point_tpr[v] += tpr_at_fpr_rows(sc[pos][None], sc[neg][None], fpr)[0]
     n_total = sum(p.size + q.size for p, q in rows)
+    ranked = [[Ranked(sc[pos], sc[neg]) for sc in vectors] for pos, neg in rows]
     rng = np.random.default_rng(seed)
     chunk = max(1, CHUNK_ELEMENTS // ((block_vectors or len(vectors)) * n_total))
     aucs, tprs = [], []
@@ -195,11 +239,11 @@ def grouped_bootstrap(vectors: Sequence[np.ndarray], rows, n_bootstrap: int, see
         b = min(chunk, n_bootstrap - start)
         auc = np.zeros((b, len(vectors)))
         tpr = np.zeros((b, len(vectors)))
-        for pos, neg in rows:
-            ip = rng.integers(0, pos.size, size=(b, pos.size))
-            iq = rng.integers(0, neg.size, size=(b, neg.size))
-            for v, sc in enumerate(vectors):
-                x, y = drawn_rows(sc[pos], sc[neg], ip, iq, fpr)
+        for (pos, neg), group_ranked in zip(rows, ranked):
+            cp = draw_counts(rng.integers(0, pos.size, size=(b, pos.size)), pos.size)
+            cq = draw_counts(rng.integers(0, neg.size, size=(b, neg.size)), neg.size)
+            for v, r in enumerate(group_ranked):
+                x, y = r.rows(cp, cq, fpr)
                 auc[:, v] += x
                 tpr[:, v] += y
         aucs.append(auc / n_groups)
@@ -224,13 +268,6 @@ def cluster_ids(clusters, n: int) -> np.ndarray:
         return np.array([index.setdefault(k, len(index)) for k in keys], np.int64)
     except TypeError:
         raise ValueError("clusters must be hashable keys (e.g. a title or an id), one per example") from None
-
-
-def _cluster_counts(draw: np.ndarray, k: int) -> np.ndarray:
-    """Times each of ``k`` clusters is drawn in each row of ``draw`` [b, m] (values in [0, k)) -> float64 [b, k]."""
-    b = draw.shape[0]
-    flat = (draw + k * np.arange(b)[:, None]).ravel()
-    return np.bincount(flat, minlength=b * k).reshape(b, k).astype(np.float64)
 
 
 class ClusterDraw:
@@ -259,51 +296,17 @@ class ClusterDraw:
         if self.stratified:
             counts = np.zeros((b, self.k))
             for cl in (self.pos_clusters, self.neg_clusters):
-                counts[:, cl] = _cluster_counts(rng.integers(0, cl.size, size=(b, cl.size)), cl.size)
+                counts[:, cl] = draw_counts(rng.integers(0, cl.size, size=(b, cl.size)), cl.size)
             return counts[:, self.local], 0
-        counts = _cluster_counts(rng.integers(0, self.k, size=(b, self.k)), self.k)
+        counts = draw_counts(rng.integers(0, self.k, size=(b, self.k)), self.k)
         redrawn = 0
         for _ in range(_MAX_REDRAW_ROUNDS):
             bad = np.flatnonzero((counts @ self.n_pos == 0) | (counts @ self.n_neg == 0))
             if not bad.size:
                 return counts[:, self.local], redrawn
             redrawn += int(bad.size)
-            counts[bad] = _cluster_counts(rng.integers(0, self.k, size=(bad.size, self.k)), self.k)
+            counts[bad] = draw_counts(rng.integers(0, self.k, size=(bad.size, self.k)), self.k)
         raise RuntimeError("cluster bootstrap: resamples with one class kept coming back")  # P < e^-1000
-
-
-def _weighted_rows(sc: np.ndarray, lab: np.ndarray, w: np.ndarray, fpr: float) -> tuple[np.ndarray, np.ndarray]:
-    """AUROC and TPR@``fpr`` of each resample given as multiplicities ``w`` [B, n] of the examples (``sc``, ``lab``
-    [n]): the same values as :func:`auroc_rows` / :func:`tpr_at_fpr_rows` on the resampled rows, exactly (integer
-    counts, one division each), without materialising rows of unequal length."""
-    order = np.argsort(sc, kind="stable")
-    s = sc[order]
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # runs of equal scores, ascending
-    w = w[:, order]
-    member = lab[order] == 1
-    pos = np.add.reduceat(np.where(member, w, 0.0), starts, axis=1)  # [B, m]: member weight at each distinct score
-    return _rows_from_counts(pos, np.add.reduceat(np.where(member, 0.0, w), starts, axis=1), fpr)
-
-
-def _rows_from_counts(pos: np.ndarray, neg: np.ndarray, fpr: float) -> tuple[np.ndarray, np.ndarray]:
-    """AUROC and TPR@``fpr`` of each resample from how many members (``pos``) and non-members (``neg``) it holds at
-    each distinct score ([B, m], scores ascending; integer counts, one division each: the values of
-    :func:`auroc_rows` / :func:`tpr_at_fpr_rows` on the rows, to the bit)."""
-    n_pos, n_neg = pos.sum(axis=1), neg.sum(axis=1)
-    neg_below = np.cumsum(neg, axis=1) - neg
-    auc = (pos * (neg_below + 0.5 * neg)).sum(axis=1) / (n_pos * n_neg)
-    if _AUROC_ONLY.get():
-        return auc, np.full(auc.shape, np.nan)
-    # k: the largest count with k / n_neg <= fpr (the float comparison of _max_false_positives)
-    k = np.floor(fpr * n_neg)
-    k = np.where((k + 1) / n_neg <= fpr, k + 1, k)
-    k = np.where(k / n_neg > fpr, k - 1, k)
-    neg_at_or_above = n_neg[:, None] - neg_below  # non-increasing along the scores
-    v = (neg_at_or_above >= k[:, None] + 1).sum(axis=1) - 1  # the (k+1)-th largest non-member score's run
-    pos_upto = np.cumsum(pos, axis=1)
-    above = n_pos - np.take_along_axis(pos_upto, np.maximum(v, 0)[:, None], axis=1)[:, 0]
-    tpr = np.where(k >= n_neg, 1.0, above / n_pos)
-    return auc, tpr
 
 
 def cluster_bootstrap(vectors: Sequence[np.ndarray], draws: Sequence[ClusterDraw], n_bootstrap: int, seed: int,
@@ -312,6 +315,7 @@ def cluster_bootstrap(vectors: Sequence[np.ndarray], draws: Sequence[ClusterDraw
     cluster resamples shared by all vectors: -> (boot_auroc [B, V], boot_tpr [B, V], resamples redrawn). Blocks of
     ``max(1, CHUNK_ELEMENTS // (V * n))`` resamples, as :func:`grouped_bootstrap`."""
     n_total = sum(d.rows.size for d in draws)
+    ranked = [[Ranked(sc[d.rows][d.lab == 1], sc[d.rows][d.lab == 0]) for sc in vectors] for d in draws]
     rng = np.random.default_rng(seed)
     chunk = max(1, CHUNK_ELEMENTS // (len(vectors) * n_total))
     aucs, tprs, redrawn = [], [], 0
@@ -319,11 +323,12 @@ def cluster_bootstrap(vectors: Sequence[np.ndarray], draws: Sequence[ClusterDraw
         b = min(chunk, n_bootstrap - start)
         auc = np.zeros((b, len(vectors)))
         tpr = np.zeros((b, len(vectors)))
-        for d in draws:
-            w, r = d.weights(rng, b)
-            redrawn += r
-            for v, sc in enumerate(vectors):
-                x, y = _weighted_rows(sc[d.rows], d.lab, w, fpr)
+        for d, group_ranked in zip(draws, ranked):
+            w, again = d.weights(rng, b)
+            redrawn += again
+            member = d.lab == 1
+            for v, r in enumerate(group_ranked):
+                x, y = r.rows(w[:, member], w[:, ~member], fpr)
                 auc[:, v] += x
                 tpr[:, v] += y
         aucs.append(auc / len(draws))

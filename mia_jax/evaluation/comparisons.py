@@ -35,8 +35,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mia_jax.evaluation import bootstrap, pvalue, verdict_log
-from mia_jax.evaluation.bootstrap import (MIN_PER_CLASS, ClusterDraw, as_labels, as_scores, auroc_rows,
-                                          cluster_bootstrap, cluster_ids, drawn_rows, group_rows, grouped_bootstrap,
+from mia_jax.evaluation.bootstrap import (MIN_PER_CLASS, ClusterDraw, Ranked, as_labels, as_scores, auroc_rows,
+                                          cluster_bootstrap, cluster_ids, draw_counts, group_rows, grouped_bootstrap,
                                           interval, too_few, tpr_at_fpr_rows, tpr_key)
 from mia_jax.evaluation.group_metrics import enough_per_class, evaluate_mean  # noqa: F401 (evaluate_mean: re-exported)
 from mia_jax.evaluation.rounding import fmt
@@ -265,13 +265,15 @@ def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int =
     if reason := too_few(min(pa.size, pb.size), neg.size, min_per_class):
         raise ValueError(reason)
     point = [(auroc_rows(p[None], neg[None])[0], tpr_at_fpr_rows(p[None], neg[None], fpr)[0]) for p in (pa, pb)]
+    ranked = (Ranked(pa, neg), Ranked(pb, neg))
     rng = np.random.default_rng(seed)
     chunk = max(1, bootstrap.CHUNK_ELEMENTS // (2 * (neg.size + pa.size + pb.size)))
     boot: dict[str, list] = {"auroc": [], "tpr": []}  # per block: [resamples, 2] (subset A, subset B)
     for start in range(0, n_bootstrap, chunk):
         b = min(chunk, n_bootstrap - start)
-        iq = rng.integers(0, neg.size, size=(b, neg.size))
-        (a1, t1), (a2, t2) = (drawn_rows(p, neg, rng.integers(0, p.size, size=(b, p.size)), iq, fpr) for p in (pa, pb))
+        cq = draw_counts(rng.integers(0, neg.size, size=(b, neg.size)), neg.size)
+        (a1, t1), (a2, t2) = (r.rows(draw_counts(rng.integers(0, p.size, size=(b, p.size)), p.size), cq, fpr)
+                              for p, r in ((pa, ranked[0]), (pb, ranked[1])))
         boot["auroc"].append(np.stack([a1, a2], axis=1))
         boot["tpr"].append(np.stack([t1, t2], axis=1))
     out = {"n": int(lab.shape[0]), "n_used": int(neg.size + pa.size + pb.size), "n_dropped": int((~fin).sum()),
