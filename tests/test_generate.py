@@ -362,3 +362,39 @@ def test_smollm2_cli_capital_of_france(capsys):
     out = capsys.readouterr().out
     print(out)
     assert "Paris" in out
+
+
+def _kept_by_sorting(x: np.ndarray, top_k, top_p) -> np.ndarray:
+    """The tokens the filters keep, by sorting the row in float64 (the definition): the k largest, then of those
+    the smallest set of most likely tokens whose mass reaches top_p; every logit at or above the smallest kept one."""
+    desc = -np.sort(-x)
+    k = x.size if top_k is None else min(top_k, x.size)
+    keep = np.arange(x.size) < k
+    if top_p is not None:
+        p = np.where(keep, np.exp(desc - desc[0]), 0.0)
+        p /= p.sum()
+        keep &= np.cumsum(p) - p < top_p
+    return x >= desc[keep].min()
+
+
+@pytest.mark.parametrize("top_k, top_p", [(None, 0.95), (None, 0.5), (None, 1e-6), (50, None), (1, None),
+                                          (3, 0.9), (50, 0.5), (2000, 0.99)])
+def test_filter_threshold_keeps_what_sorting_keeps(top_k, top_p):
+    """``generate.filter_threshold`` (no sort: bit-by-bit searches over the logits' order keys) keeps exactly the
+    tokens a float64 sort of each row keeps, on rows with ties (at the k-th largest too) and -inf logits."""
+    rng = np.random.default_rng(7)
+    rows = [rng.normal(size=1000) * s for s in (0.3, 2.0, 8.0) for _ in range(20)]
+    rows += [np.round(rng.normal(size=1000) * 2) / 2 for _ in range(20)]  # many ties
+    rows += [np.where(rng.random(1000) < 0.3, -np.inf, rng.normal(size=1000)) for _ in range(20)]
+    x = np.asarray(rows, np.float32)
+    keys = G.order_keys(jnp.asarray(x))
+    kept = np.asarray(keys >= G.filter_threshold(jnp.asarray(x), keys, top_k, top_p)[:, None])
+    want = np.stack([_kept_by_sorting(r.astype(np.float64), top_k, top_p) for r in x])
+    assert (kept == want).all(), np.flatnonzero((kept != want).any(axis=1))
+    assert kept.any(axis=1).all()
+
+
+def test_order_keys_follow_the_floats():
+    x = np.array([-np.inf, -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, np.inf], np.float32)
+    keys = np.asarray(G.order_keys(jnp.asarray(x))).astype(np.int64)
+    assert (np.diff(keys) > 0).all()
