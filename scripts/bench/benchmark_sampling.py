@@ -1,0 +1,140 @@
+"""Nucleus sampling (the n-gram coverage attack's and SaMIA's pass): ``--prompts`` WikiMIA-32 prefixes (each text's
+first half of words), ``--samples`` continuations each of exactly ``--new-tokens`` tokens (no stop at EOS), at
+temperature 1 and top-p 0.95, in one batch, three ways in one process, each timed on the same job:
+
+  (a)  mia_jax (``generate.generate_ids``: prefill + a jit-compiled while_loop of KV-cached decode steps, the top-p
+       threshold found without sorting the vocabulary, ``generate.filter_threshold``);
+  (a') the same loop with the filter this project used before it: a sort of each row's vocabulary at every step;
+  (c)  the anchor: transformers + torch ``model.generate(do_sample=True, top_p=0.95, top_k=0)`` on the same model
+       (float32, built from the same GGUF), the same prompts left-padded, the same number of new tokens.
+
+Each is run ``--repeats`` times after one untimed call (its compilation, for JAX); the median and the range are
+printed, with the new tokens per second, the CPU model and the JAX / torch versions. Samples are not compared
+across (a) and (c) (different random streams); (a) against (a') is: the count of identical rows is printed.
+
+    python scripts/bench/benchmark_sampling.py [--model smollm2] [--prompts 8] [--samples 20] [--new-tokens 32]
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_tools import cpu_model  # noqa: E402
+
+from mia_jax.runs import entry  # noqa: E402
+
+PROG = "python scripts/bench/benchmark_sampling.py"
+
+
+def sort_filter_sample_logits(logits, key, *, temperature=1.0, top_k=None, top_p=None):
+    """``generate.sample_logits`` as it was with a sort of the vocabulary (for (a') only)."""
+    import jax
+    import jax.numpy as jnp
+
+    logits = logits.astype(jnp.float32) / temperature
+    if top_k is None and top_p is None:
+        return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+    rank = jnp.arange(logits.shape[-1])
+    desc = -jnp.sort(-logits, axis=-1)
+    keep = rank < (logits.shape[-1] if top_k is None else top_k)
+    if top_p is not None:
+        probs = jax.nn.softmax(jnp.where(keep, desc, -jnp.inf), axis=-1)
+        keep &= jnp.cumsum(probs, axis=-1) - probs < top_p
+    threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+    neg = jnp.finfo(jnp.float32).min
+    return jax.random.categorical(key, jnp.where(logits < threshold, neg, logits), axis=-1).astype(jnp.int32)
+
+
+def _timed(call, repeats: int) -> tuple[float, list[float], object]:
+    t = time.perf_counter()
+    out = call()
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = call()
+        times.append(time.perf_counter() - t)
+    return first, times, out
+
+
+def run(args) -> int:
+    import jax
+    import numpy as np
+
+    from mia_jax import models
+    from mia_jax.data import wikimia
+    from mia_jax.engine import generate as G
+    from mia_jax.methods.samia import split_prefix
+
+    loaded = models.load(args.model)
+    prompts = [split_prefix(t, 0.5)[0] for t in wikimia(32).texts[: args.prompts]]
+    ids = [p for p in G.encode_prompts(loaded, prompts) for _ in range(args.samples)]
+    keys = G.row_keys(0, range(len(ids)))
+    kw = dict(max_new_tokens=args.new_tokens, temperature=1.0, top_p=0.95, keys=keys, stop_at_eos=False)
+    n_new = len(ids) * args.new_tokens
+    rows = []
+
+    def jax_way(label):
+        first, times, gen = _timed(lambda: G.generate_ids(loaded, ids, **kw), args.repeats)
+        rows.append((label, first, times))
+        return gen.tokens
+
+    original = G.sample_logits
+    G.sample_logits = sort_filter_sample_logits
+    try:
+        sorted_tokens = jax_way("(a') mia_jax, sort filter")
+    finally:
+        G.sample_logits = original
+    jax.clear_caches()
+    tokens = jax_way("(a) mia_jax")
+    same = int((np.asarray(tokens) == np.asarray(sorted_tokens)).all(axis=1).sum())
+
+    import torch
+
+    from benchmark import transformers_model
+
+    torch.manual_seed(0)
+    model = transformers_model(loaded)
+    width = max(len(p) for p in ids)
+    pad = loaded.pad_token_id if loaded.pad_token_id is not None else (loaded.eos_token_id or 0)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids])
+    hf = dict(do_sample=True, top_p=0.95, top_k=0, temperature=1.0, max_new_tokens=args.new_tokens,
+              min_new_tokens=args.new_tokens, pad_token_id=pad)
+    with torch.inference_mode():
+        first, times, _ = _timed(lambda: model.generate(input_ids=input_ids, attention_mask=mask, **hf), args.repeats)
+    rows.append(("(c) transformers + torch", first, times))
+
+    print(f"CPU: {cpu_model()}; JAX {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads)")
+    print(f"{args.model}: {args.prompts} prompts x {args.samples} samples = {len(ids)} rows, {args.new_tokens} new "
+          f"tokens each, top-p 0.95; (a) and (a') give identical rows: {same} of {len(ids)}\n")
+    print("| Approach | first call (s) | median of the next (s) [range] | new tokens/s |")
+    print("|---|---:|---:|---:|")
+    for label, first, times in rows:
+        med = statistics.median(times)
+        print(f"| {label} | {first:.2f} | {med:.2f} [{min(times):.2f}-{max(times):.2f}] | {n_new / med:.0f} |")
+    return 0
+
+
+def build_parser() -> entry.ArgumentParser:
+    p = entry.ArgumentParser(prog=PROG, description="Nucleus sampling: mia_jax with and without the sorting filter, "
+                             "and transformers + torch generate, on the same prompts.")
+    p.add_argument("--model", default="smollm2", help="a packaged model name, a .gguf file or a model folder")
+    p.add_argument("--prompts", type=entry.positive_int, default=8, help="WikiMIA-32 prefixes (default 8)")
+    p.add_argument("--samples", type=entry.positive_int, default=20, help="continuations per prompt (default 20)")
+    p.add_argument("--new-tokens", type=entry.positive_int, default=32, help="tokens per continuation (default 32)")
+    p.add_argument("--repeats", type=entry.positive_int, default=3, help="timed calls after the first (default 3)")
+    return p
+
+
+def main(argv=None) -> int:
+    return entry.run(PROG, lambda a: run(build_parser().parse_args(a)), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
