@@ -110,11 +110,12 @@ def stratified_bootstrap(pos, neg, n_bootstrap: int, seed: int, fpr: float) -> t
     non-members."""
     rng = np.random.default_rng(seed)
     chunk = max(1, CHUNK_ELEMENTS // (pos.size + neg.size))
+    ranked = Ranked(pos, neg)
     aucs, tprs = [], []
     for start in range(0, n_bootstrap, chunk):
         b = min(chunk, n_bootstrap - start)
-        ip = rng.integers(0, pos.size, size=(b, pos.size))
-        auc, tpr = drawn_rows(pos, neg, ip, rng.integers(0, neg.size, size=(b, neg.size)), fpr)
+        cp = resample_counts(rng, b, pos.size)
+        auc, tpr = ranked.rows(cp, resample_counts(rng, b, neg.size), fpr)
         aucs.append(auc)
         tprs.append(tpr)
     return np.concatenate(aucs), np.concatenate(tprs)
@@ -135,6 +136,12 @@ def draw_counts(draw: np.ndarray, k: int) -> np.ndarray:
     b = draw.shape[0]
     flat = (draw + k * np.arange(b)[:, None]).ravel()
     return np.bincount(flat, minlength=b * k).reshape(b, k)
+
+
+def resample_counts(rng, b: int, n: int) -> np.ndarray:
+    """int64 [b, n]: how many times each of ``n`` examples is in each of ``b`` resamples of size n with replacement,
+    from ``rng.integers(0, n, size=(b, n))``."""
+    return draw_counts(rng.integers(0, n, size=(b, n)), n)
 
 
 class Ranked:
@@ -240,8 +247,8 @@ def grouped_bootstrap(vectors: Sequence[np.ndarray], rows, n_bootstrap: int, see
         auc = np.zeros((b, len(vectors)))
         tpr = np.zeros((b, len(vectors)))
         for (pos, neg), group_ranked in zip(rows, ranked):
-            cp = draw_counts(rng.integers(0, pos.size, size=(b, pos.size)), pos.size)
-            cq = draw_counts(rng.integers(0, neg.size, size=(b, neg.size)), neg.size)
+            cp = resample_counts(rng, b, pos.size)
+            cq = resample_counts(rng, b, neg.size)
             for v, r in enumerate(group_ranked):
                 x, y = r.rows(cp, cq, fpr)
                 auc[:, v] += x
@@ -296,16 +303,16 @@ class ClusterDraw:
         if self.stratified:
             counts = np.zeros((b, self.k))
             for cl in (self.pos_clusters, self.neg_clusters):
-                counts[:, cl] = draw_counts(rng.integers(0, cl.size, size=(b, cl.size)), cl.size)
+                counts[:, cl] = resample_counts(rng, b, cl.size)
             return counts[:, self.local], 0
-        counts = draw_counts(rng.integers(0, self.k, size=(b, self.k)), self.k)
+        counts = resample_counts(rng, b, self.k)
         redrawn = 0
         for _ in range(_MAX_REDRAW_ROUNDS):
             bad = np.flatnonzero((counts @ self.n_pos == 0) | (counts @ self.n_neg == 0))
             if not bad.size:
                 return counts[:, self.local], redrawn
             redrawn += int(bad.size)
-            counts[bad] = draw_counts(rng.integers(0, self.k, size=(bad.size, self.k)), self.k)
+            counts[bad] = resample_counts(rng, bad.size, self.k)
         raise RuntimeError("cluster bootstrap: resamples with one class kept coming back")  # P < e^-1000
 
 

@@ -36,8 +36,8 @@ import numpy as np
 
 from mia_jax.evaluation import bootstrap, pvalue, verdict_log
 from mia_jax.evaluation.bootstrap import (MIN_PER_CLASS, ClusterDraw, Ranked, as_labels, as_scores, auroc_rows,
-                                          cluster_bootstrap, cluster_ids, draw_counts, group_rows, grouped_bootstrap,
-                                          interval, too_few, tpr_at_fpr_rows, tpr_key)
+                                          cluster_bootstrap, cluster_ids, group_rows, grouped_bootstrap, interval,
+                                          resample_counts, too_few, tpr_at_fpr_rows, tpr_key)
 from mia_jax.evaluation.group_metrics import enough_per_class, evaluate_mean  # noqa: F401 (evaluate_mean: re-exported)
 from mia_jax.evaluation.rounding import fmt
 
@@ -271,9 +271,8 @@ def subset_bootstrap(scores, labels, members_a, members_b, *, n_bootstrap: int =
     boot: dict[str, list] = {"auroc": [], "tpr": []}  # per block: [resamples, 2] (subset A, subset B)
     for start in range(0, n_bootstrap, chunk):
         b = min(chunk, n_bootstrap - start)
-        cq = draw_counts(rng.integers(0, neg.size, size=(b, neg.size)), neg.size)
-        (a1, t1), (a2, t2) = (r.rows(draw_counts(rng.integers(0, p.size, size=(b, p.size)), p.size), cq, fpr)
-                              for p, r in ((pa, ranked[0]), (pb, ranked[1])))
+        cq = resample_counts(rng, b, neg.size)
+        (a1, t1), (a2, t2) = (r.rows(resample_counts(rng, b, r.pos.size), cq, fpr) for r in ranked)
         boot["auroc"].append(np.stack([a1, a2], axis=1))
         boot["tpr"].append(np.stack([t1, t2], axis=1))
     out = {"n": int(lab.shape[0]), "n_used": int(neg.size + pa.size + pb.size), "n_dropped": int((~fin).sum()),
