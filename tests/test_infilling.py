@@ -2,10 +2,14 @@
 (neginraoof/mink-plus-plus ``calculateInfillPerplexity`` + ``InfillMIA``) over the tiny model's transformers logits;
 orientation; ``mia-jax eval --methods infilling`` end to end; bad options."""
 import json
+from types import SimpleNamespace
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from scipy.special import log_softmax
 
 from mia_jax.evaluation import metrics
 from mia_jax import models
@@ -16,6 +20,7 @@ from mia_jax.data import wikimia
 from mia_jax.errors import UserError
 from mia_jax.methods import infilling as inf
 from reference import count
+from test_generate import V, make
 
 TEXTS = [" ".join(t.split()[:n]) for t, n in zip(wikimia(32).texts[:4], (12, 6, 9, 3))] + ["x"]
 
@@ -138,3 +143,34 @@ def test_cli_refuses_an_option_without_the_method(tiny_llama_dir, tmp_path, caps
                "--out", str(tmp_path / "run"), "--no-progress"])
     assert rc == 2 and "'infilling' is not among --methods" in capsys.readouterr().err
     assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("family", ["llama_qwen2_mixed_window", "gemma3", "gpt2"])
+@pytest.mark.parametrize("future", [None, 3])
+def test_changed_texts_from_the_cache_equal_full_forwards(monkeypatch, family, future):
+    """Each changed text's log-probabilities, run from its first changed slot against the original's cached keys and
+    values (several windows, filler rows, sliding windows, learned positions), equal a full forward of the changed
+    text at every future index the score reads."""
+    model = make(family, seed=2)
+    loaded = SimpleNamespace(model=model, config=model.config,
+                             tokenizer=SimpleNamespace(get_vocab_size=lambda with_added_tokens=True: V))
+    monkeypatch.setattr(inf, "TOKENS_PER_BATCH", {"cpu": 40, "gpu": 40, "tpu": 40})  # several chunks per window
+    inf._FNS.pop(model, None)
+    rng = np.random.default_rng(1)
+    lengths = [30, 22]
+    ids = np.zeros((2, 30), np.int64)
+    for r, n in enumerate(lengths):
+        ids[r, :n] = rng.integers(0, V, n)
+    fns, state = inf._functions(loaded), nnx.split(model)[1]
+    *_, top, k, v = fns["text"](state, jnp.asarray(ids, jnp.int32))
+    top = np.asarray(top)
+    todo = [(r, t) for r, n in enumerate(lengths) for t in range(n - 3) if ids[r, t + 1] != top[r, t]]
+    ends = [int(inf._future_end(t, lengths[r], future)) for r, t in todo]
+    assert {s for s, _ in inf._windows(todo, ends, 30)} == {1, 17}  # two windows of slots
+    got = inf._changed_logprobs(fns, state, ids, top, (k, v), todo, ends)
+    alt = ids[[r for r, _ in todo]]
+    alt[np.arange(len(todo)), [t + 1 for _, t in todo]] = [top[r, t] for r, t in todo]
+    logits = np.asarray(jax.jit(lambda x: model(x))(jnp.asarray(alt, jnp.int32)), np.float64)  # one full forward
+    ref = np.take_along_axis(log_softmax(logits[:, :-1], -1), alt[:, 1:, None], -1)[..., 0]
+    for i, ((r, t), end) in enumerate(zip(todo, ends)):
+        np.testing.assert_allclose(got[(r, t)][t + 1: end + 1], ref[i, t + 1: end + 1], atol=2e-4, err_msg=str((r, t)))

@@ -18,10 +18,14 @@ The score is the mean of the m = max(1, floor(k n)) lowest r_t over the n predic
 higher = member, as the authors' ``roc_curve(labels, scores)`` reads it.
 
 Cost: no single-pass formulation exists (the future tokens' probabilities after a replaced token need a forward of
-the changed text); per text 1 forward of the text (its statistics and, from the same hidden states, the top-1 ids)
-plus one forward of each changed text: at most n, fewer where x_t is already the top-1 or F_t is empty (L = 0 needs
-none). The runner's ``infill`` pass (``compute``, one text per row, resumable records) runs them in chunks of about
-``batching.TOKENS_PER_BATCH`` tokens; each pass record holds ``extra_forwards``, the changed texts it read.
+the changed text); per text 1 forward of the text (its statistics, from the same hidden states the top-1 ids, and
+its KV cache) plus one forward of each changed text: at most n, fewer where x_t is already the top-1 or F_t is empty
+(L = 0 needs none). A changed text equals the original up to slot t, so its forward starts there, against the
+original's cached keys and values (``CausalLM.decode_hidden``), and stops after its last future token: about half
+the tokens of whole forwards (the authors' loop runs each changed text whole, one at a time). The starts are
+rounded down to a multiple of max(16, T / 8) slots so a few shapes compile. The runner's ``infill`` pass
+(``compute``, one text per row, resumable records) runs them in chunks of about ``batching.TOKENS_PER_BATCH`` new
+tokens; each pass record holds ``extra_forwards``, the changed texts it read.
 
 Where this differs from the authors' code:
 
@@ -101,24 +105,39 @@ _FNS: "weakref.WeakKeyDictionary[nnx.Module, dict]" = weakref.WeakKeyDictionary(
 
 
 def _functions(loaded):
-    """The two jitted programs, made once per model: ``text(state, ids [B, T])`` -> (log p of each next token,
-    its variance, the top-1 log p, the top-1 id), each [B, T-1]; ``changed(state, ids)`` -> log p [B, T-1]."""
+    """The two jitted programs, made once per model: ``text(state, ids [R, T])`` -> (log p of each next token, its
+    variance, the top-1 log p, the top-1 id, each [R, T-1]; the KV cache's k and v, [layers, R, T, ...]);
+    ``changed(state, k, v, rows [B], suffix [B, S], start)`` -> log p [B, S-1] of ``suffix`` (slots start..start+S-1
+    of texts ``rows`` of the cache, each with one token changed) after the cached prefix, slots 0..start-1."""
     fns = _FNS.setdefault(loaded.model, {})
     if not fns:
         graphdef, vocab, chunk = nnx.split(loaded.model)[0], real_vocab_size(loaded), default_chunk()
 
-        def stats(state, ids):
-            model = nnx.merge(graphdef, state)
-            hidden = model.hidden_states(ids)[:, :-1]
-            s = token_stats_from_hidden(hidden, model.unembedding(), ids[:, 1:], vocab_size=vocab, chunk_size=chunk)
-            return s, hidden, model
+        def forward(model, ids, cache, start):
+            """Hidden states of ``ids`` [B, S] at slots start.. after ``cache``'s slots 0..start-1, the cache."""
+            b, s = ids.shape
+            positions = jnp.broadcast_to(start + jnp.arange(s), (b, s))
+            cache = {"k": cache["k"], "v": cache["v"], "index": jnp.int32(start)}
+            return model.decode_hidden(ids, cache, positions, jnp.ones((b, start + s), bool))
+
+        def stats(model, hidden, ids):
+            return token_stats_from_hidden(hidden[:, :-1], model.unembedding(), ids[:, 1:], vocab_size=vocab,
+                                           chunk_size=chunk)
 
         def text(state, ids):
-            s, hidden, model = stats(state, ids)
-            return s.logprob, s.var, s.max_logprob, _top1(hidden, model.unembedding(), vocab, chunk)
+            model = nnx.merge(graphdef, state)
+            hidden, cache = forward(model, ids, model.init_cache(*ids.shape), 0)
+            s = stats(model, hidden, ids)
+            return (s.logprob, s.var, s.max_logprob, _top1(hidden[:, :-1], model.unembedding(), vocab, chunk),
+                    cache["k"], cache["v"])
+
+        def changed(state, k, v, rows, suffix, start):
+            model = nnx.merge(graphdef, state)
+            cache = {"k": k[:, rows, : start + suffix.shape[1]], "v": v[:, rows, : start + suffix.shape[1]]}
+            return stats(model, forward(model, suffix, cache, start)[0], suffix).logprob
 
         fns["text"] = jax.jit(text)
-        fns["changed"] = jax.jit(lambda state, ids: stats(state, ids)[0].logprob)
+        fns["changed"] = jax.jit(changed, static_argnums=5)
     return fns
 
 
@@ -128,21 +147,45 @@ def _future_end(t: np.ndarray, n: int, future: int | None) -> np.ndarray:
     return np.minimum(t + (n if future is None else future), n - 3)
 
 
-def _changed_logprobs(fns, state, ids: np.ndarray, top: np.ndarray, todo: list[tuple[int, int]]) -> np.ndarray:
-    """log p [len(todo), T-1] of each text ``r`` of ``ids`` with its token t+1 replaced by ``top[r, t]``, for
-    (r, t) in ``todo``, in chunks of one shape (about ``TOKENS_PER_BATCH`` tokens)."""
+def _windows(todo: list[tuple[int, int]], ends: list[int], length: int) -> dict[tuple[int, int], list]:
+    """The changed texts ``todo`` ((row, t): token t+1 replaced) grouped by the slots each forward runs,
+    {(start, stop): [(row, t), ...]}: slots 0..t are the original text's (its cached keys and values), so a forward
+    starts at slot t+1, rounded down to a multiple of a width g (a few shapes to compile, at most g - 1 slots read
+    twice), and stops after the last future token ``ends[i]`` + 1 (rounded up to g, within ``length``)."""
+    g = max(16, length // 8)
+    out: dict[tuple[int, int], list] = {}
+    for (r, t), end in zip(todo, ends):
+        start = t // g * g + 1
+        stop = min(length, -(-(end + 2) // g) * g)
+        out.setdefault((start, stop), []).append((r, t))
+    return out
+
+
+def _changed_logprobs(fns, state, ids: np.ndarray, top: np.ndarray, cache: tuple, todo: list[tuple[int, int]],
+                      ends: list[int]) -> dict[tuple[int, int], np.ndarray]:
+    """{(r, t): log p [T-1] of text ``r`` of ``ids`` with its token t+1 replaced by ``top[r, t]``} for (r, t) in
+    ``todo``, defined at prediction indexes t+1..``ends`` (NaN before the forward's first slot). Each changed text
+    runs from its first changed slot against the original's cached keys and values ``cache`` (k, v), in chunks of
+    about ``batching.TOKENS_PER_BATCH`` new tokens (and at most 4 times that many cached slots)."""
     length = ids.shape[1]
-    size = max(1, TOKENS_PER_BATCH.get(jax.default_backend(), TOKENS_PER_BATCH["gpu"]) // length)
-    size = min(size, len(todo))
-    out = []
-    for start in range(0, len(todo), size):
-        part = todo[start: start + size]
-        batch = np.repeat(ids[[part[0][0]]], size, axis=0)  # filler rows: a copy of the first
-        for row, (r, t) in enumerate(part):
-            batch[row] = ids[r]
-            batch[row, t + 1] = top[r, t]
-        out.append(np.asarray(fns["changed"](state, jnp.asarray(batch, jnp.int32)), np.float64)[: len(part)])
-    return np.concatenate(out) if out else np.zeros((0, length - 1))
+    budget = TOKENS_PER_BATCH.get(jax.default_backend(), TOKENS_PER_BATCH["gpu"])
+    out = {}
+    for (start, stop), items in _windows(todo, ends, length).items():
+        size = min(len(items), max(1, min(budget // (stop - start), 4 * budget // stop)))
+        for first in range(0, len(items), size):
+            part = items[first: first + size]
+            rows = np.full(size, part[0][0])  # filler rows: a copy of the first
+            suffix = np.repeat(ids[[part[0][0]], start:stop], size, axis=0)
+            for i, (r, t) in enumerate(part):
+                rows[i], suffix[i] = r, ids[r, start:stop]
+                suffix[i, t + 1 - start] = top[r, t]
+            lp = np.asarray(fns["changed"](state, *cache, jnp.asarray(rows, jnp.int32),
+                                           jnp.asarray(suffix, jnp.int32), start), np.float64)
+            for i, key in enumerate(part):
+                full = np.full(length - 1, np.nan)
+                full[start: stop - 1] = lp[i]
+                out[key] = full
+    return out
 
 
 def infilling_scores(loaded, ids, mask, *, k: float = DEFAULT_K, future: int | None = None) -> dict[str, np.ndarray]:
@@ -153,13 +196,15 @@ def infilling_scores(loaded, ids, mask, *, k: float = DEFAULT_K, future: int | N
     ids, mask = np.asarray(ids, np.int64), np.asarray(mask, bool)
     fns = _functions(loaded)
     state = nnx.split(loaded.model)[1]
-    lp, var, top_lp, top = (np.asarray(x) for x in fns["text"](state, jnp.asarray(ids, jnp.int32)))
+    *stats, k_cache, v_cache = fns["text"](state, jnp.asarray(ids, jnp.int32))
+    lp, var, top_lp, top = (np.asarray(x) for x in stats)
     lp, top_lp, sigma = lp.astype(np.float64), top_lp.astype(np.float64), np.sqrt(var.astype(np.float64))
     lengths = [int(np.flatnonzero(m)[-1]) + 2 if m.any() else 0 for m in mask]
     differs = mask & (ids[:, 1:] != top)
     todo = [(r, int(t)) for r in range(len(ids)) for t in np.flatnonzero(differs[r])
             if _future_end(t, lengths[r], opts["future"]) >= t + 1]
-    changed = dict(zip(todo, _changed_logprobs(fns, state, ids, top, todo))) if todo else {}
+    ends = [int(_future_end(t, lengths[r], opts["future"])) for r, t in todo]
+    changed = _changed_logprobs(fns, state, ids, top, (k_cache, v_cache), todo, ends)
     scores = np.full(len(ids), np.nan)
     extra = np.bincount(np.array([r for r, _ in changed], int), minlength=len(ids)).astype(np.float64)  # texts read
     for r in range(len(ids)):

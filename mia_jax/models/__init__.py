@@ -4,7 +4,7 @@ Layout:
     layers.py      network ops (norms, activations, RoPE, attention, KV cache layout), config helpers, build_module
     attention.py   the attention implementations behind layers' attention functions
     causal_lm.py   `CausalLM`: the decoder every family shares (embedding, layer scan, final norm, unembedding,
-                   __call__, hidden_states, init_cache, decode)
+                   __call__, hidden_states, init_cache, decode, decode_hidden)
     weights.py     `WeightSpec`: one table per family (internal / HF / GGUF names, layouts, logical axes) from
                    which loading, GGUF renaming, HF export and the partition rules are generated
     tensors.py     lazy checkpoint tensors, GGUF metadata lookups

@@ -153,6 +153,12 @@ class CausalLM(nnx.Module):
         """Incremental forward: input_ids [B, T] written into cache slots index..index+T-1; positions [B, T] per
         row (0 at a row's first real token, as transformers' generate derives them from the attention mask);
         key_mask [B, S] the valid (non-pad) cache slots. -> (float32 logits [B, T, V], cache advanced by T)."""
+        hidden, cache = self.decode_hidden(input_ids, cache, positions, key_mask)
+        return unembed(hidden, self.unembedding()), cache
+
+    def decode_hidden(self, input_ids, cache: dict, positions, key_mask):
+        """`decode` without the unembedding: (hidden states after the final norm [B, T, D] (parameter dtype), the
+        cache advanced by T), for statistics over the vocabulary in chunks (``stats.token_stats_from_hidden``)."""
         index, t = cache["index"], input_ids.shape[1]
         full, window = cache_masks(cache, t, key_mask, self._sliding_window())
         ctx = self.context(positions)
@@ -172,4 +178,4 @@ class CausalLM(nnx.Module):
 
         carry = (self.embed_tokens(input_ids, positions), cache["k"], cache["v"], jnp.int32(0))
         (x, k, v, _), _ = jax.lax.scan(body, carry, (self.layers.arrays(), self.layer_inputs()))
-        return unembed(self.final(x), self.unembedding()), {"k": k, "v": v, "index": index + t}
+        return self.final(x), {"k": k, "v": v, "index": index + t}
