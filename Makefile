@@ -30,12 +30,14 @@ install-test: $(VENV)/.installed-test
 eval: $(VENV)/.installed
 	$(BIN)/mia-jax eval --benchmark wikimia --length 32 --model smollm2 --out $(OUT)
 
-# every test, the slow real-model ones included
+# every test, the slow real-model ones included, in $(TEST_WORKERS) worker processes (pytest-xdist; a file's tests
+# stay in one worker, so a module's fixtures, e.g. a loaded model, are made once); TEST_WORKERS=0: one process
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs *.egg-info

@@ -9,8 +9,8 @@ future token, the paper's Eq. 6):
        changed texts batched in chunks of the same token budget (their own loop runs them one at a time).
 
 (a) and (a') run once untimed first (compilation) and then ``--repeats`` times; (c) ``--repeats`` times. The
-median and range are printed with the changed texts per second, the CPU model and the JAX / torch versions, and
-the largest difference between (a)'s scores and (a')'s and (c)'s.
+median and range are printed with the changed texts per second, the CPU model and the JAX / torch versions, the
+largest difference between (a)'s scores and (a')'s and (c)'s, and each median over (a)'s.
 
     python scripts/bench/benchmark_infilling.py [--model smollm2] [--texts 4] [--max-tokens 320] [--repeats 2]
 """
@@ -143,18 +143,18 @@ def run(args) -> int:
                                        args.repeats, False)
     results.append(("(c) transformers + torch, changed texts whole", times, scores, forwards))
 
-    new = results[1][2]
+    new, med = results[1][2], [statistics.median(times) for _, times, _, _ in results]
     print(f"CPU: {cpu_model()}; JAX {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
           f"({torch.get_num_threads()} threads)")
     print(f"{args.model}: {len(rows)} MIMIR wikipedia_en texts ({args.split}), {sum(map(len, rows))} tokens "
           f"(at most {args.max_tokens} each), k = 0.2, every future token\n")
     print("| Approach | median (s) [range] | changed texts | changed texts/s | max abs score difference from (a) |")
     print("|---|---:|---:|---:|---:|")
-    for label, times, scores, forwards in results:
-        med = statistics.median(times)
+    for (label, times, scores, forwards), m in zip(results, med):
         diff = float(np.abs(np.asarray(scores) - new).max())
-        print(f"| {label} | {med:.2f} [{min(times):.2f}-{max(times):.2f}] | {int(forwards)} | {forwards / med:.1f} "
+        print(f"| {label} | {m:.2f} [{min(times):.2f}-{max(times):.2f}] | {int(forwards)} | {forwards / m:.1f} "
               f"| {diff:.2e} |")
+    print(f"\nmedian time over (a)'s: (a') {med[0] / med[1]:.2f}x, (c) {med[2] / med[1]:.2f}x")
     return 0
 
 
