@@ -88,15 +88,15 @@ def torch_scores(model, rows, vocab: int, budget: int, k: float):
             batch = [ids.tolist() for _ in part]
             for b, t in zip(batch, part):
                 b[t + 1] = int(top[t])
-            lp = logprobs(batch)
-            changed.update({t: lp[i] for i, t in enumerate(part)})
+            lp = logprobs(batch)  # [rows, n, V]: kept only at each changed text's own next tokens
+            changed.update({t: lp[i, np.arange(n - 1), batch[i][1:]] for i, t in enumerate(part)})
             forwards += len(part)
         ratios = []
         for t in range(n - 1):
             r = logp[t, ids[t + 1]] - logp[t, top[t]]  # 0 where the token is the top-1
-            if t in changed:
+            if t in changed:  # changed[t][j]: log p of the changed text's token j + 1 (the top-1 at j = t)
                 at = np.arange(t + 1, n - 2)  # the future predictions the authors read: never the text's last token
-                r += (logp[at, ids[at + 1]] - changed[t][at, ids[at + 1]]).sum()
+                r += (logp[at, ids[at + 1]] - changed[t][at]).sum()
             ratios.append(r / sigma[t])
         scores.append(float(np.sort(ratios)[: int(k_count(k, len(ratios)))].mean()))
     return np.array(scores), forwards
