@@ -40,25 +40,48 @@ def _timed(call, repeats: int, warm: bool) -> tuple[list[float], object]:
     return times, out
 
 
-def full_changed_logprobs(fns, state, ids, top, cache, todo, ends):
-    """(a'): ``infilling._changed_logprobs`` with each changed text run whole (no cached prefix)."""
+def whole_program(loaded):
+    """The program this project ran for each changed text before: a whole forward (``hidden_states`` from slot 0)
+    and the log-probabilities from the vocabulary-chunked kernel, nothing else."""
+    import jax
+    from flax import nnx
+
+    from mia_jax.batching import real_vocab_size
+    from mia_jax.stats import default_chunk, token_stats_from_hidden
+
+    graphdef, vocab, chunk = nnx.split(loaded.model)[0], real_vocab_size(loaded), default_chunk()
+
+    def logprob(state, ids):
+        model = nnx.merge(graphdef, state)
+        return token_stats_from_hidden(model.hidden_states(ids)[:, :-1], model.unembedding(), ids[:, 1:],
+                                       vocab_size=vocab, chunk_size=chunk).logprob
+
+    return jax.jit(logprob)
+
+
+def full_changed_logprobs(program):
+    """(a'): ``infilling._changed_logprobs`` with each changed text run whole by ``program`` (no cached prefix), in
+    chunks of about ``TOKENS_PER_BATCH`` tokens, as before."""
     import jax.numpy as jnp
     import numpy as np
 
     from mia_jax.methods import infilling as inf
 
-    length = ids.shape[1]
-    size = min(len(todo), max(1, inf.TOKENS_PER_BATCH["cpu"] // length))
-    out = {}
-    for first in range(0, len(todo), size):
-        part = todo[first: first + size]
-        batch = np.repeat(ids[[part[0][0]]], size, axis=0)
-        for i, (r, t) in enumerate(part):
-            batch[i] = ids[r]
-            batch[i, t + 1] = top[r, t]
-        lp = np.asarray(fns["text"](state, jnp.asarray(batch, jnp.int32))[0], np.float64)
-        out.update({key: lp[i] for i, key in enumerate(part)})
-    return out
+    def changed_logprobs(fns, state, ids, top, cache, todo, ends):
+        length = ids.shape[1]
+        size = min(len(todo), max(1, inf.TOKENS_PER_BATCH["cpu"] // length))
+        out = {}
+        for first in range(0, len(todo), size):
+            part = todo[first: first + size]
+            batch = np.repeat(ids[[part[0][0]]], size, axis=0)
+            for i, (r, t) in enumerate(part):
+                batch[i] = ids[r]
+                batch[i, t + 1] = top[r, t]
+            lp = np.asarray(program(state, jnp.asarray(batch, jnp.int32)), np.float64)
+            out.update({key: lp[i] for i, key in enumerate(part)})
+        return out
+
+    return changed_logprobs
 
 
 def torch_scores(model, rows, vocab: int, budget: int, k: float):
@@ -127,7 +150,7 @@ def run(args) -> int:
         results.append((label, times, got["infilling"], got["extra_forwards"].sum()))
 
     original = inf._changed_logprobs
-    inf._changed_logprobs = full_changed_logprobs
+    inf._changed_logprobs = full_changed_logprobs(whole_program(loaded))
     try:
         jax_way("(a') mia_jax, each changed text whole")
     finally:
