@@ -165,12 +165,13 @@ def test_changed_texts_from_the_cache_equal_full_forwards(monkeypatch, family, f
     *_, top, k, v = fns["text"](state, jnp.asarray(ids, jnp.int32))
     top = np.asarray(top)
     todo = [(r, t) for r, n in enumerate(lengths) for t in range(n - 3) if ids[r, t + 1] != top[r, t]]
-    ends = [int(inf._future_end(t, lengths[r], future)) for r, t in todo]
-    assert {s for s, _ in inf._windows(todo, ends, 30)} == {1, 17}  # two windows of slots
-    got = inf._changed_logprobs(fns, state, ids, top, (k, v), todo, ends)
+    ends = {(r, t): int(inf._future_end(t, lengths[r], future)) for r, t in todo}
+    assert {s for s, _ in inf._windows(ends, 30)} == {1, 17}  # two windows of slots
+    got = inf._changed_logprobs(fns, state, ids, top, (k, v), ends)
     alt = ids[[r for r, _ in todo]]
     alt[np.arange(len(todo)), [t + 1 for _, t in todo]] = [top[r, t] for r, t in todo]
     logits = np.asarray(jax.jit(lambda x: model(x))(jnp.asarray(alt, jnp.int32)), np.float64)  # one full forward
     ref = np.take_along_axis(log_softmax(logits[:, :-1], -1), alt[:, 1:, None], -1)[..., 0]
-    for i, ((r, t), end) in enumerate(zip(todo, ends)):
+    for i, (r, t) in enumerate(todo):
+        end = ends[(r, t)]
         np.testing.assert_allclose(got[(r, t)][t + 1: end + 1], ref[i, t + 1: end + 1], atol=2e-4, err_msg=str((r, t)))

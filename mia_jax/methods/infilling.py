@@ -147,30 +147,31 @@ def _future_end(t: np.ndarray, n: int, future: int | None) -> np.ndarray:
     return np.minimum(t + (n if future is None else future), n - 3)
 
 
-def _windows(todo: list[tuple[int, int]], ends: list[int], length: int) -> dict[tuple[int, int], list]:
-    """The changed texts ``todo`` ((row, t): token t+1 replaced) grouped by the slots each forward runs,
+def _windows(ends: dict[tuple[int, int], int], length: int) -> dict[tuple[int, int], list]:
+    """The changed texts of ``ends`` ({(row, t): last future index}, token t+1 replaced) grouped by the slots each
+    forward runs,
     {(start, stop): [(row, t), ...]}: slots 0..t are the original text's (its cached keys and values), so a forward
     starts at slot t+1, rounded down to a multiple of a width g (a few shapes to compile, at most g - 1 slots read
-    twice), and stops after the last future token ``ends[i]`` + 1 (rounded up to g, within ``length``)."""
+    twice), and stops after its last future token + 1 (rounded up to g, within ``length``)."""
     g = max(16, length // 8)
     out: dict[tuple[int, int], list] = {}
-    for (r, t), end in zip(todo, ends):
+    for (r, t), end in ends.items():
         start = t // g * g + 1
         stop = min(length, -(-(end + 2) // g) * g)
         out.setdefault((start, stop), []).append((r, t))
     return out
 
 
-def _changed_logprobs(fns, state, ids: np.ndarray, top: np.ndarray, cache: tuple, todo: list[tuple[int, int]],
-                      ends: list[int]) -> dict[tuple[int, int], np.ndarray]:
+def _changed_logprobs(fns, state, ids: np.ndarray, top: np.ndarray, cache: tuple,
+                      ends: dict[tuple[int, int], int]) -> dict[tuple[int, int], np.ndarray]:
     """{(r, t): log p [T-1] of text ``r`` of ``ids`` with its token t+1 replaced by ``top[r, t]``} for (r, t) in
-    ``todo``, defined at prediction indexes t+1..``ends`` (NaN before the forward's first slot). Each changed text
-    runs from its first changed slot against the original's cached keys and values ``cache`` (k, v), in chunks of
-    about ``batching.TOKENS_PER_BATCH`` new tokens (and at most 4 times that many cached slots)."""
+    ``ends``, defined at prediction indexes t+1..``ends[(r, t)]`` (NaN before the forward's first slot). Each
+    changed text runs from its first changed slot against the original's cached keys and values ``cache`` (k, v), in
+    chunks of about ``batching.TOKENS_PER_BATCH`` new tokens (and at most 4 times that many cached slots)."""
     length = ids.shape[1]
     budget = TOKENS_PER_BATCH.get(jax.default_backend(), TOKENS_PER_BATCH["gpu"])
     out = {}
-    for (start, stop), items in _windows(todo, ends, length).items():
+    for (start, stop), items in _windows(ends, length).items():
         size = min(len(items), max(1, min(budget // (stop - start), 4 * budget // stop)))
         for first in range(0, len(items), size):
             part = items[first: first + size]
@@ -201,10 +202,10 @@ def infilling_scores(loaded, ids, mask, *, k: float = DEFAULT_K, future: int | N
     lp, top_lp, sigma = lp.astype(np.float64), top_lp.astype(np.float64), np.sqrt(var.astype(np.float64))
     lengths = [int(np.flatnonzero(m)[-1]) + 2 if m.any() else 0 for m in mask]
     differs = mask & (ids[:, 1:] != top)
-    todo = [(r, int(t)) for r in range(len(ids)) for t in np.flatnonzero(differs[r])
-            if _future_end(t, lengths[r], opts["future"]) >= t + 1]
-    ends = [int(_future_end(t, lengths[r], opts["future"])) for r, t in todo]
-    changed = _changed_logprobs(fns, state, ids, top, (k_cache, v_cache), todo, ends)
+    last = ((r, int(t), int(_future_end(t, lengths[r], opts["future"]))) for r in range(len(ids))
+            for t in np.flatnonzero(differs[r]))
+    ends = {(r, t): end for r, t, end in last if end >= t + 1}  # the changed texts to read: a future token each
+    changed = _changed_logprobs(fns, state, ids, top, (k_cache, v_cache), ends)
     scores = np.full(len(ids), np.nan)
     extra = np.bincount(np.array([r for r, _ in changed], int), minlength=len(ids)).astype(np.float64)  # texts read
     for r in range(len(ids)):
@@ -215,7 +216,7 @@ def infilling_scores(loaded, ids, mask, *, k: float = DEFAULT_K, future: int | N
                 continue
             total = lp[r, t] - top_lp[r, t]
             if (r, t) in changed:
-                future = slice(t + 1, _future_end(t, lengths[r], opts["future"]) + 1)
+                future = slice(t + 1, ends[(r, t)] + 1)
                 total += float((lp[r, future] - changed[(r, t)][future]).sum())
             ratios.append(total / sigma[r, t])
         if ratios and np.isfinite(ratios).all():

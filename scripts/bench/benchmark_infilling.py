@@ -67,8 +67,8 @@ def full_changed_logprobs(program):
 
     from mia_jax.methods import infilling as inf
 
-    def changed_logprobs(fns, state, ids, top, cache, todo, ends):
-        length = ids.shape[1]
+    def changed_logprobs(fns, state, ids, top, cache, ends):
+        todo, length = list(ends), ids.shape[1]
         size = min(len(todo), max(1, inf.TOKENS_PER_BATCH["cpu"] // length))
         out = {}
         for first in range(0, len(todo), size):
