@@ -1,8 +1,9 @@
 """Text generation with a KV cache, for every architecture in `mia_jax.models`.
 
 Prompts are tokenized with the model's own tokenizer (its default special tokens, as the runner does),
-left-padded to one length, prefilled with one `model.decode` call, then extended one token at a time by a
-`jax.lax.while_loop` of single-token `decode` steps. The whole loop is one jit-compiled function with fixed
+left-padded to one length, prefilled with one `model.decode_last` call (the logits of the last slot only: the
+prompt's [B, P, V] logits are never formed), then extended one token at a time by a `jax.lax.while_loop` of
+single-token `decode` steps. The whole loop is one jit-compiled function with fixed
 shapes: the cache holds prompt + max_new_tokens slots, each row's positions count from its first real token
 (arange - n_pad) and its pad slots are masked. Sampling is greedy (temperature 0) or from
 softmax(logits / temperature), optionally restricted to the top-k tokens and/or the top-p nucleus. Each row has
@@ -160,8 +161,7 @@ def _generate_loop(graphdef, state, ids, n_pad, keys, limit, temperature, top_k,
     N = max_new_tokens
     cache = model.init_cache(B, P + N)
     key_mask = jnp.arange(P + N)[None, :] >= n_pad[:, None]
-    logits, cache = model.decode(ids, cache, jnp.arange(P)[None, :] - n_pad[:, None], key_mask)
-    last = logits[:, -1]
+    last, cache = model.decode_last(ids, cache, jnp.arange(P)[None, :] - n_pad[:, None], key_mask)
     valid = jnp.arange(last.shape[-1]) < vocab_limit  # padded vocabulary rows are never drawn
 
     def draw(row_logits, key):
