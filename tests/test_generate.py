@@ -210,6 +210,35 @@ def test_per_row_keys_and_budgets(model):
         G.generate_tokens(model, ids, n_pad, keys=keys[:2], **kw)
 
 
+def _loop_flops(model, ids, n_pad, prompts):
+    graphdef, state = nnx.split(model)
+    b, i32 = len(ids), jnp.int32
+    lowered = G._generate_loop.lower(
+        graphdef, state, jnp.asarray(ids, i32), jnp.asarray(n_pad, i32), G.row_keys(0, np.arange(b)),
+        jnp.full((b,), N_NEW, i32), jnp.float32(1.0), i32(2**31 - 1), jnp.float32(0.9), i32(-1), i32(0), i32(V),
+        None if prompts is None else tuple(jnp.asarray(x, i32) for x in prompts), max_new_tokens=N_NEW,
+        greedy=False, filtered=True, return_logits=False)
+    return lowered.compile().cost_analysis()["flops"]
+
+
+def test_rows_of_one_prompt_share_its_prefill(model):
+    """Rows that repeat a prompt (the samples of SaMIA and of the n-gram coverage attack) prefill it once
+    (``shared_prompts``, as ``generate_ids`` passes it): the same tokens and logits as with every row prefilled, and
+    the compiled loop counts under half the floating-point operations (2 prompts of 64 and 40 tokens, 12 rows each,
+    prefilled as 8 rows instead of 24: 2.9 times fewer)."""
+    ids, n_pad = left_padded((64, 40), seed=4)
+    rows = np.repeat([0, 1], 12)
+    ids, n_pad = ids[rows], n_pad[rows]
+    prompts = G.shared_prompts([list(r[n:]) for r, n in zip(ids, n_pad)])
+    assert prompts is not None and list(prompts[1]) == list(rows) and list(prompts[0][:2]) == [0, 12]
+    kw = dict(max_new_tokens=N_NEW, temperature=1.0, top_p=0.9, seed=3, return_logits=True)
+    every = G.generate_tokens(model, ids, n_pad, **kw)
+    shared = G.generate_tokens(model, ids, n_pad, prompts=prompts, **kw)
+    np.testing.assert_array_equal(np.asarray(shared[0]), np.asarray(every[0]))
+    np.testing.assert_allclose(np.asarray(shared[2]), np.asarray(every[2]), atol=1e-5)
+    assert _loop_flops(model, ids, n_pad, prompts) < _loop_flops(model, ids, n_pad, None) / 2
+
+
 def test_one_compilation_for_keys_budgets_and_sampling_params(model):
     ids, n_pad = left_padded(PROMPT_LENS, seed=2)
     G.generate_tokens(model, ids, n_pad, max_new_tokens=N_NEW, temperature=1.0, top_p=0.9)
@@ -323,11 +352,14 @@ def test_generate_ids_eos_and_truncation(loaded):
             G.generate_ids(loaded, prompt, **{"max_new_tokens": 4, **bad})
 
 
-def test_sample_completions(loaded):
+def test_sample_completions(loaded, monkeypatch):
     prompts = ["The film was released in", "He was born in the city of", "A", "The station opened"]
     ids, budgets = G.encode_prompts(loaded, prompts), [5, 2, 9, 1]
+    shared, real = [], G.generate_tokens
+    monkeypatch.setattr(G, "generate_tokens", lambda *a, **k: shared.append(k["prompts"] is not None) or real(*a, **k))
     texts, n_tokens = G.sample_completions(loaded, ids, budgets, prompts, n_samples=3, temperature=1.0, top_k=5,
                                            seed=3, batch_size=3, progress=False)
+    assert shared == [True, True]  # 9 rows of 3 prompts a loop: each prompt prefilled once (as 8 rows, padded)
     assert [len(t) for t in texts] == [len(n) for n in n_tokens] == [3] * 4
     assert all(0 <= n <= b for b, ns in zip(budgets, n_tokens) for n in ns)
     # sample j of a prompt is the row with key row_keys(seed, text_hash(key text), j), alone or in any batch

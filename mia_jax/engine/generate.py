@@ -149,9 +149,12 @@ def row_keys(seed: int, *columns) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "filtered", "return_logits"))
 def _generate_loop(graphdef, state, ids, n_pad, keys, limit, temperature, top_k, top_p, eos_token_id, pad_token_id,
-                   vocab_limit, *, max_new_tokens: int, greedy: bool, filtered: bool, return_logits: bool):
+                   vocab_limit, prompts=None, *, max_new_tokens: int, greedy: bool, filtered: bool,
+                   return_logits: bool):
     """Prefill + while_loop of single-token decode steps. keys [B]: one PRNG key per row (step i draws with
-    ``fold_in(keys[row], i)``); limit int32 [B]: a row stops after this many tokens (0: it emits only pad).
+    ``fold_in(keys[row], i)``); limit int32 [B]: a row stops after this many tokens (0: it emits only pad);
+    prompts: None, or (first [U], which [B]) when rows repeat a prompt: the prefill runs rows ``first`` only (U
+    distinct prompts) and row r starts from the cache and logits of prompt ``which[r]``.
     Traced (no recompilation when they change): the keys, the budgets, the sampling parameters, EOS (-1: none),
     pad and the vocabulary limit; static: the model structure, the number of new tokens (the loop's length),
     greedy vs sampling vs filtered sampling, and whether to return the logits.
@@ -159,9 +162,16 @@ def _generate_loop(graphdef, state, ids, n_pad, keys, limit, temperature, top_k,
     model = nnx.merge(graphdef, state)
     B, P = ids.shape
     N = max_new_tokens
-    cache = model.init_cache(B, P + N)
     key_mask = jnp.arange(P + N)[None, :] >= n_pad[:, None]
-    last, cache = model.decode_last(ids, cache, jnp.arange(P)[None, :] - n_pad[:, None], key_mask)
+    positions = jnp.arange(P)[None, :] - n_pad[:, None]
+    if prompts is None:
+        last, cache = model.decode_last(ids, model.init_cache(B, P + N), positions, key_mask)
+    else:  # one prefill per distinct prompt; every row from its prompt's cache (rows: axis 1) and logits
+        first, which = prompts
+        last, cache = model.decode_last(ids[first], model.init_cache(first.shape[0], P + N), positions[first],
+                                        key_mask[first])
+        cache = {"k": cache["k"][:, which], "v": cache["v"][:, which], "index": cache["index"]}
+        last = last[which]
     valid = jnp.arange(last.shape[-1]) < vocab_limit  # padded vocabulary rows are never drawn
 
     def draw(row_logits, key):
@@ -197,14 +207,15 @@ def _generate_loop(graphdef, state, ids, n_pad, keys, limit, temperature, top_k,
 def generate_tokens(model, ids, n_pad, *, max_new_tokens: int = 20, temperature: float = 0.0,
                     top_k: int | None = None, top_p: float | None = None, seed: int = 0, keys=None, budgets=None,
                     eos_token_id: int | None = None, pad_token_id: int = 0, vocab_limit: int | None = None,
-                    return_logits: bool = False):
+                    return_logits: bool = False, prompts=None):
     """The jit-compiled sampling loop on arrays: left-padded ids int [B, P] with n_pad [B] pad tokens per row
     -> (tokens int32 [B, max_new_tokens], stopped-at-EOS bool [B], logits [B, max_new_tokens, V] or None).
     Greedy when temperature is 0 (top_k / top_p then ignored); tokens >= vocab_limit are never drawn.
 
     keys: typed PRNG keys [B] (or raw uint32 [B, 2]), one per row; default ``row_keys(seed, range(B))`` (seed is
     ignored when keys are given). budgets: int [B], each row's token budget in [0, max_new_tokens] (a row stops at
-    EOS or after its budget, then emits pad; 0 = a filler row); default max_new_tokens for every row."""
+    EOS or after its budget, then emits pad; 0 = a filler row); default max_new_tokens for every row. prompts:
+    (first, which) of `shared_prompts` when rows repeat a prompt (one prefill per prompt), or None."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     ids, n_pad = jnp.asarray(ids, jnp.int32), jnp.asarray(n_pad, jnp.int32)
     B = ids.shape[0]
@@ -218,6 +229,7 @@ def generate_tokens(model, ids, n_pad, *, max_new_tokens: int = 20, temperature:
         jnp.float32(temperature or 1.0), i32(2**31 - 1 if top_k is None else top_k),
         jnp.float32(2.0 if top_p is None else top_p), i32(-1 if eos_token_id is None else eos_token_id),
         i32(pad_token_id), i32(2**31 - 1 if vocab_limit is None else vocab_limit),
+        None if prompts is None else tuple(jnp.asarray(x, jnp.int32) for x in prompts),
         max_new_tokens=max_new_tokens, greedy=temperature == 0, filtered=filtered, return_logits=return_logits)
 
 
@@ -318,13 +330,33 @@ def generate_ids(loaded, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens:
     tokens, finished, logits = generate_tokens(
         loaded.model, ids, n_pad, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
         top_p=top_p, seed=seed, keys=keys, budgets=limit, eos_token_id=loaded.eos_token_id if stop_at_eos else None,
-        pad_token_id=pad, vocab_limit=vocab, return_logits=return_logits)
+        pad_token_id=pad, vocab_limit=vocab, return_logits=return_logits, prompts=shared_prompts(fitted))
     tokens, finished = np.asarray(tokens), np.asarray(finished)
     n_generated = limit.astype(np.int64)
     for r in np.flatnonzero(finished):
         n_generated[r] = int(np.argmax(tokens[r] == loaded.eos_token_id)) + 1
     return Generation(tokens=tokens, n_generated=n_generated, finished=finished, prompt_ids=fitted,
                       truncated=truncated, logits=None if logits is None else np.asarray(logits))
+
+
+def shared_prompts(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(first [U], which [B]) when the B prompts hold U < B distinct ones: ``first`` the row of each distinct prompt's
+    first occurrence, padded with row 0 to a multiple of PROMPT_MULTIPLE (fewer compiled shapes), ``which[r]`` the
+    index into ``first`` of row r's prompt; None when that saves no row (e.g. every prompt distinct).
+
+    >>> first, which = shared_prompts([[5, 6]] * 4 + [[7]] + [[5, 6]] * 5)
+    >>> print(first, which)
+    [0 4 0 0 0 0 0 0] [0 0 0 0 1 0 0 0 0 0]
+    >>> shared_prompts([[5, 6], [5, 6], [7]]) is None  # 8 prefill rows (2, padded) would save none of 3
+    True
+    """
+    index: dict[tuple, int] = {}
+    which = np.array([index.setdefault(tuple(p), len(index)) for p in prompts], np.int64)
+    first = [int(np.argmax(which == u)) for u in range(len(index))]
+    size = -(-len(first) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
+    if size >= len(prompts):
+        return None
+    return np.array(first + [0] * (size - len(first)), np.int64), which
 
 
 def generate(loaded, prompts: Sequence[str], *, max_new_tokens: int = 20, temperature: float = 0.0,
