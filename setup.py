@@ -39,7 +39,7 @@ setup(
     ],
     extras_require={
         # torch is the CPU build (pip install torch==2.13.0 finds the local CPU wheel here)
-        # pytest-xdist: `make test` runs the suite in two worker processes (work stealing)
+        # pytest-xdist: `make test` runs the suite in two worker processes (tests grouped by file)
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis==6.170.15", "torch==2.13.0",
                  "transformers==5.23.0", "ruff==0.17.6"],
     },
