@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from mia_jax.engine import generate as G
+from mia_jax.engine import nucleus as N
 from mia_jax.cli import main
 from mia_jax.errors import UserError
 from mia_jax.models import checkpoint, gemma3, gpt2, gpt_neox, llama, opt
@@ -261,7 +262,7 @@ def test_sample_logits_support():
     keys = jax.random.split(jax.random.key(0), 2000)
 
     def draw(keys, **kw):
-        return jax.vmap(lambda k: G.sample_logits(logits, k, **kw)[0])(keys)
+        return jax.vmap(lambda k: N.sample_logits(logits, k, **kw)[0])(keys)
 
     freq = lambda toks: np.bincount(np.asarray(toks), minlength=5) / len(toks)  # noqa: E731
     assert set(np.unique(draw(keys, temperature=1.0, top_k=2))) == {0, 1}
@@ -430,15 +431,15 @@ def _kept_by_sorting(x: np.ndarray, top_k, top_p) -> np.ndarray:
 @pytest.mark.parametrize("top_k, top_p", [(None, 0.95), (None, 0.5), (None, 1e-6), (50, None), (1, None),
                                           (3, 0.9), (50, 0.5), (2000, 0.99)])
 def test_filter_threshold_keeps_what_sorting_keeps(top_k, top_p):
-    """``generate.filter_threshold`` (no sort: bit-by-bit searches over the logits' order keys) keeps exactly the
+    """``nucleus.filter_threshold`` (no sort: bit-by-bit searches over the logits' order keys) keeps exactly the
     tokens a float64 sort of each row keeps, on rows with ties (at the k-th largest too) and -inf logits."""
     rng = np.random.default_rng(7)
     rows = [rng.normal(size=1000) * s for s in (0.3, 2.0, 8.0) for _ in range(20)]
     rows += [np.round(rng.normal(size=1000) * 2) / 2 for _ in range(20)]  # many ties
     rows += [np.where(rng.random(1000) < 0.3, -np.inf, rng.normal(size=1000)) for _ in range(20)]
     x = np.asarray(rows, np.float32)
-    keys = G.order_keys(jnp.asarray(x))
-    kept = np.asarray(keys >= G.filter_threshold(jnp.asarray(x), keys, top_k, top_p)[:, None])
+    keys = N.order_keys(jnp.asarray(x))
+    kept = np.asarray(keys >= N.filter_threshold(jnp.asarray(x), keys, top_k, top_p)[:, None])
     want = np.stack([_kept_by_sorting(r.astype(np.float64), top_k, top_p) for r in x])
     assert (kept == want).all(), np.flatnonzero((kept != want).any(axis=1))
     assert kept.any(axis=1).all()
@@ -446,5 +447,5 @@ def test_filter_threshold_keeps_what_sorting_keeps(top_k, top_p):
 
 def test_order_keys_follow_the_floats():
     x = np.array([-np.inf, -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, np.inf], np.float32)
-    keys = np.asarray(G.order_keys(jnp.asarray(x))).astype(np.int64)
+    keys = np.asarray(N.order_keys(jnp.asarray(x))).astype(np.int64)
     assert (np.diff(keys) > 0).all()

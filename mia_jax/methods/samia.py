@@ -149,7 +149,7 @@ def sample_continuations(loaded, texts: Sequence[str], *, n_samples: int = 10, p
                          label: str = "samia") -> SampleSet:
     """``n_samples`` continuations of each text's prefix (``split_prefix``) from the ``LoadedModel``, each at most
     its text's budget (see the module docstring), seeded per (seed, text, sample), filtered by ``top_k`` / ``top_p``
-    (``generate.sample_logits``). ``batch_size`` texts (x ``n_samples`` rows) share one sampling loop; texts are
+    (``nucleus.sample_logits``). ``batch_size`` texts (x ``n_samples`` rows) share one sampling loop; texts are
     grouped by length (the result does not depend on it). ``label``: the method the skip reasons name."""
     if isinstance(texts, str):
         raise UserError("texts must be a list of strings, not one string")

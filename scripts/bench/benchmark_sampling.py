@@ -3,7 +3,7 @@ first half of words), ``--samples`` continuations each of exactly ``--new-tokens
 temperature 1 and top-p 0.95, in one batch, three ways in one process, each timed on the same job:
 
   (a)  mia_jax (``generate.generate_ids``: prefill + a jit-compiled while_loop of KV-cached decode steps, the top-p
-       threshold found without sorting the vocabulary, ``generate.filter_threshold``);
+       threshold found without sorting the vocabulary, ``nucleus.filter_threshold``);
   (a') the same loop with the filter this project used before it: a sort of each row's vocabulary at every step;
   (c)  the anchor: transformers + torch ``model.generate(do_sample=True, top_p=0.95, top_k=0)`` on the same model
        (float32, built from the same GGUF), the same prompts left-padded, the same number of new tokens.
@@ -31,7 +31,7 @@ PROG = "python scripts/bench/benchmark_sampling.py"
 
 
 def sort_filter_sample_logits(logits, key, *, temperature=1.0, top_k=None, top_p=None):
-    """``generate.sample_logits`` as it was with a sort of the vocabulary (for (a') only)."""
+    """``nucleus.sample_logits`` as ``generate`` calls it, as it was with a sort of the vocabulary (for (a') only)."""
     import jax
     import jax.numpy as jnp
 
