@@ -135,7 +135,7 @@ def compiled_loop(model, ids, n_pad, prompts=None):
         graphdef, state, jnp.asarray(ids, i32), jnp.asarray(n_pad, i32), G.row_keys(0, np.arange(b)),
         jnp.full((b,), N_NEW, i32), jnp.float32(1.0), i32(2**31 - 1), jnp.float32(0.9), i32(-1), i32(0),
         i32(model.config.vocab_size), None if prompts is None else tuple(jnp.asarray(x, i32) for x in prompts),
-        max_new_tokens=N_NEW, greedy=False, filtered=True, return_logits=False).compile()
+        max_new_tokens=N_NEW, greedy=False, filters=(False, True), return_logits=False).compile()
 
 
 def test_prefill_keeps_only_the_last_logits():
@@ -262,7 +262,7 @@ def test_sample_logits_support():
     keys = jax.random.split(jax.random.key(0), 2000)
 
     def draw(keys, **kw):
-        return jax.vmap(lambda k: N.sample_logits(logits, k, **kw)[0])(keys)
+        return jax.vmap(lambda k: N.sample_logits(logits, k[None], **kw)[0])(keys)
 
     freq = lambda toks: np.bincount(np.asarray(toks), minlength=5) / len(toks)  # noqa: E731
     assert set(np.unique(draw(keys, temperature=1.0, top_k=2))) == {0, 1}
@@ -271,6 +271,9 @@ def test_sample_logits_support():
     assert f[4] == 0 and abs(f[0] - 0.5) < 0.05 and abs(f[3] - 0.05) < 0.02
     f = freq(draw(keys, temperature=0.5, top_k=jnp.int32(3), top_p=jnp.float32(0.99)))  # traced filters
     assert f[3] == f[4] == 0 and abs(f[0] - 0.25 / 0.3625) < 0.05  # p^2 renormalised over the top 3
+    for n in (1, 2, 5):  # from the n largest (candidates) when every kept token is one, else the whole row
+        f = freq(draw(keys, temperature=1.0, top_p=0.9, candidates=n))
+        assert f[3] == f[4] == 0 and abs(f[0] - 0.5 / 0.95) < 0.05 and abs(f[2] - 0.15 / 0.95) < 0.03
 
 
 def test_eos_stops_a_row(model):
@@ -449,3 +452,40 @@ def test_order_keys_follow_the_floats():
     x = np.array([-np.inf, -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, np.inf], np.float32)
     keys = np.asarray(N.order_keys(jnp.asarray(x))).astype(np.int64)
     assert (np.diff(keys) > 0).all()
+
+
+BOTH = {"candidates", "whole row"}
+
+
+@pytest.mark.parametrize("top_k, top_p, paths_taken", [(None, 0.95, BOTH), (None, 0.5, BOTH), (50, None, BOTH),
+                                                        (3, 0.9, {"candidates"}), (200, None, {"whole row"}),
+                                                        (None, 1.0, {"whole row"})])
+@pytest.mark.parametrize("fallback_rows", [N.FALLBACK_ROWS, (1,), (50,)])
+def test_sample_logits_draws_among_candidates_or_the_whole_row(top_k, top_p, paths_taken, fallback_rows,
+                                                               monkeypatch):
+    """``nucleus.sample_logits`` draws a row from its ``candidates`` largest logits when every token the filters
+    keep (a float64 sort of the row) is one of them, else over its whole row, with the row's key either way; a row's
+    token does not depend on the other rows (the batch shuffled and cut gives the same tokens)."""
+    rng = np.random.default_rng(3)
+    rows = [rng.normal(size=1000) * s for s in (0.1, 0.5, 2.0, 8.0) for _ in range(10)]
+    rows += [np.round(rng.normal(size=1000)) for _ in range(5)]  # ties at the smallest candidate
+    x = np.asarray(rows, np.float32)
+    keys = G.row_keys(0, range(len(x)))
+    n = 64
+    got = np.asarray(N.sample_logits(jnp.asarray(x), keys, top_k=top_k, top_p=top_p, candidates=n))
+    paths = set()
+    for r, row in enumerate(x):
+        kept = _kept_by_sorting(row.astype(np.float64), top_k, top_p)
+        top = np.argsort(-row, kind="stable")[:n]
+        neg = np.finfo(np.float32).min
+        if kept.sum() < n and kept[top].sum() == kept.sum() and (row[top[-1]] < row[kept].min()):
+            want = top[int(jax.random.categorical(keys[r], jnp.where(kept[top], row[top], neg)))]
+            paths.add("candidates")
+        else:
+            want = int(jax.random.categorical(keys[r], jnp.where(kept, row, neg)))
+            paths.add("whole row")
+        assert got[r] == want, r
+    assert paths == paths_taken
+    perm = rng.permutation(len(x))[:17]
+    again = np.asarray(N.sample_logits(jnp.asarray(x[perm]), keys[perm], top_k=top_k, top_p=top_p, candidates=n))
+    np.testing.assert_array_equal(again, got[perm])

@@ -88,9 +88,9 @@ def row_keys(seed: int, *columns) -> jax.Array:
     return jax.vmap(one)(*cols)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "filtered", "return_logits"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "filters", "return_logits"))
 def _generate_loop(graphdef, state, ids, n_pad, keys, limit, temperature, top_k, top_p, eos_token_id, pad_token_id,
-                   vocab_limit, prompts=None, *, max_new_tokens: int, greedy: bool, filtered: bool,
+                   vocab_limit, prompts=None, *, max_new_tokens: int, greedy: bool, filters: tuple,
                    return_logits: bool):
     """Prefill + while_loop of single-token decode steps. keys [B]: one PRNG key per row (step i draws with
     ``fold_in(keys[row], i)``); limit int32 [B]: a row stops after this many tokens (0: it emits only pad);
@@ -98,7 +98,7 @@ def _generate_loop(graphdef, state, ids, n_pad, keys, limit, temperature, top_k,
     distinct prompts) and row r starts from the cache and logits of prompt ``which[r]``.
     Traced (no recompilation when they change): the keys, the budgets, the sampling parameters, EOS (-1: none),
     pad and the vocabulary limit; static: the model structure, the number of new tokens (the loop's length),
-    greedy vs sampling vs filtered sampling, and whether to return the logits.
+    greedy vs sampling, which filters (``filters``: top_k given, top_p given), and whether to return the logits.
     -> (tokens int32 [B, N], stopped-at-EOS bool [B], logits float32 [B, N, V] or None)."""
     model = nnx.merge(graphdef, state)
     B, P = ids.shape
@@ -115,17 +115,14 @@ def _generate_loop(graphdef, state, ids, n_pad, keys, limit, temperature, top_k,
         last = last[which]
     valid = jnp.arange(last.shape[-1]) < vocab_limit  # padded vocabulary rows are never drawn
 
-    def draw(row_logits, key):
-        return sample_logits(row_logits[None], key, temperature=temperature, top_k=top_k if filtered else None,
-                             top_p=top_p if filtered else None)[0]
-
     def body(carry):
         i, tokens, cache, last, done, finished, seen = carry
         masked = jnp.where(valid, last, -jnp.inf)
         if greedy:
             tok = jnp.argmax(masked, axis=-1).astype(jnp.int32)
         else:
-            tok = jax.vmap(draw)(masked, jax.vmap(jax.random.fold_in, (0, None))(keys, i))
+            tok = sample_logits(masked, jax.vmap(jax.random.fold_in, (0, None))(keys, i), temperature=temperature,
+                                top_k=top_k if filters[0] else None, top_p=top_p if filters[1] else None)
         tok = jnp.where(done, pad_token_id, tok)
         tokens = tokens.at[:, i].set(tok)
         if return_logits:
@@ -163,7 +160,6 @@ def generate_tokens(model, ids, n_pad, *, max_new_tokens: int = 20, temperature:
     keys = row_keys(seed, np.arange(B)) if keys is None else _check_keys(keys, B)
     limit = np.full(B, max_new_tokens, np.int32) if budgets is None else _check_budgets(budgets, B, max_new_tokens)
     graphdef, state = nnx.split(model)
-    filtered = top_k is not None or top_p is not None
     i32 = lambda v: jnp.int32(v)  # noqa: E731
     return _generate_loop(
         graphdef, state, ids, n_pad, keys, jnp.asarray(limit),
@@ -171,7 +167,8 @@ def generate_tokens(model, ids, n_pad, *, max_new_tokens: int = 20, temperature:
         jnp.float32(2.0 if top_p is None else top_p), i32(-1 if eos_token_id is None else eos_token_id),
         i32(pad_token_id), i32(2**31 - 1 if vocab_limit is None else vocab_limit),
         None if prompts is None else tuple(jnp.asarray(x, jnp.int32) for x in prompts),
-        max_new_tokens=max_new_tokens, greedy=temperature == 0, filtered=filtered, return_logits=return_logits)
+        max_new_tokens=max_new_tokens, greedy=temperature == 0,
+        filters=(top_k is not None, top_p is not None), return_logits=return_logits)
 
 
 def _check_keys(keys, B: int) -> jax.Array:
