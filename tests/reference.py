@@ -14,12 +14,14 @@ def ref_token_arrays(logits, targets, vocab_size=None):
     x = np.asarray(logits, np.float64)
     if vocab_size is not None:
         x = x[..., :vocab_size]
-    lse = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1)
-    logp = x - lse[..., None]
-    p = np.exp(logp)
+    top = x.max(-1, keepdims=True)
+    e = np.exp(x - top)
+    z = e.sum(-1, keepdims=True)
+    logp = x - (np.log(z) + top)
+    p = e / z
     lp = np.take_along_axis(logp, targets[..., None], -1)[..., 0]
-    mu = (p * logp).sum(-1)
-    sigma = np.sqrt((p * logp**2).sum(-1) - mu**2)
+    mu = np.einsum("...v,...v->...", p, logp)  # sums of products without a [.., V] temporary each
+    sigma = np.sqrt(np.einsum("...v,...v,...v->...", p, logp, logp) - mu**2)
     ent = -mu
     rank = 1 + (x > np.take_along_axis(x, targets[..., None], -1)).sum(-1)
     return lp, mu, sigma, ent, rank
