@@ -63,6 +63,7 @@ DETECTORS = ["results/detectors/wikimia32", "results/detectors/wikimia32-2025", 
              "results/detectors/wikimia32-gemma-2025", "results/detectors/mimir-smollm2",
              "results/detectors/mimir-smollm2-2025", "results/detectors/mimir-smollm2-infilling",
              "results/detectors/mimir-gemma", "results/detectors/mimir-gemma-2025",
+             "results/detectors/mimir-gemma-ngram", "results/detectors/mimir-gemma-infilling",
              "results/detectors/contamination", "results/detectors/contamination-sample"]
 AUDITS = [("audit-books", "books"), ("audit-books", "books_control"), ("audit-unlearning", "unlearning"),
           ("audit-unlearning", "unlearning_control")]
