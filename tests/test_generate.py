@@ -465,7 +465,9 @@ def test_sample_logits_draws_among_candidates_or_the_whole_row(top_k, top_p, pat
                                                                monkeypatch):
     """``nucleus.sample_logits`` draws a row from its ``candidates`` largest logits when every token the filters
     keep (a float64 sort of the row) is one of them, else over its whole row, with the row's key either way; a row's
-    token does not depend on the other rows (the batch shuffled and cut gives the same tokens)."""
+    token does not depend on the other rows (the batch shuffled and cut gives the same tokens); whether the rows to
+    redo over their whole vocabulary are gathered (``fallback_rows``: 1, 50 or the default sizes) changes nothing."""
+    monkeypatch.setattr(N, "FALLBACK_ROWS", fallback_rows)
     rng = np.random.default_rng(3)
     rows = [rng.normal(size=1000) * s for s in (0.1, 0.5, 2.0, 8.0) for _ in range(10)]
     rows += [np.round(rng.normal(size=1000)) for _ in range(5)]  # ties at the smallest candidate
@@ -478,7 +480,7 @@ def test_sample_logits_draws_among_candidates_or_the_whole_row(top_k, top_p, pat
         kept = _kept_by_sorting(row.astype(np.float64), top_k, top_p)
         top = np.argsort(-row, kind="stable")[:n]
         neg = np.finfo(np.float32).min
-        if kept.sum() < n and kept[top].sum() == kept.sum() and (row[top[-1]] < row[kept].min()):
+        if row[top[-1]] < row[kept].min():  # every kept token above the smallest candidate: all are candidates
             want = top[int(jax.random.categorical(keys[r], jnp.where(kept[top], row[top], neg)))]
             paths.add("candidates")
         else:
