@@ -32,7 +32,7 @@ def sample_logits(logits, keys, *, temperature=1.0, top_k=None, top_p=None, cand
     against 3.0 s. ``scripts/bench/benchmark_sampling.py`` times the whole sampling loop both ways."""
     logits = logits.astype(jnp.float32) / temperature
     if top_k is None and top_p is None:
-        return _draw(keys, logits)
+        return draw_whole_rows(logits, keys)
     n = min(candidates, logits.shape[-1])
     # the barrier keeps XLA's TopK: with the slices below read from its output, a CPU compilation rewrote it as a
     # sort of the whole vocabulary (9 s for 160 rows of 262,144 ids, against 0.2 s)
@@ -55,17 +55,25 @@ def _draw(keys, logits):
     return jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, logits).astype(jnp.int32)
 
 
+def draw_whole_rows(logits, keys, top_k=None, top_p=None):
+    """Token ids [B] from float32 logits [B, V] (already divided by the temperature), row b drawn with ``keys[b]``
+    after the filters' threshold is searched over its whole row: what :func:`sample_logits` does for the rows whose
+    kept tokens are not all candidates (and what it did for every row before it looked at candidates)."""
+    if top_k is not None or top_p is not None:
+        order = order_keys(logits)
+        kept = order >= filter_threshold(logits, order, top_k, top_p)[..., None]
+        logits = jnp.where(kept, logits, jnp.finfo(jnp.float32).min)
+    return _draw(keys, logits)
+
+
 def _whole_rows(logits, keys, tokens, redo, top_k, top_p):
     """``tokens`` [B] with the rows ``redo`` [B] filtered and drawn over their whole vocabulary: gathered into the
     smallest of FALLBACK_ROWS' sizes that holds them, else every row of the batch (the others keep their token);
     nothing when no row needs it."""
     def redraw(rows):
-        sub, k = (logits, keys) if rows is None else (logits[rows], keys[rows])
-        order = order_keys(sub)
-        t = filter_threshold(sub, order, top_k, top_p)
-        drawn = _draw(k, jnp.where(order >= t[..., None], sub, jnp.finfo(jnp.float32).min))
         if rows is None:
-            return jnp.where(redo, drawn, tokens)
+            return jnp.where(redo, draw_whole_rows(logits, keys, top_k, top_p), tokens)
+        drawn = draw_whole_rows(logits[rows], keys[rows], top_k, top_p)
         return tokens.at[rows].set(jnp.where(redo[rows], drawn, tokens[rows]))
 
     count = jnp.sum(redo)

@@ -35,18 +35,12 @@ PROG = "python scripts/bench/benchmark_sampling.py"
 
 def whole_row_sample_logits(logits, keys, *, temperature=1.0, top_k=None, top_p=None):
     """``nucleus.sample_logits`` as it was before it looked at the candidates first (for (a') only): the filters'
-    threshold searched over each whole row and the token drawn over the whole row."""
-    import jax
+    threshold searched over each whole row and the token drawn over the whole row (``nucleus.draw_whole_rows``)."""
     import jax.numpy as jnp
 
     from mia_jax.engine import nucleus
 
-    logits = logits.astype(jnp.float32) / temperature
-    if top_k is not None or top_p is not None:
-        order = nucleus.order_keys(logits)
-        kept = order >= nucleus.filter_threshold(logits, order, top_k, top_p)[..., None]
-        logits = jnp.where(kept, logits, jnp.finfo(jnp.float32).min)
-    return jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, logits).astype(jnp.int32)
+    return nucleus.draw_whole_rows(logits.astype(jnp.float32) / temperature, keys, top_k, top_p)
 
 
 def _timed(call, repeats: int) -> tuple[float, list[float], object]:
@@ -78,9 +72,8 @@ def run(args) -> int:
     rows = []
 
     def jax_way(label):
-        first, times, gen = _timed(lambda: G.generate_ids(loaded, ids, **kw), args.repeats)
+        first, times, _ = _timed(lambda: G.generate_ids(loaded, ids, **kw), args.repeats)
         rows.append((label, first, times))
-        return gen.tokens
 
     original = G.sample_logits
     G.sample_logits = whole_row_sample_logits
