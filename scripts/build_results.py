@@ -17,10 +17,8 @@ process, from the repository's root, with the relative paths the tables record):
   ``mia-jax audit-unlearning --from ...`` (unlearning, unlearning_control), ``mia-jax window-metrics
   results/audits/concat/<run> --data results/audits/concat/contam.jsonl`` (its table into ``<run>.windows.md``), and
   ``results/audits.md`` from its template ``results/audits/README.md`` (``mia_jax.audits.overview_report``);
-- the detectors: ``python scripts/detectors.py --from results/detectors/wikimia32 results/detectors/wikimia32-2025
-  results/detectors/wikimia32-gemma results/detectors/mimir-smollm2 results/detectors/mimir-gemma
-  results/detectors/contamination results/detectors/contamination-sample --header results/detectors/README.md --md
-  results/detectors.md``.
+- the detectors: ``python scripts/detectors.py --from`` every folder of ``DETECTORS`` below ``--header
+  results/detectors/README.md --md results/detectors.md`` (the command printed at the top of that README).
 
 ``--seeds N`` runs the same steps in a temporary copy while recording every Holm family of comparisons
 (:mod:`mia_jax.evaluation.verdict_log`), recomputes each family under N other bootstrap seeds (each comparison at its
@@ -64,7 +62,8 @@ DETECTORS = ["results/detectors/wikimia32", "results/detectors/wikimia32-2025", 
              "results/detectors/mimir-smollm2-2025", "results/detectors/mimir-smollm2-infilling",
              "results/detectors/mimir-gemma", "results/detectors/mimir-gemma-2025",
              "results/detectors/mimir-gemma-ngram", "results/detectors/mimir-gemma-infilling",
-             "results/detectors/contamination", "results/detectors/contamination-sample"]
+             "results/detectors/mimir-gemma-infilling-40", "results/detectors/contamination",
+             "results/detectors/contamination-sample"]
 AUDITS = [("audit-books", "books"), ("audit-books", "books_control"), ("audit-unlearning", "unlearning"),
           ("audit-unlearning", "unlearning_control")]
 META = {"info.json", "unlearning.json"}  # an audit's record of itself: equal but for its "rebuilt" key
