@@ -143,7 +143,8 @@ def section(folder: Path, n_bootstrap: int = 1000) -> str:
                       f" (Holm p {pvalue.p_text(c['p_holm'], comparisons.resamples(row[4]))})")
     avg = " (mean over datasets, resampled within each)" if several else ""
     tps = lambda c: "n/a" if c["tokens_per_second"] is None else f"{c['tokens_per_second']:.0f}"  # noqa: E731
-    text = [f"## {info['name']}" + (" (sample)" if info.get("per_cell") else "") + f": {_model_label(info)}\n",
+    text = [f"## {info['name']}" + (" (sample)" if info.get("per_cell") else "") + f": {_model_label(info)}"
+            f" (`{folder.name}`)\n",  # the folder: several runs may share a benchmark and a model
             f"{info['n_evaluated']} texts evaluated"
             + (f" (a seeded sample of {info['per_cell']} per dataset and label)" if info.get("per_cell") else "")
             + f" ({info['n_shots_held_out']} held out as ReCaLL shots, {info['shots_per_prefix']} per prefix"

@@ -154,6 +154,8 @@ def test_report_cells(det, tmp_path, capsys):
     assert det.main(["--from", str(enough), str(few), "--n-bootstrap", "20"]) == 0
     text = capsys.readouterr().out
     first, second = text.split("## synthetic: m")[1:]
+    # each section's heading names its folder (two runs of one benchmark and model are told apart)
+    assert first.splitlines()[0].endswith(" (`enough`)") and second.splitlines()[0].endswith(" (`few`)")
     base = [line for line in first.splitlines() if line.startswith("| min_k_pp@0.2 |")][0]
     assert "—" in base and "[" in base
     loss = [line for line in first.splitlines() if line.startswith("| loss |")][0]
