@@ -179,3 +179,30 @@ def test_cpu_runs_two_steps_at_once_and_writes_their_records_in_order(tiny, tmp_
     assert seen0["most"] == 1 and seen0["threads"] == {"MainThread"}
     assert [r["index"] for r in together] == list(range(len(texts)))
     assert together == alone and file2 == file0
+
+
+def test_ctrl_c_while_a_worker_step_runs_is_a_keyboard_interrupt(monkeypatch):
+    """Waiting for a worker's step never enters ``Condition.wait`` (a KeyboardInterrupt raised there by Ctrl-C's
+    handler, after the wait released its lock, ended as "RuntimeError: cannot release un-acquired lock" and a
+    traceback): with ``Condition.wait`` made to fail, the wait still returns the step's value; and a SIGINT sent
+    while it waits is the KeyboardInterrupt the command turns into one line and exit 130."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from mia_jax.engine.inflight import InFlight
+    from mia_jax.runs import entry
+
+    def no_wait(timeout=None):
+        raise AssertionError("Condition.wait was entered")
+
+    with InFlight(1) as flight:
+        pending = flight.launch(lambda: (time.sleep(0.2), jnp.ones(2))[1])
+        monkeypatch.setattr(pending._condition, "wait", no_wait)  # the future's own condition (CPython's Future)
+        assert not pending.done() and InFlight.result(pending).tolist() == [1, 1]
+    with entry.remember_sigint(), InFlight(1) as flight:
+        pending = flight.launch(lambda: (time.sleep(1.0), jnp.ones(2))[1])
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            InFlight.result(pending)

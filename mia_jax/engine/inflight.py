@@ -12,12 +12,14 @@ runs beside it; the records are still written in the steps' order.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 
 CPU_STEPS = 2  # steps running at once on the CPU (two workers; more gave nothing on 2 cores)
+POLL_S = 0.002  # how often ``InFlight.result`` looks at a worker's step (a step takes tens of ms or more)
 
 
 class InFlight:
@@ -45,7 +47,15 @@ class InFlight:
 
     @staticmethod
     def result(out):
-        return out.result() if isinstance(out, Future) else out
+        """A launched output's value. A worker's step is waited for by polling, not by ``Future.result``: the
+        KeyboardInterrupt that Ctrl-C raises (``entry._on_sigint``) could land inside ``Condition.wait`` after it
+        released its lock, and leaving the ``with`` then failed with "RuntimeError: cannot release un-acquired lock"
+        (a traceback and exit 1 instead of the one line and exit 130). ``time.sleep`` is interrupted cleanly."""
+        if not isinstance(out, Future):
+            return out
+        while not out.done():
+            time.sleep(POLL_S)
+        return out.result()
 
     def add(self, item) -> list:
         self._queue.append(item)
